@@ -1,0 +1,96 @@
+"""Object-store configuration: the ``[object_store]`` table of the main config.
+
+The daemon hands this module the table as a plain mapping; it is parsed into a
+frozen dataclass (so a typo fails at startup, not on the first attachment) and
+turned into the configured ``ObjectStore``. Local directory is the default kind
+(DESIGN.md §3); credentials are never part of it: S3 takes them from botocore's
+chain (environment, shared config, instance role).
+
+    {"kind": "local", "path": "/var/lib/inboxd/objects"}
+    {"kind": "s3", "bucket": "mail-blobs", "prefix": "inboxd",
+     "endpoint_url": "http://minio:9000", "region": "eu-west-1"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from inboxd.pipeline.objectstore import LocalDirectoryStore, ObjectStore
+
+from .s3 import S3Store
+
+__all__ = ["ObjectStoreConfig", "open_object_store"]
+
+_ALLOWED_FIELDS: dict[str, frozenset[str]] = {
+    "local": frozenset({"kind", "path"}),
+    "s3": frozenset({"kind", "bucket", "prefix", "endpoint_url", "region"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreConfig:
+    """Where objects go. ``path`` is set for ``local``; ``bucket`` (and the rest) for ``s3``."""
+
+    kind: Literal["local", "s3"]
+    path: Path | None = None
+    bucket: str | None = None
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _ALLOWED_FIELDS:
+            raise ValueError(f"object_store.kind must be 'local' or 's3', not {self.kind!r}")
+        if self.kind == "local" and self.path is None:
+            raise ValueError("object_store (local): 'path' is required")
+        if self.kind == "s3" and not self.bucket:
+            raise ValueError("object_store (s3): 'bucket' is required")
+
+    @classmethod
+    def from_mapping(cls, spec: Mapping[str, Any]) -> ObjectStoreConfig:
+        """Parse and check ``spec``; raises ``ValueError`` naming the offending field."""
+        kind = spec.get("kind")
+        if kind not in _ALLOWED_FIELDS:
+            raise ValueError(f"object_store.kind must be 'local' or 's3', not {kind!r}")
+        unknown = sorted(set(spec) - _ALLOWED_FIELDS[kind])
+        if unknown:
+            raise ValueError(f"object_store ({kind}): unknown field(s) {', '.join(unknown)}")
+        if kind == "local":
+            path = _optional_str(spec, "path")
+            return cls(kind="local", path=Path(path).expanduser() if path else None)
+        return cls(
+            kind="s3",
+            bucket=_optional_str(spec, "bucket"),
+            prefix=_optional_str(spec, "prefix") or "",
+            endpoint_url=_optional_str(spec, "endpoint_url") or None,
+            region=_optional_str(spec, "region") or None,
+        )
+
+
+def open_object_store(spec: Mapping[str, Any] | ObjectStoreConfig) -> ObjectStore:
+    """Build the store ``spec`` describes; raises ``ValueError`` for a bad spec.
+
+    The result is not started: use ``async with open_object_store(spec) as store``
+    (or ``await store.start()`` / ``await store.aclose()``). No I/O happens here.
+    """
+    config = spec if isinstance(spec, ObjectStoreConfig) else ObjectStoreConfig.from_mapping(spec)
+    if config.kind == "local" and config.path is not None:
+        return LocalDirectoryStore(config.path)
+    if config.kind == "s3" and config.bucket:
+        return S3Store(
+            config.bucket,
+            prefix=config.prefix,
+            endpoint_url=config.endpoint_url,
+            region=config.region,
+        )
+    raise ValueError(f"incomplete object_store config: {config!r}")  # __post_init__ forbids
+
+
+def _optional_str(spec: Mapping[str, Any], field: str) -> str | None:
+    value = spec.get(field)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"object_store.{field} must be a string, not {type(value).__name__}")

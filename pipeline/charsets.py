@@ -1,0 +1,98 @@
+"""Bytes → str for the charsets real mail declares, including the bogus ones.
+
+Mail is bytes. A declared charset is a hint that is often wrong (`fakescii`,
+`us-askey`, `x-unknown`, `_iso-2022-jp$ESC` all appear in the corpus), so decoding
+goes: declared charset (through an alias table of what clients actually mean),
+then UTF-8, then windows-1252, which maps every byte and so never fails. Nothing
+here raises on input.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+# What senders write → the codec that decodes what they actually sent.
+# Superset codecs win because mailers label by the base standard and send the
+# vendor extension (WHATWG Encoding Standard §4.2 makes the same substitutions).
+_ALIASES = {
+    "iso-8859-1": "cp1252",
+    "latin1": "cp1252",
+    "latin-1": "cp1252",
+    "us-ascii": "cp1252",
+    "ascii": "cp1252",
+    "ansi_x3.4-1968": "cp1252",
+    "iso-8859-9": "cp1254",
+    "iso-8859-11": "cp874",
+    "tis-620": "cp874",
+    "ks_c_5601-1987": "cp949",
+    "ks_c_5601": "cp949",
+    "euc-kr": "cp949",
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "x-gbk": "gb18030",
+    "big5": "big5hkscs",
+    "shift_jis": "cp932",
+    "shift-jis": "cp932",
+    "sjis": "cp932",
+    "x-sjis": "cp932",
+    "windows-31j": "cp932",
+    "x-mac-cyrillic": "mac_cyrillic",
+    "x-mac-roman": "mac_roman",
+    "macintosh": "mac_roman",
+    "unicode-1-1-utf-7": "utf-7",
+    "utf8": "utf-8",
+    "unicode": "utf-16",
+}
+
+_LAST_RESORT = "cp1252"
+
+
+def codec_for(charset: str | None) -> str | None:
+    """Python codec name for a declared charset, or None when it is unknown/bogus."""
+    if not charset:
+        return None
+    name = charset.strip().strip("\"'").lower()
+    name = _ALIASES.get(name, name)
+    try:
+        return codecs.lookup(name).name
+    except (LookupError, ValueError):
+        return None
+
+
+def decode_bytes(data: bytes, charset: str | None = None) -> str:
+    """Decode `data`, trusting `charset` only as far as it decodes cleanly.
+
+    The last resort keeps every byte (as its cp1252 character, or U+FFFD for
+    the five bytes cp1252 leaves undefined) so no text is ever dropped.
+    """
+    codec = codec_for(charset)
+    if codec is not None:
+        try:
+            return data.decode(codec)
+        except (UnicodeDecodeError, LookupError):
+            pass
+    if codec != "utf-8":
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if codec is not None:
+        # A known charset with a few bad bytes reads better than cp1252 garbage.
+        return data.decode(codec, errors="replace")
+    return data.decode(_LAST_RESORT, errors="replace")
+
+
+def recover_header_bytes(value: str) -> str:
+    """Undo the stdlib's surrogateescape of 8-bit header bytes and decode them.
+
+    compat32 parses headers as ASCII and smuggles raw 8-bit bytes through as
+    lone surrogates; such headers are usually UTF-8 (RFC 6532) or the sender's
+    local charset.
+    """
+    if value.isascii():
+        return value
+    try:
+        raw = value.encode("ascii", "surrogateescape")
+    except UnicodeEncodeError:
+        return value  # already real text, not escaped bytes
+    return decode_bytes(raw, "utf-8")

@@ -1,0 +1,431 @@
+"""The object store: where raw MIME bytes, large HTML bodies and attachments live.
+
+Rows in PostgreSQL stay small and the database stays one you can back up and
+replicate; the bytes go here, under keys the pipeline builds itself
+(``raw/<sha256>``, ``att/<tenant>/<sha256>``, …). DESIGN.md §3: S3 through
+aioboto3 in production (``inboxd.adapters.objectstore.S3Store``), a local
+directory by default (``LocalDirectoryStore``, below).
+
+This module is the contract and must stay provider-free (STYLE.md rule 3): it
+imports no SDK, so the ingest stage that calls it is testable with nothing but a
+temporary directory.
+
+Contract, the same for every implementation (``tests/adapters/objectstore``
+runs one suite against all of them):
+
+* ``put`` is idempotent: the same key with the same bytes is a no-op success, so
+  a retried page never fails on its own earlier upload. A different payload under
+  an existing key replaces it (last write wins, like S3); content-addressed keys
+  make that case a non-event.
+* An object is either absent or complete under its final key: a crash or failure
+  mid-write never leaves a truncated object a reader could see.
+* ``put_many`` runs uploads concurrently under a bound and reports one result per
+  item; one bad item never fails, cancels or delays the others.
+* Keys are validated before any I/O (``validate_key``); a bad key is a
+  programming error and raises ``ValueError``, never ``ObjectStoreError``.
+* ``ObjectStoreError`` is retriable (network, disk, throttling); ``ObjectNotFound``
+  is its subclass for a key with no object. Cancellation is never caught.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self, TypeVar, runtime_checkable
+
+import anyio
+import anyio.to_thread
+
+__all__ = [
+    "LOCAL_IO_CONCURRENCY",
+    "MAX_KEY_LENGTH",
+    "MAX_KEY_SEGMENT_LENGTH",
+    "MAX_URL_EXPIRES_S",
+    "LocalDirectoryStore",
+    "ObjectNotFound",
+    "ObjectStore",
+    "ObjectStoreError",
+    "run_bounded",
+    "validate_key",
+    "validate_url_expiry",
+]
+
+# S3 caps a whole object key at 1024 bytes ("Naming Amazon S3 objects", AWS S3 user
+# guide); half of it is left for a store-wide prefix (S3Store(prefix=...)). The
+# pipeline's own keys are under 150 characters (att/<tenant>/<64 hex>).
+MAX_KEY_LENGTH = 512
+# ext4, xfs and btrfs cap one file name at 255 bytes (NAME_MAX); the local store's
+# temporary names add 21 characters ("+" + 16 hex + ".tmp"). Applied to
+# every store so a key valid on S3 is valid on a local directory too.
+MAX_KEY_SEGMENT_LENGTH = 200
+# SigV4 presigned URLs live at most 7 days = 604 800 s ("Sharing objects with
+# presigned URLs", AWS S3 user guide); the same bound for every store keeps callers
+# honest whichever backend is configured.
+MAX_URL_EXPIRES_S = 7 * 24 * 3600
+# Worker threads one LocalDirectoryStore may occupy at once. Its writes end in
+# fsync, which a single disk serialises anyway, so a handful of threads keeps the
+# device queue busy; a bound of its own keeps an attachment burst from taking all
+# 40 tokens of anyio's process-wide default thread limiter (anyio docs,
+# "Working with threads": default limiter = 40), which DNS lookups and other
+# to_thread users share.
+LOCAL_IO_CONCURRENCY = 8
+
+# One path segment: lower-case letters, digits, dot, underscore, hyphen.
+_SEGMENT_RE = re.compile(r"[a-z0-9._-]+")
+# New files: owner read/write, group read (the application reading attachments may
+# run as another user in the same group), nothing for others: these are people's
+# emails. The process umask still applies on top.
+_FILE_MODE = 0o640
+_DIR_MODE = 0o750
+# Marks fan-out directories and temporary files. "+" is outside the key alphabet,
+# so no key can name a fan-out directory or a temporary file, and no object file
+# can collide with a directory another key needs (see LocalDirectoryStore).
+_FAN_MARK = "+"
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class ObjectStoreError(Exception):
+    """A store operation failed for a reason worth retrying (network, disk, throttling).
+
+    Adapters raise it ``from`` the provider's exception, which stays available as
+    ``__cause__`` for logs.
+    """
+
+
+class ObjectNotFound(ObjectStoreError):
+    """No object exists under ``key``."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no object under key {key!r}")
+        self.key = key
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What the pipeline needs from a blob store. All methods are coroutines.
+
+    A store is used as ``async with store:`` (or ``await store.start()`` …
+    ``await store.aclose()``); implementations without connections make these no-ops.
+    """
+
+    async def start(self) -> None:
+        """Open connections; must be called (or ``async with`` used) before any I/O."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections. Idempotent; safe to call from a cancelled scope."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> None:
+        """Store ``data`` under ``key``, atomically and idempotently.
+
+        Raises ``ValueError`` for an invalid key, ``TypeError`` for data that is not
+        bytes-like, ``ObjectStoreError`` when the write failed (nothing new is
+        visible under ``key`` then).
+        """
+        ...
+
+    async def put_many(self, items: Sequence[tuple[str, bytes, str]]) -> list[BaseException | None]:
+        """Store ``(key, data, content_type)`` items concurrently, under a bound.
+
+        Returns one entry per item, in order: ``None`` when stored, else the
+        exception ``put`` raised for it (``ValueError``, ``TypeError``,
+        ``ObjectStoreError``).
+        Raises nothing itself except cancellation.
+        """
+        ...
+
+    async def get(self, key: str) -> bytes:
+        """Return the object's bytes; ``ObjectNotFound`` if absent."""
+        ...
+
+    async def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``."""
+        ...
+
+    async def exists_many(self, keys: Iterable[str]) -> set[str]:
+        """The subset of ``keys`` that have an object.
+
+        Raises ``ValueError`` if any key is invalid (before any I/O) and
+        ``ObjectStoreError`` if the answer for any key could not be obtained.
+        """
+        ...
+
+    async def url_for(self, key: str, *, expires_s: int) -> str | None:
+        """A URL that downloads the object for ``expires_s`` seconds, or ``None``.
+
+        ``None`` means the backend cannot hand out URLs (the local store): serve the
+        bytes from ``get`` instead. The URL is a bearer credential; never log it.
+        Raises ``ValueError`` for a bad key or ``expires_s`` outside
+        1..``MAX_URL_EXPIRES_S``. Does not check that the object exists.
+        """
+        ...
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` unchanged if it is a valid object key, else raise ``ValueError``.
+
+    Valid: 1..``MAX_KEY_LENGTH`` characters from ``[a-z0-9/._-]``, segments
+    separated by single ``/`` (no leading or trailing slash, no empty segment),
+    each at most ``MAX_KEY_SEGMENT_LENGTH`` characters, no ``..`` anywhere and no
+    ``.`` segment. The rules keep a key one path on every backend and make path
+    traversal out of a local root impossible.
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"object key must be str, not {type(key).__name__}")
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"object key must be 1..{MAX_KEY_LENGTH} characters: {key[:80]!r}")
+    if ".." in key:
+        raise ValueError(f"object key must not contain '..': {key!r}")
+    for segment in key.split("/"):
+        if not _SEGMENT_RE.fullmatch(segment) or segment == ".":
+            raise ValueError(
+                f"object key must be '/'-separated segments of [a-z0-9._-], "
+                f"without leading, trailing or double slashes: {key!r}"
+            )
+        if len(segment) > MAX_KEY_SEGMENT_LENGTH:
+            raise ValueError(
+                f"object key segment longer than {MAX_KEY_SEGMENT_LENGTH} characters: {key!r}"
+            )
+    return key
+
+
+def validate_url_expiry(expires_s: int) -> int:
+    """Return ``expires_s`` if it is 1..``MAX_URL_EXPIRES_S`` seconds, else raise ``ValueError``."""
+    if isinstance(expires_s, bool) or not isinstance(expires_s, int):
+        raise ValueError(f"expires_s must be an int number of seconds, not {expires_s!r}")
+    if not 1 <= expires_s <= MAX_URL_EXPIRES_S:
+        raise ValueError(f"expires_s must be 1..{MAX_URL_EXPIRES_S} seconds, not {expires_s}")
+    return expires_s
+
+
+async def run_bounded(
+    fn: Callable[[_T], Awaitable[_R]], items: Sequence[_T], *, concurrency: int
+) -> list[_R | Exception]:
+    """Await ``fn(item)`` for every item, at most ``concurrency`` at a time.
+
+    Returns, in item order, each call's result or the ``Exception`` it raised; one
+    failure does not cancel the others. Cancellation and other ``BaseException``s
+    propagate (all workers are then cancelled by the task group).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, not {concurrency}")
+    done: dict[int, _R | Exception] = {}
+    pending = iter(enumerate(items))
+
+    async def worker() -> None:
+        # Workers share one iterator: next() runs between awaits on one event loop
+        # thread, so each item is taken exactly once, and no more than
+        # `concurrency` tasks exist however long the sequence is.
+        for index, item in pending:
+            try:
+                done[index] = await fn(item)
+            except Exception as exc:
+                done[index] = exc
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(min(concurrency, len(items))):
+            tg.start_soon(worker)
+    return [done[index] for index in range(len(items))]
+
+
+class LocalDirectoryStore:
+    """``ObjectStore`` on a local directory: the default when no S3 is configured.
+
+    Layout: key ``<dirs>/<name>`` lives at ``root/<dirs>/+<h0h1>/<h2h3>/<name>``,
+    where ``h`` is the hex SHA-256 of the whole key. The fan-out keeps any one
+    directory to a few hundred entries at millions of objects (65 536 leaf
+    directories per key directory), while ``att/<tenant>/`` stays a directory an
+    operator can ``du`` or back up per tenant. Because ``+`` never appears in a
+    key, an object file can never sit where another key needs a directory: ``a/b``
+    and ``a/b/c`` may both exist, as on S3.
+
+    Writes go to ``<name>+<random>.tmp`` beside the final file, are fsynced and
+    then renamed over the final name (``rename(2)`` is atomic within a directory),
+    and the directory is fsynced so the rename survives power loss. A crash can
+    leave a ``*.tmp`` file behind; it is never visible as an object and may be
+    deleted by anyone once it is older than the longest write.
+
+    ``content_type`` is accepted for the protocol and not stored: a local
+    directory never serves the bytes over HTTP itself (``url_for`` is ``None``).
+    All file I/O runs in worker threads, at most ``LOCAL_IO_CONCURRENCY`` at once.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        # anyio >= 4.2 creates limiters outside an event loop (agronholm/anyio#651),
+        # so a store can be built at config time.
+        self._limiter = anyio.CapacityLimiter(LOCAL_IO_CONCURRENCY)
+
+    def __repr__(self) -> str:
+        return f"LocalDirectoryStore({str(self.root)!r})"
+
+    async def start(self) -> None:
+        """Nothing to open: ``root`` is created by the first write."""
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def path_for(self, key: str) -> Path:
+        """The file that holds (or would hold) ``key``; raises ``ValueError`` for a bad key."""
+        validate_key(key)
+        digest = hashlib.sha256(key.encode("ascii")).hexdigest()
+        dirs, _, name = key.rpartition("/")
+        base = self.root / dirs if dirs else self.root
+        return base / f"{_FAN_MARK}{digest[:2]}" / digest[2:4] / name
+
+    async def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> None:
+        path = self.path_for(key)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"object data must be bytes, not {type(data).__name__}")
+        try:
+            await self._in_thread(_write_atomic, path, bytes(data))
+        except OSError as exc:
+            raise ObjectStoreError(f"writing object {key!r} failed: {exc}") from exc
+
+    async def put_many(self, items: Sequence[tuple[str, bytes, str]]) -> list[BaseException | None]:
+        async def put_one(item: tuple[str, bytes, str]) -> None:
+            key, data, content_type = item
+            await self.put(key, data, content_type=content_type)
+
+        results = await run_bounded(put_one, items, concurrency=LOCAL_IO_CONCURRENCY)
+        return [r if isinstance(r, BaseException) else None for r in results]
+
+    async def get(self, key: str) -> bytes:
+        path = self.path_for(key)
+        try:
+            return await self._in_thread(path.read_bytes)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"reading object {key!r} failed: {exc}") from exc
+
+    async def exists(self, key: str) -> bool:
+        return bool(await self.exists_many([key]))
+
+    async def exists_many(self, keys: Iterable[str]) -> set[str]:
+        wanted = {key: self.path_for(key) for key in keys}
+        if not wanted:
+            return set()
+        try:
+            return await self._in_thread(_existing, wanted)
+        except OSError as exc:
+            raise ObjectStoreError(f"checking {len(wanted)} objects failed: {exc}") from exc
+
+    async def url_for(self, key: str, *, expires_s: int) -> str | None:
+        validate_key(key)
+        validate_url_expiry(expires_s)
+        return None
+
+    async def _in_thread(self, fn: Callable[..., _R], *args: object) -> _R:
+        # abandon_on_cancel=False (the default): a cancelled caller still waits for
+        # the thread, so a write finishes or cleans up its temporary file before
+        # cancellation propagates.
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+
+def _existing(wanted: dict[str, Path]) -> set[str]:
+    return {key for key, path in wanted.items() if path.is_file()}
+
+
+def _same_content(path: Path, data: bytes) -> bool:
+    try:
+        if path.stat().st_size != len(data):
+            return False
+        return path.read_bytes() == data
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Make ``path`` hold ``data`` via temp file + fsync + rename + directory fsync."""
+    if _same_content(path, data):
+        return  # idempotent re-put: no rewrite, no fsync
+    _makedirs_durable(path.parent)
+    tmp = path.with_name(f"{path.name}{_FAN_MARK}{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _makedirs_durable(directory: Path) -> None:
+    """``mkdir -p directory``, fsyncing each parent that gained an entry.
+
+    A rename is only durable once every directory on the way has its entry on
+    disk; ``Path.mkdir(parents=True)`` alone leaves new entries in the page cache.
+    """
+    if directory.is_dir():
+        return
+    missing: list[Path] = []
+    current = directory
+    while not current.is_dir():
+        missing.append(current)
+        if current == current.parent:
+            break
+        current = current.parent
+    for new_dir in reversed(missing):
+        try:
+            new_dir.mkdir(mode=_DIR_MODE)
+        except FileExistsError:
+            continue  # a concurrent writer created it; it fsyncs its parent
+        _fsync_dir(new_dir.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some filesystems (e.g. certain network mounts) refuse fsync on a
+        # directory; the data file itself is already fsynced.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)

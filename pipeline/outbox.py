@@ -1,0 +1,59 @@
+"""Transactional outbox: events rows written in the ingest transaction, then NOTIFY.
+
+An application reads `events` in event_id order per tenant (or listens on the
+`inboxd_events` channel, whose payload names the tenant and the newest id, and
+then reads). Because the rows are written in the same transaction as the
+messages they announce, a rolled-back batch leaves no event, and a committed
+one always has its events. NOTIFY is delivered at commit, never before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import asyncpg
+import orjson
+
+NOTIFY_CHANNEL = "inboxd_events"
+
+_INSERT = """
+INSERT INTO events (tenant_id, kind, mailbox_id, thread_id, message_id, payload)
+SELECT $1, e.kind, $2, e.thread_id, e.message_id, e.payload::jsonb
+  FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[])
+       AS e(kind, thread_id, message_id, payload)
+RETURNING event_id
+"""
+
+
+@dataclass(slots=True)
+class EventBuffer:
+    """Events of one batch, flushed inside its transaction."""
+
+    kinds: list[str] = field(default_factory=list)
+    thread_ids: list[int | None] = field(default_factory=list)
+    message_ids: list[int | None] = field(default_factory=list)
+    payloads: list[str] = field(default_factory=list)
+
+    def add(
+        self, kind: str, *, thread_id: int | None = None, message_id: int | None = None,
+        payload: dict[str, object] | None = None,
+    ) -> None:
+        self.kinds.append(kind)
+        self.thread_ids.append(thread_id)
+        self.message_ids.append(message_id)
+        self.payloads.append(orjson.dumps(payload or {}).decode())
+
+    async def flush(self, conn: asyncpg.Connection, tenant_id: str, mailbox_id: str) -> None:
+        """Insert the events and queue the NOTIFY (sent by PostgreSQL at commit)."""
+        if not self.kinds:
+            return
+        ids = await conn.fetch(
+            _INSERT, tenant_id, mailbox_id, self.kinds, self.thread_ids, self.message_ids,
+            self.payloads,
+        )
+        last = max(r[0] for r in ids)
+        await conn.execute(
+            "SELECT pg_notify($1, $2)",
+            NOTIFY_CHANNEL,
+            orjson.dumps({"tenant": tenant_id, "last_event_id": last}).decode(),
+        )

@@ -1,0 +1,333 @@
+"""The ObjectStore contract, run against every store, plus S3Store's own behaviour.
+
+The contract tests take the parametrized ``store`` fixture (conftest.py), so
+``LocalDirectoryStore`` and ``S3Store`` (against moto's server) must pass the same
+assertions; local-only mechanics (atomic rename, fan-out, threads) are tested in
+tests/pipeline/test_objectstore_local.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import inboxd.adapters.objectstore.s3 as s3_module
+import pytest
+from inboxd.adapters.objectstore import ObjectStoreConfig, S3Store, open_object_store
+from inboxd.pipeline.objectstore import (
+    MAX_URL_EXPIRES_S,
+    LocalDirectoryStore,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+)
+
+# Every byte value, a CRLF pair and a NUL: anything that re-encodes, strips or
+# normalises line endings on the way fails the byte-exact comparison.
+BINARY = bytes(range(256)) + b"\r\n\x00" + "caf\u00e9 \u2603".encode()
+
+INVALID_KEYS = [
+    "",
+    "/raw/abc",
+    "raw/abc/",
+    "raw//abc",
+    "raw/../etc/passwd",
+    "..",
+    "raw/./abc",
+    "Raw/ABC",
+    "raw/a b",
+    "raw/a+b",
+    "raw\\abc",
+    "att/tenant/\u00e9",
+    "x" * 600,
+    "raw/" + "y" * 201,
+]
+
+TEST_REGION = "us-east-1"
+# The download of a presigned URL is a local HTTP request to moto.
+DOWNLOAD_TIMEOUT_S = 10.0
+
+
+def sha_key(prefix: str, data: bytes) -> str:
+    return f"{prefix}/{hashlib.sha256(data).hexdigest()}"
+
+
+# --- contract: every store --------------------------------------------------------
+
+
+async def test_is_an_object_store(store: ObjectStore) -> None:
+    assert isinstance(store, ObjectStore)
+
+
+@pytest.mark.parametrize("size", [0, 1, len(BINARY), 3 * 1024 * 1024 + 7])
+async def test_round_trip_is_byte_exact(store: ObjectStore, size: int) -> None:
+    data = (BINARY * (size // len(BINARY) + 1))[:size]
+    key = sha_key("raw", data)
+    await store.put(key, data, content_type="message/rfc822")
+    assert await store.get(key) == data
+
+
+async def test_put_is_idempotent(store: ObjectStore) -> None:
+    key = sha_key("att/tenant-1", BINARY)
+    await store.put(key, BINARY)
+    await store.put(key, BINARY)
+    assert await store.get(key) == BINARY
+
+
+async def test_put_new_bytes_replaces(store: ObjectStore) -> None:
+    await store.put("html/message-1", b"<p>first</p>", content_type="text/html")
+    await store.put("html/message-1", b"<p>second, longer</p>", content_type="text/html")
+    assert await store.get("html/message-1") == b"<p>second, longer</p>"
+
+
+async def test_key_and_its_prefix_can_both_exist(store: ObjectStore) -> None:
+    # S3 keys are flat; the local layout must not turn "a/b" into a directory that
+    # blocks the object "a/b".
+    await store.put("nest/a", b"outer")
+    await store.put("nest/a/b", b"inner")
+    assert await store.get("nest/a") == b"outer"
+    assert await store.get("nest/a/b") == b"inner"
+
+
+async def test_missing_key_raises_object_not_found(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound) as info:
+        await store.get("raw/" + "0" * 64)
+    assert isinstance(info.value, ObjectStoreError)
+    assert info.value.key == "raw/" + "0" * 64
+
+
+async def test_exists_and_exists_many(store: ObjectStore) -> None:
+    await store.put("att/t1/one", b"1")
+    await store.put("att/t1/two", b"2")
+    assert await store.exists("att/t1/one")
+    assert not await store.exists("att/t1/three")
+    found = await store.exists_many(["att/t1/one", "att/t1/three", "att/t1/two", "att/t1/one"])
+    assert found == {"att/t1/one", "att/t1/two"}
+    assert await store.exists_many([]) == set()
+    # A directory-like prefix of stored keys is not an object.
+    assert not await store.exists("att/t1")
+
+
+async def test_put_many_isolates_bad_items(store: ObjectStore) -> None:
+    good = [(f"att/t2/item-{i}", f"payload {i}".encode(), "text/plain") for i in range(40)]
+    bad_key = ("att/t2/../escape", b"nope", "text/plain")
+    not_bytes: Any = ("att/t2/not-bytes", 12345, "text/plain")
+    items = [*good[:10], bad_key, *good[10:30], not_bytes, *good[30:]]
+
+    results = await store.put_many(items)
+
+    assert len(results) == len(items)
+    assert isinstance(results[10], ValueError)
+    assert isinstance(results[31], TypeError)
+    assert [r for i, r in enumerate(results) if i not in (10, 31)] == [None] * len(good)
+    for key, data, _ in good:
+        assert await store.get(key) == data
+    assert not await store.exists("att/t2/not-bytes")
+
+
+async def test_put_many_empty(store: ObjectStore) -> None:
+    assert await store.put_many([]) == []
+
+
+@pytest.mark.parametrize("key", INVALID_KEYS)
+async def test_invalid_keys_are_rejected(store: ObjectStore, key: str) -> None:
+    with pytest.raises(ValueError):
+        await store.put(key, b"x")
+    with pytest.raises(ValueError):
+        await store.get(key)
+    with pytest.raises(ValueError):
+        await store.exists(key)
+    with pytest.raises(ValueError):
+        await store.exists_many(["raw/fine", key])
+    with pytest.raises(ValueError):
+        await store.url_for(key, expires_s=60)
+
+
+@pytest.mark.parametrize("expires_s", [0, -1, MAX_URL_EXPIRES_S + 1])
+async def test_url_expiry_is_bounded(store: ObjectStore, expires_s: int) -> None:
+    with pytest.raises(ValueError):
+        await store.url_for("raw/abc", expires_s=expires_s)
+
+
+async def test_url_for(store: ObjectStore) -> None:
+    data = BINARY * 3
+    key = sha_key("att/t3", data)
+    await store.put(key, data, content_type="application/pdf")
+    url = await store.url_for(key, expires_s=300)
+    if isinstance(store, LocalDirectoryStore):
+        assert url is None
+        return
+    assert url is not None
+    assert "Signature=" in url or "X-Amz-Signature=" in url
+    with anyio.fail_after(DOWNLOAD_TIMEOUT_S):
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "application/pdf"
+            assert await response.read() == data
+
+
+# --- S3Store only -----------------------------------------------------------------
+
+
+async def test_put_sends_content_md5(s3_store: S3Store) -> None:
+    # moto records but does not verify checksums (moto/s3/responses.py,
+    # _get_checksum: "TODO: AWS computes the provided value and verifies it"), so
+    # check that the header S3 verifies (BadDigest on mismatch) is on the wire.
+    sent: list[dict[str, str]] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        sent.append(dict(request.headers))
+
+    data = BINARY * 10
+    s3_store._client.meta.events.register("before-send.s3.PutObject", capture)
+    await s3_store.put("raw/md5-check", data)
+    expected = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+    assert len(sent) == 1
+    headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in sent[0].items()}
+    assert headers["content-md5"] == expected
+    # No automatic CRC32 checksum/aws-chunked trailer: S3-compatible servers that
+    # predate botocore 1.36's defaults reject those.
+    assert not [h for h in headers if h.startswith("x-amz-checksum-")]
+    assert "aws-chunked" not in headers.get("content-encoding", "")
+
+
+async def test_prefix_is_applied(s3_store: S3Store, moto_endpoint: str, s3_bucket: str) -> None:
+    await s3_store.put("raw/prefixed", b"data")
+    response = await s3_store._client.head_object(
+        Bucket=s3_bucket, Key=f"{s3_store.prefix}raw/prefixed"
+    )
+    assert response["ContentLength"] == 4
+
+
+async def test_missing_bucket_is_an_error_not_a_missing_object(
+    moto_endpoint: str,
+) -> None:
+    async with S3Store(
+        "no-such-bucket-here", endpoint_url=moto_endpoint, region=TEST_REGION
+    ) as store:
+        with pytest.raises(ObjectStoreError) as info:
+            await store.get("raw/abc")
+        assert not isinstance(info.value, ObjectNotFound)
+        with pytest.raises(ObjectStoreError):
+            await store.put("raw/abc", b"x")
+        results = await store.put_many([("raw/abc", b"x", "text/plain")])
+        assert isinstance(results[0], ObjectStoreError)
+
+
+@pytest.fixture
+def refused_endpoint() -> str:
+    # A port that was just free: nothing listens, so connecting is refused at once.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_unreachable_endpoint_is_retriable_error(
+    moto_endpoint: str, refused_endpoint: str
+) -> None:
+    async with S3Store("bucket", endpoint_url=refused_endpoint, region=TEST_REGION) as store:
+        with pytest.raises(ObjectStoreError) as info:
+            await store.put("raw/abc", b"x")
+        assert info.value.__cause__ is not None
+        with pytest.raises(ObjectStoreError):
+            await store.exists_many(["raw/abc", "raw/def"])
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    # Listens (the kernel completes the TCP handshake from the backlog) but never
+    # answers: the request must end at the store's deadline, not hang.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_stuck_server_hits_the_deadline(
+    moto_endpoint: str, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_module, "S3_CALL_TIMEOUT_S", 0.3)
+    async with S3Store("bucket", endpoint_url=silent_endpoint, region=TEST_REGION) as store:
+        with anyio.fail_after(10):
+            with pytest.raises(ObjectStoreError, match="no answer within"):
+                await store.get("raw/abc")
+            with pytest.raises(ObjectStoreError, match="no answer within"):
+                await store.put("raw/abc", b"x")
+
+
+async def test_not_started_is_a_programming_error() -> None:
+    store = S3Store("bucket", endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(RuntimeError, match="not started"):
+        await store.get("raw/abc")
+    await store.aclose()  # idempotent, also when never started
+
+
+async def test_start_twice_is_refused(s3_store: S3Store) -> None:
+    with pytest.raises(RuntimeError, match="already started"):
+        await s3_store.start()
+
+
+def test_prefix_follows_key_rules() -> None:
+    assert S3Store("b", prefix="inboxd/prod/").prefix == "inboxd/prod/"
+    assert S3Store("b", prefix="").prefix == ""
+    with pytest.raises(ValueError):
+        S3Store("b", prefix="../other")
+    with pytest.raises(ValueError):
+        S3Store("")
+
+
+# --- factory ----------------------------------------------------------------------
+
+
+def test_open_object_store_local(tmp_path: Path) -> None:
+    store = open_object_store({"kind": "local", "path": str(tmp_path / "objects")})
+    assert isinstance(store, LocalDirectoryStore)
+    assert store.root == tmp_path / "objects"
+
+
+def test_open_object_store_s3() -> None:
+    store = open_object_store(
+        {
+            "kind": "s3",
+            "bucket": "mail-blobs",
+            "prefix": "inboxd",
+            "endpoint_url": "http://minio:9000",
+            "region": "eu-west-1",
+        }
+    )
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.endpoint_url, store.region) == (
+        "mail-blobs",
+        "inboxd/",
+        "http://minio:9000",
+        "eu-west-1",
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"kind": "gcs", "bucket": "x"},
+        {"kind": "local"},
+        {"kind": "local", "path": "/x", "bucket": "typo"},
+        {"kind": "s3"},
+        {"kind": "s3", "bucket": "x", "endpoint": "http://typo"},
+        {"kind": "s3", "bucket": 42},
+    ],
+)
+def test_open_object_store_rejects_bad_specs(spec: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        open_object_store(spec)
+
+
+def test_config_checks_itself() -> None:
+    with pytest.raises(ValueError):
+        ObjectStoreConfig(kind="s3")

@@ -1,0 +1,137 @@
+"""Shared fixtures: a real PostgreSQL, a fresh database per test, a local object store.
+
+Server choice (README "Tests"): INBOXD_TEST_DSN when set, else the server on
+127.0.0.1:5432 if one answers, else the embedded one (as root it runs as the
+unprivileged INBOXD_EMBEDDED_PG_USER, default `nobody`). Every test gets its
+own database cloned from a template that has schema.sql applied, so tests
+never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from inboxd.pipeline.ingest import IngestStage
+from inboxd.pipeline.objectstore import LocalDirectoryStore
+from inboxd.pipeline.schema import apply_schema
+from inboxd.pipeline.tenancy import ensure_mailbox
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO.parent / "shared" / "corpus"))
+LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    """Admin DSN of the PostgreSQL server the suite uses."""
+    if os.environ.get("INBOXD_TEST_DSN"):
+        yield os.environ["INBOXD_TEST_DSN"]
+        return
+    if _answers("127.0.0.1", 5432):
+        yield LOCAL_PG
+        return
+    from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
+
+    env = dict(os.environ)
+    data_dir = tempfile.mkdtemp(prefix="inboxd-test-pg-")
+    env["INBOXD_DATA_DIR"] = data_dir
+    if os.geteuid() == 0:
+        env.setdefault("INBOXD_EMBEDDED_PG_USER", "nobody")
+        os.chmod(data_dir, 0o777)
+    server = ensure_embedded(environ=env)
+    yield server.dsn
+    stop_embedded(environ=env)
+
+
+def _with_db(dsn: str, name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(scope="session")
+async def template_db(server_dsn: str) -> AsyncIterator[str]:
+    name = f"inboxd_tmpl_{os.getpid()}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(_with_db(server_dsn, name))
+        try:
+            await apply_schema(conn)
+        finally:
+            await conn.close()
+        yield name
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def db_dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """DSN of a fresh database with the schema applied, dropped after the test."""
+    name = f"inboxd_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        yield _with_db(server_dsn, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=6)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalDirectoryStore:
+    return LocalDirectoryStore(tmp_path / "objects")
+
+
+@pytest.fixture
+def stage(pool: asyncpg.Pool, store: LocalDirectoryStore) -> IngestStage:
+    return IngestStage(pool, store)
+
+
+@pytest.fixture
+def make_mailbox(pool: asyncpg.Pool):
+    """Factory: create a tenant + mailbox, return their ids."""
+
+    async def make(tenant: str = "acme", mailbox: str = "inbox", *, provider: str = "import",
+                   address: str = "") -> tuple[str, str]:
+        async with pool.acquire() as conn:
+            await ensure_mailbox(conn, tenant, mailbox, provider=provider, address=address)
+        return tenant, mailbox
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    mime = CORPUS / "mime"
+    if not mime.is_dir():
+        pytest.fail(f"corpus not found at {mime} (set INBOXD_CORPUS)")
+    return CORPUS
