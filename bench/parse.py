@@ -45,7 +45,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from email import policy
 from email.errors import HeaderParseError
-from email.header import decode_header, make_header
+from email.header import decode_header
 from email.message import Message
 from email.parser import BytesParser
 from email.utils import getaddresses
@@ -215,9 +215,7 @@ def unescape_8bit(value: str, notes: list[str] | None = None, hint: str | None =
     return decode_bytes(data, None, notes)
 
 
-def decode_header_text(
-    value: str, notes: list[str] | None = None, hint: str | None = None
-) -> str:
+def decode_header_text(value: str, notes: list[str] | None = None, hint: str | None = None) -> str:
     """RFC 2047 decode of an unfolded header value, never raising.
 
     Raw 8-bit bytes (RFC 6532 UTF-8, or legacy 8-bit) are decoded first, and only
@@ -250,7 +248,6 @@ def decode_header_text(
 
 
 # ------------------------------------------------------------- candidate: compat32
-
 
 
 class _Message32(Message):
@@ -374,7 +371,7 @@ def parse_compat32(raw: bytes) -> Parsed:
             for sub in payload:
                 try:
                     size += len(sub.as_bytes())
-                except Exception:  # noqa: BLE001 - re-serialising junk can fail
+                except Exception:
                     size += len(str(sub).encode("utf-8", "surrogateescape"))
             p.attachments.append((_filename32(part, notes), ctype, size))
             continue
@@ -499,13 +496,22 @@ def parse_fmp_fallback(raw: bytes) -> Parsed:
 # ----------------------------------------------------------- candidate: mail-parser
 
 
+_B64_JUNK = re.compile(r"[^A-Za-z0-9+/]")
+
+
+def _b64_size(text: str) -> int:
+    """Decoded size of possibly broken base64 (mail-parser hands back the wire text)."""
+    clean = _B64_JUNK.sub("", text)
+    return len(base64.b64decode(clean[: len(clean) - len(clean) % 4]))
+
+
 def parse_mailparser(raw: bytes) -> Parsed:
     m = mailparser.parse_from_bytes(raw)
     atts = []
     for a in m.attachments:
         payload = a["payload"]
         if a["binary"]:
-            size = len(base64.b64decode(payload))
+            size = _b64_size(payload)
         else:
             size = len(payload.encode("utf-8", "surrogateescape"))
         atts.append((a["filename"], a["mail_content_type"], size))
@@ -557,7 +563,7 @@ def _worker(name: str, paths: list[str], conn) -> None:
         t0 = time.perf_counter()
         try:
             res, err = fn(raw), None
-        except BaseException as exc:  # noqa: BLE001 - PanicException is a BaseException
+        except BaseException as exc:
             res, err = None, f"{type(exc).__name__}: {str(exc)[:160]}"
         dt = time.perf_counter() - t0
         conn.send((i, res, err, dt))
@@ -691,9 +697,7 @@ def correctness(names: list[str], rels: list[str], raws: list[bytes], results) -
         for c, p in ok.items():
             if p.n_headers < most - 1:  # fmp also counts an mbox "From " line
                 summary[c]["headers lost (>=2 fewer)"] += 1
-                detail[c]["headers lost (>=2 fewer)"].append(
-                    f"{rel}: {p.n_headers} vs {most}"
-                )
+                detail[c]["headers lost (>=2 fewer)"].append(f"{rel}: {p.n_headers} vs {most}")
         for kind, attr in (("text", "text"), ("html", "html")):
             found = {c for c, p in ok.items() if _has_body(getattr(p, attr))}
             for c in ok:
@@ -748,9 +752,11 @@ def correctness(names: list[str], rels: list[str], raws: list[bytes], results) -
         "repairs/warnings",
     ]
     rows = [[k] + [str(summary[c][k]) for c in names] for k in kinds]
-    print_table(
-        ["files (of %d) with ..." % n, *names], rows, title="== Correctness summary =="
-    )
+    slowest = {c: max(range(n), key=lambda i, c=c: results[c][i].dt) for c in names}
+    rows.append(["slowest file, s"] + [f"{results[c][slowest[c]].dt:.2f}" for c in names])
+    print_table([f"files (of {n}) with ...", *names], rows, title="== Correctness summary ==")
+    for c in names:
+        print(f"  slowest for {c}: {rels[slowest[c]]}")
     print("  (repairs/warnings: compat32 = charset fallbacks used; fmp = PyMail.warnings;")
     print("   mailparser = defects; default = n/a)")
     for c in names:
@@ -829,7 +835,9 @@ def special_report(names, rels, results) -> None:
                 else:
                     bad = [
                         n
-                        for n, a, b in zip(("subject", "text", "html", "atts"), s, sigs[0], strict=True)
+                        for n, a, b in zip(
+                            ("subject", "text", "html", "atts"), s, sigs[0], strict=True
+                        )
                         if a != b
                     ]
                     verdict.append(f"{label}!=bsd({','.join(bad)})")
@@ -889,7 +897,7 @@ def _run_once(fn, raws: list[bytes]) -> float:
     for raw in raws:
         try:
             fn(raw)
-        except Exception:  # noqa: BLE001, S112 - failures cost time too; counted above
+        except Exception:  # noqa: S112 - failures cost time too; counted above
             continue
     return time.perf_counter() - t0
 
@@ -903,12 +911,20 @@ def _run_many(raws: list[bytes], threads: int) -> float:
 
 
 def speed(names, rels, raws, results, passes: int) -> None:
-    skip = {i for i in range(len(rels)) for c in names if (results[c][i].err or "").startswith(("TIMEOUT", "CRASH"))}
+    skip = {
+        i
+        for i in range(len(rels))
+        for c in names
+        if (results[c][i].err or "").startswith(("TIMEOUT", "CRASH"))
+    }
     whole = [r for i, r in enumerate(raws) if i not in skip]
     typical = [r for r in whole if len(r) < TYPICAL_MAX]
     sets = {"whole": whole, "typical": typical}
     fns = dict(CANDIDATES)
+    fns["compat32 parse only"] = _P32.parsebytes
+    fns["default parse only"] = _PDEF.parsebytes
     if fmp is not None:
+        fns["fmp parse only"] = fmp.parse_email
         ncpu = os.cpu_count() or 1
         fns[f"fmp parse_many({ncpu} thr)"] = lambda rs, n=ncpu: _run_many(rs, n)
     best: dict[tuple[str, str], float] = {}
@@ -969,7 +985,9 @@ def speed(names, rels, raws, results, passes: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpus", type=Path, default=Path(os.environ.get("INBOXD_CORPUS", DEFAULT_CORPUS)))
+    ap.add_argument(
+        "--corpus", type=Path, default=Path(os.environ.get("INBOXD_CORPUS", DEFAULT_CORPUS))
+    )
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=20.0, help="per-file seconds")
     ap.add_argument("--quick", action="store_true", help="1 speed pass")
