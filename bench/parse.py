@@ -26,7 +26,14 @@ Candidates:
   default    stdlib BytesParser(policy=default), idiomatic get_body /
              iter_attachments / get_content, no extra guards
   fmp        fast_mail_parser.parse_email (Rust; PyPI fast-mail-parser)
+  fmp+fallback  fmp after the CR-only repair, RFC 2047 filenames decoded, and
+             compat32 whenever fmp raises
   mailparser mail-parser (SpamScope; a layer over stdlib compat32), if installed
+             (not a project dependency: `.venv/bin/pip install mail-parser`)
+
+parse_compat32() and its helpers (decode_bytes, decode_header_text, unescape_8bit,
+normalise_raw, _Message32, _addresses32, _filename32) are the reference for the
+robustness idioms the stdlib needs; each comment says which corpus case forced it.
 """
 
 from __future__ import annotations
@@ -137,6 +144,45 @@ def _codec(label: str | None) -> str | None:
 
 
 _HIGH_BYTES = bytes(range(0x80, 0x100))
+_ISO2022JP_ESC = re.compile(rb"\x1b(\$[@B]|\([BJI])")
+
+
+def _iso2022jp_as_cp932(data: bytes) -> str:
+    """ISO-2022-JP the way Windows (CP50220) and WHATWG decode it.
+
+    Python's iso2022_jp* codecs reject the NEC/IBM extensions of JIS X 0208 that
+    Outlook and other Windows mailers put in "ISO-2022-JP" (No., circled digits,
+    Roman numerals...).  Each JIS pair is transcoded to Shift_JIS and the result
+    decoded as cp932, which has those rows.  Raises UnicodeDecodeError if invalid.
+    """
+    out = bytearray()
+    mode = b"(B"
+    pos = 0
+    for m in [*_ISO2022JP_ESC.finditer(data), None]:
+        end = m.start() if m else len(data)
+        chunk = data[pos:end]
+        if mode in (b"$@", b"$B"):
+            if len(chunk) % 2:
+                raise UnicodeDecodeError("iso-2022-jp", data, pos, end, "odd JIS run")
+            for j in range(0, len(chunk), 2):
+                c1, c2 = chunk[j], chunk[j + 1]
+                if not (0x21 <= c1 <= 0x7E and 0x21 <= c2 <= 0x7E):
+                    raise UnicodeDecodeError("iso-2022-jp", data, pos + j, pos + j + 2, "bad JIS")
+                s1 = ((c1 - 0x21) >> 1) + 0x81
+                if s1 > 0x9F:
+                    s1 += 0x40
+                if c1 % 2:
+                    s2 = c2 + (0x20 if c2 >= 0x60 else 0x1F)
+                else:
+                    s2 = c2 + 0x7E
+                out += bytes((s1, s2))
+        elif mode == b"(I":  # JIS X 0201 katakana -> half-width katakana in cp932
+            out += bytes(c + 0x80 for c in chunk)
+        else:
+            out += chunk
+        if m:
+            mode, pos = m.group(1), m.end()
+    return bytes(out).decode("cp932")
 
 
 def decode_bytes(data: bytes, label: str | None, notes: list[str] | None = None) -> str:
@@ -162,14 +208,21 @@ def decode_bytes(data: bytes, label: str | None, notes: list[str] | None = None)
         strict.append("utf-16")
     elif b"\x1b$" in data or b"\x1b(" in data:
         strict.append("iso2022_jp_ext")
-    wide = bool(declared) and declared.startswith(("utf-16", "utf-32"))
-    if declared != "utf-8" and not wide:
+    # UTF-8 is no fallback for 7-bit encodings (the escapes would pass as ASCII) nor
+    # for UTF-16/32 (their NULs are valid UTF-8)
+    seven_or_wide = bool(declared) and declared.startswith(("utf-16", "utf-32", "iso2022", "utf-7"))
+    if declared != "utf-8" and not seven_or_wide:
         strict.append("utf-8")
     for i, name in enumerate(strict):
         try:
             text = data.decode(name)
         except UnicodeError:
-            continue
+            if not name.startswith("iso2022_jp"):
+                continue
+            try:
+                text = _iso2022jp_as_cp932(data)
+            except UnicodeError:
+                continue
         if notes is not None and i > 0 and label:
             notes.append(f"charset {label!r} -> {name}")
         return text

@@ -1,0 +1,330 @@
+"""Mail on the local disk: .eml files, mbox files and Maildirs, as raw bytes.
+
+Two steps, so a command can refuse bad input before it writes anything:
+
+1. `plan_import(paths)` checks every path and lists, in a deterministic order,
+   the files to read. It raises `SourceError` (one line, naming the path) for a
+   path that is missing, unreadable or not a file/directory; nothing is read.
+2. `iter_messages(plan)` reads them lazily and yields `RawMessage`s
+   (source_ref, raw bytes, input bytes consumed). Bytes are never decoded.
+
+What is taken from where:
+
+- A path given explicitly is imported whatever its name: an mbox when its first
+  line starts with ``From `` (RFC 4155), else one message.
+- In a directory (walked recursively, entries sorted by name, symlinked
+  directories not followed): files ending ``.eml`` (any case) are one message
+  each (a leading ``From `` envelope line is left for the parser, which skips
+  it); files ending ``.mbox`` are read like explicit files; a subdirectory with
+  ``cur/``, ``new/`` and ``tmp/`` is a Maildir. Any other file is skipped and
+  listed in `ImportPlan.skipped`.
+- A Maildir: every file of ``new/`` then ``cur/`` (sorted by name, dotfiles
+  ignored); ``tmp/`` holds deliveries in progress and is never read. Other
+  subdirectories (Maildir++ folders such as ``.Sent``) are walked as above.
+  A mail client may move a message from ``new/`` to ``cur/`` (adding ``:2,``
+  flags) while we run; such a file is found again under its new name.
+
+mbox reading (RFC 4155 and the "mboxrd" convention): every line starting with
+``From `` begins a message (writers quote body lines as ``>From ``, so an
+unquoted one is a separator; this is also what Python's `mailbox.mbox` does);
+the postmark line itself is not part of the message; one empty line before the
+next postmark is the separator, not message content; ``>From ``, ``>>From ``…
+lose one ``>``. The file is read line by line: memory holds one message, not
+the file.
+
+This adapter imports nothing from the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+__all__ = [
+    "ImportPlan",
+    "RawMessage",
+    "SourceError",
+    "SourceFile",
+    "iter_messages",
+    "plan_import",
+]
+
+# RFC 4155 §2: "From " (with the space) at the very start of a line.
+_POSTMARK = b"From "
+# mboxrd quoting: any number of ">" before "From " at the start of a line.
+_QUOTED_FROM = re.compile(rb">+From ")
+_BLANK_LINES = (b"\n", b"\r\n")
+_MESSAGE_SUFFIX = ".eml"
+_MBOX_SUFFIX = ".mbox"
+_MAILDIR_PARTS = ("cur", "new", "tmp")
+# Maildir: "new/" before "cur/" is delivery order (new mail is the newest).
+_MAILDIR_READ = ("new", "cur")
+# Maildir file names carry flags after this separator ("unique:2,S").
+_MAILDIR_INFO_SEP = ":"
+
+FileKind = Literal["message", "mbox", "maildir"]
+
+
+class SourceError(Exception):
+    """A path cannot be read: missing, unreadable, or not a file or directory.
+
+    The message is one line and names the path. Raised by `plan_import` before
+    anything is read, and by `iter_messages` when a file changes under us.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One file to read: `message` (one message), `mbox`, or `maildir` (one message)."""
+
+    path: Path
+    kind: FileKind
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportPlan:
+    """The files `iter_messages` will read, in order, and the files it skips."""
+
+    files: tuple[SourceFile, ...]
+    skipped: tuple[Path, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the files' sizes when planned; `RawMessage.span_bytes` adds up to it."""
+        return sum(f.size_bytes for f in self.files)
+
+
+class RawMessage(NamedTuple):
+    """One message as stored on disk.
+
+    `source_ref`: the file path, with ``#N`` (1-based) for the N-th message of an
+    mbox. `raw`: the message's bytes, exactly as stored (mbox: without the
+    postmark line, with ``>From`` unquoted). `span_bytes`: bytes of input this
+    message accounts for, for progress reporting.
+    """
+
+    source_ref: str
+    raw: bytes
+    span_bytes: int
+
+
+def plan_import(paths: Iterable[str | os.PathLike[str]]) -> ImportPlan:
+    """Check every path and list what to read; raises `SourceError` on the first bad one.
+
+    A file reached twice (given twice, or also inside a given directory) is read once.
+    """
+    files: list[SourceFile] = []
+    skipped: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    given = [Path(p) for p in paths]
+    if not given:
+        raise SourceError("no path given")
+    for path in given:
+        st = _stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            _check_listable(path)
+            _walk(path, files, skipped, seen)
+        elif stat.S_ISREG(st.st_mode):
+            _add(SourceFile(path, _sniff(path), st.st_size), st, files, seen)
+        else:
+            raise SourceError(f"{path}: not a regular file or directory")
+    return ImportPlan(tuple(files), tuple(skipped))
+
+
+def iter_messages(plan: ImportPlan) -> Iterator[RawMessage]:
+    """Yield every message of `plan`, file by file, in plan order.
+
+    Raises `SourceError` when a planned file cannot be read any more (deleted,
+    permissions changed); messages already yielded stay valid.
+    """
+    for source in plan.files:
+        if source.kind == "mbox":
+            yield from _read_mbox(source.path)
+        elif source.kind == "maildir":
+            raw = _read_maildir_file(source.path)
+            yield RawMessage(str(source.path), raw, source.size_bytes)
+        else:
+            yield RawMessage(str(source.path), _read_file(source.path), source.size_bytes)
+
+
+# --- planning --------------------------------------------------------------------------
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file or directory") from None
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+    return st
+
+
+def _check_listable(path: Path) -> None:
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise SourceError(f"{path}: permission denied (cannot list the directory)")
+
+
+def _check_readable(path: Path) -> None:
+    if not os.access(path, os.R_OK):
+        raise SourceError(f"{path}: permission denied")
+
+
+def _sniff(path: Path) -> FileKind:
+    """Open the file (proving it is readable) and tell an mbox from one message."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_POSTMARK))
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+    return "mbox" if head == _POSTMARK else "message"
+
+
+def _add(
+    source: SourceFile, st: os.stat_result, files: list[SourceFile], seen: set[tuple[int, int]]
+) -> None:
+    key = (st.st_dev, st.st_ino)
+    if key not in seen:
+        seen.add(key)
+        files.append(source)
+
+
+def _is_maildir(path: Path) -> bool:
+    return all((path / part).is_dir() for part in _MAILDIR_PARTS)
+
+
+def _walk(
+    directory: Path, files: list[SourceFile], skipped: list[Path], seen: set[tuple[int, int]]
+) -> None:
+    maildir = _is_maildir(directory)
+    if maildir:
+        for part in _MAILDIR_READ:
+            sub = directory / part
+            _check_listable(sub)
+            for entry in _entries(sub):
+                if entry.name.startswith("."):
+                    continue
+                st = _entry_stat(entry)
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    _check_readable(Path(entry.path))
+                    _add(SourceFile(Path(entry.path), "maildir", st.st_size), st, files, seen)
+                else:
+                    skipped.append(Path(entry.path))
+    for entry in _entries(directory):
+        path = Path(entry.path)
+        if maildir and entry.name in _MAILDIR_PARTS:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            _check_listable(path)
+            _walk(path, files, skipped, seen)
+            continue
+        st = _entry_stat(entry)
+        suffix = path.suffix.lower()
+        if st is None or not stat.S_ISREG(st.st_mode) or suffix not in (
+            _MESSAGE_SUFFIX, _MBOX_SUFFIX
+        ):
+            skipped.append(path)
+            continue
+        if suffix == _MBOX_SUFFIX:
+            _add(SourceFile(path, _sniff(path), st.st_size), st, files, seen)
+        else:
+            _check_readable(path)
+            _add(SourceFile(path, "message", st.st_size), st, files, seen)
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        raise SourceError(f"{directory}: {_reason(exc)}") from exc
+
+
+def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """Stat following symlinks; None for a dangling link (skipped, not an error)."""
+    try:
+        return entry.stat(follow_symlinks=True)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"{entry.path}: {_reason(exc)}") from exc
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+
+
+def _read_maildir_file(path: Path) -> bytes:
+    """Read a Maildir message, following a move new/ → cur/ or a flag change."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        moved = _find_moved(path)
+        if moved is None:
+            raise SourceError(f"{path}: removed while importing") from None
+        return _read_file(moved)
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+
+
+def _find_moved(path: Path) -> Path | None:
+    unique = path.name.split(_MAILDIR_INFO_SEP, 1)[0]
+    maildir = path.parent.parent
+    for part in _MAILDIR_READ:
+        try:
+            names = sorted(os.listdir(maildir / part))
+        except OSError:
+            continue
+        for name in names:
+            if name.split(_MAILDIR_INFO_SEP, 1)[0] == unique:
+                return maildir / part / name
+    return None
+
+
+def _read_mbox(path: Path) -> Iterator[RawMessage]:
+    count = 0
+    lines: list[bytes] = []
+    span = 0
+    started = False
+    try:
+        with path.open("rb") as fh:
+            for line in fh:
+                if line.startswith(_POSTMARK):
+                    if started:
+                        count += 1
+                        yield _mbox_message(path, count, lines, span)
+                    started, lines, span = True, [], len(line)
+                    continue
+                span += len(line)
+                if not started:  # bytes before the first postmark: not a message
+                    continue
+                if line.startswith(b">") and _QUOTED_FROM.match(line):
+                    line = line[1:]
+                lines.append(line)
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+    if started:
+        count += 1
+        yield _mbox_message(path, count, lines, span)
+
+
+def _mbox_message(path: Path, number: int, lines: list[bytes], span: int) -> RawMessage:
+    if lines and lines[-1] in _BLANK_LINES:
+        lines.pop()  # the separator before the next postmark, not message content
+    return RawMessage(f"{path}#{number}", b"".join(lines), span)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__

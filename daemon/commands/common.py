@@ -1,0 +1,151 @@
+"""What every command shares: global options, exit codes, config, DSN, pool, output.
+
+Exit codes (every command):
+  0   done
+  1   operational failure: database down, a path unreadable, work left undone
+  2   usage or configuration error: bad option, bad config file, invalid id,
+      a DSN the server rejects (wrong credentials or database name)
+  130 interrupted (SIGINT/SIGTERM), after stopping cleanly
+
+Errors reach the user as `CommandError`: one line, no traceback, no password
+(`cli.main` prints ``inboxd: error: <message>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import asyncpg
+import orjson
+
+from inboxd.daemon.database import (
+    DatabaseRejected,
+    DatabaseUnavailable,
+    DsnChoice,
+    DsnError,
+    connect_pool,
+    describe_target,
+    resolve_dsn,
+)
+from inboxd.daemon.embedded_pg import EmbeddedPostgresError, default_data_dir
+from inboxd.daemon.logging import LOG_LEVELS
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd command
+
+# Sub-directory of the data directory holding the default local object store.
+OBJECTS_DIR = "objects"
+# A pool closes in milliseconds; past this a connection is stuck and is cut.
+POOL_CLOSE_TIMEOUT_S = 5.0
+
+
+class CommandError(Exception):
+    """A failure to report as one line on stderr, with the exit code to end on."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(" ".join(message.split()))
+        self.exit_code = exit_code
+
+
+def global_options() -> argparse.ArgumentParser:
+    """Options every command accepts (used as an argparse parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("global options")
+    group.add_argument(
+        "--dsn", metavar="DSN",
+        help="PostgreSQL DSN, or env:NAME / file:/path (default: $INBOXD_DSN, then "
+             "[database] dsn in --config, then an embedded server in the data directory)")
+    group.add_argument(
+        "--config", metavar="FILE", type=Path,
+        help="main config file (TOML); [database] and [object_store] are read")
+    group.add_argument(
+        "--json", action="store_true",
+        help="print the result as one JSON object on stdout")
+    group.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="warning",
+        help="log to stderr from this level on (default: %(default)s); "
+             "logs are JSON lines when stderr is not a terminal")
+    return parent
+
+
+def load_config(path: Path | None) -> dict[str, Any]:
+    """The parsed main config, or {} without --config. Raises CommandError (exit 2)."""
+    if path is None:
+        return {}
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise CommandError(f"config file {path}: no such file", EXIT_USAGE) from None
+    except OSError as exc:
+        raise CommandError(f"config file {path}: {exc.strerror or exc}", EXIT_USAGE) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CommandError(f"config file {path}: invalid TOML: {exc}", EXIT_USAGE) from exc
+
+
+def object_store_spec(config: dict[str, Any]) -> dict[str, Any]:
+    """`[object_store]` of the config, else a local directory under the data directory."""
+    spec = config.get("object_store")
+    if spec is None:
+        return {"kind": "local", "path": str(default_data_dir(os.environ) / OBJECTS_DIR)}
+    if not isinstance(spec, dict):
+        raise CommandError("[object_store] in the config file must be a table", EXIT_USAGE)
+    return spec
+
+
+async def resolve(args: argparse.Namespace, config: dict[str, Any]) -> DsnChoice:
+    """The DSN to use (database.resolve_dsn), resolved in a worker thread.
+
+    It may start the embedded server, which blocks for seconds on a first run.
+    """
+    try:
+        return await anyio.to_thread.run_sync(
+            lambda: resolve_dsn(args.dsn, config), abandon_on_cancel=True)
+    except DsnError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc
+    except EmbeddedPostgresError as exc:
+        raise CommandError(f"embedded PostgreSQL: {exc}") from exc
+
+
+@asynccontextmanager
+async def open_pool(choice: DsnChoice, *, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
+    """A connected pool (database.connect_pool), closed on exit; errors as CommandError."""
+    try:
+        pool = await connect_pool(choice.dsn, min_size=1, max_size=max_size)
+    except DatabaseUnavailable as exc:
+        raise CommandError(str(exc)) from exc
+    except DatabaseRejected as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc
+    try:
+        yield pool
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(POOL_CLOSE_TIMEOUT_S):
+            await pool.close()
+        pool.terminate()  # no-op when close() finished; cuts stragglers when it did not
+
+
+def target_of(choice: DsnChoice) -> str:
+    """host:port (or socket) of a DSN, safe to print."""
+    return describe_target(choice.dsn)
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """Write `obj` as one JSON line on stdout."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    sys.stdout.flush()
+
+
+def database_error(exc: BaseException, choice: DsnChoice) -> CommandError:
+    """An error from a statement, as a one-line CommandError naming the server."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return CommandError(f"database at {target_of(choice)}: {text}")

@@ -1,0 +1,67 @@
+"""Recording a message the application is sending, so its sync-back reconciles.
+
+The application (or `POST /v1/outbound` later) records the send before the
+provider has it: its own Message-ID, placeholder thread/message ids (`pending_…`,
+`draft_…`, `new_…` or a bare UUID) and send_status pending. When the provider's
+copy syncs back, cascade tier 0 matches it by Message-ID (no content check: we
+generated that id) and promotes the placeholders to the provider's ids.
+
+The same contract as plain SQL, for applications that write directly:
+  INSERT INTO threads (tenant_id, mailbox_id, external_thread_id) VALUES (…, 'pending_…')
+  INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction,
+      send_status, internet_message_id, message_id_norm, from_address, subject,
+      subject_norm, sent_at, text_body, html_body)
+  VALUES (…, 'pending_…', 'outbound', 'pending', '<id@host>', 'id@host', …)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id, normalise_subject
+from inboxd.pipeline.threads import recompute_threads
+
+
+async def record_outbound(
+    conn: asyncpg.Connection,
+    *,
+    tenant_id: str,
+    mailbox_id: str,
+    message_id_header: str,
+    placeholder_message_id: str,
+    thread_id: str,
+    from_address: str,
+    subject: str = "",
+    sent_at: datetime | None = None,
+    text: str | None = None,
+    html: str | None = None,
+    send_status: str = "pending",
+) -> int:
+    """Insert the outbound row (and its thread if new); returns messages.message_id.
+
+    `thread_id` is a placeholder for a new conversation, or the provider thread
+    key of the conversation being replied to. Raises ValueError when the
+    message id is not a placeholder or the Message-ID is unusable.
+    """
+    if not is_placeholder_id(placeholder_message_id):
+        raise ValueError("placeholder_message_id must start with pending_/draft_/new_ or be a UUID")
+    mid = normalise_message_id(message_id_header)
+    if not mid:
+        raise ValueError("message_id_header is empty")
+    async with conn.transaction():
+        tid = await conn.fetchval(
+            "INSERT INTO threads (tenant_id, mailbox_id, external_thread_id, subject) "
+            "VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, mailbox_id, external_thread_id) "
+            "DO UPDATE SET updated_at = now() RETURNING thread_id",
+            tenant_id, mailbox_id, thread_id, subject)
+        message_id = await conn.fetchval(
+            "INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction, "
+            "send_status, internet_message_id, message_id_norm, from_address, subject, "
+            "subject_norm, sent_at, text_body, html_body) VALUES ($1, $2, $3, $4, 'outbound', "
+            "$5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING message_id",
+            tenant_id, mailbox_id, tid, placeholder_message_id, send_status, message_id_header,
+            mid, from_address.lower(), subject, normalise_subject(subject), sent_at, text, html)
+        await recompute_threads(conn, tenant_id, {tid})
+    return message_id
