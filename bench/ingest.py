@@ -168,7 +168,7 @@ def gen_messages(n: int, seed: int) -> list[MessageData]:
         thread_ext = f"{rng.getrandbits(60):015x}"
         subject = " ".join(rng.choices(_WORDS, k=rng.randint(3, 8))).capitalize()
         customer = rng.choice(crowd)
-        others = rng.sample(crowd, 4)
+        others = [p for p in rng.sample(crowd, 5) if p != customer][:4]
         sent = base + timedelta(seconds=rng.uniform(0, 60 * 86400))
         refs: list[str] = []
         previous_text = ""
@@ -178,7 +178,8 @@ def gen_messages(n: int, seed: int) -> list[MessageData]:
             sender = customer if inbound else OWNER
             to = [OWNER] if inbound else [customer]
             to += rng.sample(others, rng.randint(0, 2))
-            cc = rng.sample([p for p in others if p not in to], rng.randint(0, 2))
+            pool = [p for p in others if p not in to and p != sender]
+            cc = rng.sample(pool, min(len(pool), rng.randint(0, 2)))
             domain = sender.email.rpartition("@")[2]
             mid_domain = domain.upper() if rng.random() < 0.1 else domain
             mid_raw = f"<{rng.getrandbits(64):016x}.{serial}@{mid_domain}>"

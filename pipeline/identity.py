@@ -161,4 +161,6 @@ def is_placeholder_id(value: str | None) -> bool:
     return value.startswith(("pending_", "draft_", "new_")) or bool(_UUID.fullmatch(value))
 
 
-_UUID = re.compile(r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}")
+_UUID = re.compile(
+    r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+)

@@ -37,7 +37,8 @@ async def test_reused_message_id_with_other_content_is_a_conflict_not_a_merge(
     second = message(mid="<same@x.org>", text="a different body entirely", thread="thread-2")
     assert await ingest(stage, first) == [Outcome.NEW]
     assert await ingest(stage, second) == [Outcome.CONFLICT]
-    assert await count(pool, "SELECT count(*) FROM messages WHERE message_id_norm = 'same@x.org'") == 2
+    sql = "SELECT count(*) FROM messages WHERE message_id_norm = 'same@x.org'"
+    assert await count(pool, sql) == 2
     async with pool.acquire() as conn:
         conflict = await conn.fetchrow("SELECT * FROM ingest_conflicts")
         new_row = await conn.fetchrow(

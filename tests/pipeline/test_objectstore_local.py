@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import inboxd.pipeline.objectstore as objectstore
 import pytest
+
+import inboxd.pipeline.objectstore as objectstore
 from inboxd.pipeline.objectstore import (
     LOCAL_IO_CONCURRENCY,
     LocalDirectoryStore,
