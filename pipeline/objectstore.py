@@ -43,6 +43,8 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 import anyio
 import anyio.to_thread
 
+from inboxd.pipeline.errors import StoreUnavailableError
+
 __all__ = [
     "LOCAL_IO_CONCURRENCY",
     "MAX_KEY_LENGTH",
@@ -93,7 +95,7 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(StoreUnavailableError):
     """A store operation failed for a reason worth retrying (network, disk, throttling).
 
     Adapters raise it ``from`` the provider's exception, which stays available as

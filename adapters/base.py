@@ -1,0 +1,65 @@
+"""The source contract: what every door (Gmail, Outlook, SES, IMAP, Maildir, import) does.
+
+A *source* syncs one mailbox. It yields *pages*: a list of MessageData (or
+DeadItem for what it could not turn into one) plus the cursor position that
+is reached once the whole page is stored. The ingest stage
+(`inboxd.pipeline.ingest.IngestStage.ingest`) answers one ItemResult per item:
+
+    new | merged | duplicate | conflict      settled: stored or already stored
+    permanent_failure                          settled: recorded in dead_items
+    retriable_failure                          NOT settled: nothing was written
+
+When may the cursor move?
+  * Only past a page whose every item is settled (`page_is_clean(results)`).
+    A page with a retriable failure is retried (the cascade makes the retry
+    idempotent); its cursor is not written, and neither is any later page's.
+  * Only after the ingest transaction committed (ingest() returns after
+    commit), or in the same transaction — never before.
+  * Only forward, and only with the mailbox lease's fencing token: the write
+    is `UPDATE mailboxes SET cursor = … WHERE lease_token = $token`, so a stale
+    owner's write changes no row and the source must stop.
+  * An expired cursor (Gmail 404, Graph 410/syncStateNotFound, IMAP
+    UIDVALIDITY change) restarts a full resync from no cursor; the cascade
+    makes the replay idempotent. Renewing a watch never moves the cursor.
+
+Raw-MIME doors pass `raw` bytes (kept byte-exact in the object store) and no
+thread id; provider doors pass the provider's thread id and message id, and
+attachment descriptors with `provider_ref` instead of bytes, plus a
+`fetch_attachment` callable on the batch: the stage calls it only for
+messages whose outcome is new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+
+
+@dataclass(slots=True)
+class Page:
+    """Items of one provider page and the cursor reached once all are settled."""
+
+    items: list[MessageData | DeadItem]
+    cursor_after: str | None
+    backfill: bool = False
+
+
+class Source(Protocol):
+    """One mailbox's sync loop, as seen by the daemon's supervisor."""
+
+    tenant_id: str
+    mailbox_id: str
+
+    def pages(self, cursor: str | None) -> AsyncIterator[Page]:
+        """Pages from `cursor` (None: from the beginning / full resync), in order."""
+        ...
+
+    async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
+        """Bytes of an attachment the page did not include (provider doors only)."""
+        ...
+
+
+AttachmentFetcher = Callable[[MessageData, AttachmentData], Awaitable[bytes]]
