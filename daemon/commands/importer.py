@@ -41,7 +41,6 @@ import anyio.to_process
 import anyio.to_thread
 import asyncpg
 import structlog
-from anyio.abc import CancelScope
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from tenacity import (
     AsyncRetrying,
@@ -269,7 +268,7 @@ class _Importer:
 
     # signals ---------------------------------------------------------------------------
 
-    async def watch_signals(self, main_scope: CancelScope) -> None:
+    async def watch_signals(self, main_scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -408,16 +407,21 @@ class _Importer:
 
     async def run(self) -> int:
         started = time.monotonic()
+        error: CommandError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.watch_signals, tg.cancel_scope)
             try:
-                await self._run(tg.cancel_scope)
+                await self._run()
+            except CommandError as exc:  # raised here, not as an ExceptionGroup
+                error = exc
             finally:
                 self.summary.elapsed_s = time.monotonic() - started
                 tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
         return self._finish()
 
-    async def _run(self, main_scope: CancelScope) -> None:
+    async def _run(self) -> None:
         config = load_config(self.args.config)
         try:
             store = open_object_store(object_store_spec(config))
@@ -516,7 +520,7 @@ async def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc), EXIT_USAGE) from exc
     try:
-        plan = plan_import(args.paths)
+        plan = await anyio.to_thread.run_sync(plan_import, args.paths)
     except SourceError as exc:
         raise CommandError(str(exc)) from exc
     return await _Importer(args, plan).run()

@@ -1,0 +1,92 @@
+"""The `inboxd` command line: parses arguments and dispatches to `commands/<name>.py`.
+
+Each subcommand lives in its own module (`commands.migrate`, `commands.importer`,
+later `run`, `status`, `check-config`, `sync`) and registers its parser; this
+module only builds the parser, configures logging and turns the outcome into an
+exit code (see `commands.common` for the codes). Every failure is one line on
+stderr, ``inboxd: error: …``, without a traceback (``--log-level debug`` logs it)
+and without a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import anyio
+import structlog
+
+from inboxd.daemon.commands import importer, migrate
+from inboxd.daemon.commands.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CommandError,
+    global_options,
+)
+from inboxd.daemon.logging import configure_logging
+
+PROG = "inboxd"
+COMMANDS = (migrate, importer)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="inboxd: every way email reaches an organisation, into PostgreSQL, "
+                    "exactly once.",
+        epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
+               "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parent = global_options()
+    for command in COMMANDS:
+        command.register(subparsers, parent)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    configure_logging(None, level=args.log_level)
+    try:
+        return anyio.run(args.handler, args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:  # noqa: BLE001 (the one place that turns errors into codes)
+        leaf = _leaf(exc)
+        if isinstance(leaf, CommandError):
+            print(f"{PROG}: error: {leaf}", file=sys.stderr)
+            return leaf.exit_code
+        if isinstance(leaf, KeyboardInterrupt):
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if isinstance(leaf, SystemExit):
+            raise
+        structlog.get_logger(__name__).debug("command_crashed", exc_info=exc)
+        text = " ".join(str(leaf).split())[:300]
+        print(f"{PROG}: error: unexpected {type(leaf).__name__}: {text} "
+              "(run with --log-level debug for details)", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first meaningful exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions
+                 if not isinstance(e, anyio.get_cancelled_exc_class())] or list(exc.exceptions)
+        exc = inner[0]
+    return exc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
