@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BaseException as exc:  # noqa: BLE001 (the one place that turns errors into codes)
+    except BaseException as exc:  # the one place that turns errors into exit codes
         leaf = _leaf(exc)
         if isinstance(leaf, CommandError):
             print(f"{PROG}: error: {leaf}", file=sys.stderr)

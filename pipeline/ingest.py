@@ -110,6 +110,8 @@ class IngestStage:
     def __init__(self, pool: asyncpg.Pool, store: ObjectStore) -> None:
         self._pool = pool
         self._store = store
+        # mailbox address per (tenant, mailbox); addresses change only with config
+        self._addresses: dict[tuple[str, str], str] = {}
 
     async def ingest(self, batch: IngestBatch) -> list[ItemResult]:
         """Ingest one batch; returns one ItemResult per item, in batch order.
@@ -162,6 +164,7 @@ class IngestStage:
         async with self._pool.acquire() as conn, conn.transaction():
             plan.decisions, plan.followers = await cascade.classify(
                 conn, tenant, mailbox, plan.items)
+            await self._mark_direction(conn, tenant, mailbox, plan.items)
             if not deads and all(
                 d.outcome is Outcome.DUPLICATE and not d.retry_attachments
                 for d in plan.decisions.values()
@@ -181,6 +184,21 @@ class IngestStage:
             self._add_backfill_event(batch, results, events)
             await events.flush(conn, tenant, mailbox)
         return results
+
+    async def _mark_direction(
+        self, conn: asyncpg.Connection, tenant: str, mailbox: str, items: list[MessageData]
+    ) -> None:
+        """Mail from the mailbox's own address is outbound (sent from another client)."""
+        key = (tenant, mailbox)
+        if key not in self._addresses:
+            self._addresses[key] = (await conn.fetchval(
+                "SELECT lower(address) FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+                tenant, mailbox) or "")
+        own = self._addresses[key]
+        if own:
+            for item in items:
+                if item.from_ is not None and item.from_.email == own:
+                    item.direction = "outbound"
 
     def _results_all_duplicate(self, batch: IngestBatch, plan: _Plan) -> list[ItemResult]:
         out: list[ItemResult] = []

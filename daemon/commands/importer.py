@@ -52,7 +52,6 @@ from tenacity import (
 )
 
 from inboxd.adapters.files import ImportPlan, RawMessage, SourceError, iter_messages, plan_import
-from inboxd.adapters.objectstore import open_object_store
 from inboxd.daemon.commands.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -300,7 +299,10 @@ class _Importer:
                         return
                     if not raws:
                         return
+                    parse_started = time.monotonic()
                     items = await self._parse([m.raw for m in raws], keep_raw)
+                    log.debug("import_batch_parsed", size=len(items),
+                              parse_s=round(time.monotonic() - parse_started, 3))
                     await send.send(_Batch([m.source_ref for m in raws], items,
                                            sum(m.span_bytes for m in raws)))
 
@@ -331,9 +333,11 @@ class _Importer:
             async for batch in receive:
                 if self.stop.is_set():
                     break
+                batch_started = time.monotonic()
                 await self._ingest(stage, batch)
                 log.info("import_batch_committed", tenant=self.tenant, mailbox=self.mailbox,
-                         size=len(batch.items), total=self.summary.messages)
+                         size=len(batch.items), total=self.summary.messages,
+                         ingest_s=round(time.monotonic() - batch_started, 3))
                 if self.progress is not None:
                     self.progress.update(self.progress_task, advance=batch.span_bytes,
                                          messages=self.summary.messages)
@@ -422,6 +426,10 @@ class _Importer:
         return self._finish()
 
     async def _run(self) -> None:
+        # Imported here: aioboto3 behind it takes ~0.25 s to import, which `--help` and
+        # usage errors should not pay.
+        from inboxd.adapters.objectstore import open_object_store
+
         config = load_config(self.args.config)
         try:
             store = open_object_store(object_store_spec(config))
