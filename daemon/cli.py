@@ -11,6 +11,7 @@ and without a password.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -83,7 +84,7 @@ def _leaf(exc: BaseException) -> BaseException:
     """The first meaningful exception inside (nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup):
         inner = [e for e in exc.exceptions
-                 if not isinstance(e, anyio.get_cancelled_exc_class())] or list(exc.exceptions)
+                 if not isinstance(e, asyncio.CancelledError)] or list(exc.exceptions)
         exc = inner[0]
     return exc
 

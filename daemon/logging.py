@@ -58,17 +58,29 @@ def configure_logging(json: bool | None = None, *, level: str = "warning") -> No
     renderer: list[structlog.typing.Processor]
     if json:
         renderer = [
-            structlog.processors.dict_tracebacks,
+            # Tracebacks as data, without local variables: locals hold message bodies
+            # and DSNs, which must never reach a log (STYLE.md rule 11).
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
             structlog.processors.JSONRenderer(serializer=_orjson_dumps),
         ]
     else:
-        renderer = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
+        # plain tracebacks: rich's default formatter prints local variables
+        renderer = [structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)]
     structlog.configure(
         processors=[*shared, *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
-    # Libraries that use the stdlib (asyncpg, botocore) log through the root logger.
-    std_logging.basicConfig(level=max(level_no, std_logging.WARNING), stream=_Stderr(),
-                            format="%(levelname)s %(name)s: %(message)s", force=True)
+    # Libraries that use the stdlib (asyncpg, botocore) log through the root logger;
+    # their records get the same shape, so stderr stays one format.
+    handler = std_logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
+    ))
+    root = std_logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(level_no, std_logging.WARNING))

@@ -18,9 +18,9 @@ _ALIASES = {
     "iso-8859-1": "cp1252",
     "latin1": "cp1252",
     "latin-1": "cp1252",
-    "us-ascii": "cp1252",
-    "ascii": "cp1252",
-    "ansi_x3.4-1968": "cp1252",
+    "ansi_x3.4-1968": "ascii",
+    "iso-8859-8-i": "iso8859_8",
+    "iso-8859-6-i": "iso8859_6",
     "iso-8859-9": "cp1254",
     "iso-8859-11": "cp874",
     "tis-620": "cp874",
@@ -45,6 +45,10 @@ _ALIASES = {
 }
 
 _LAST_RESORT = "cp1252"
+# One replacement character per this many is still "mostly UTF-8": a multibyte
+# character cut at a fold. cp1252 text read as UTF-8 fails on nearly every
+# non-ASCII byte, far denser than this.
+_MOSTLY_UTF8_RATIO = 50
 
 
 def codec_for(charset: str | None) -> str | None:
@@ -76,18 +80,20 @@ def decode_bytes(data: bytes, charset: str | None = None) -> str:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             pass
-    if codec is not None:
+    if codec is not None and codec != "ascii":
         # A known charset with a few bad bytes reads better than cp1252 garbage.
         return data.decode(codec, errors="replace")
+    # No label, a bogus one, or 8-bit bytes labelled us-ascii (a classic lie):
+    # windows-1252 maps every byte the way most such mail was written.
     return data.decode(_LAST_RESORT, errors="replace")
 
 
-def recover_header_bytes(value: str) -> str:
+def recover_header_bytes(value: str, charset: str | None = None) -> str:
     """Undo the stdlib's surrogateescape of 8-bit header bytes and decode them.
 
     compat32 parses headers as ASCII and smuggles raw 8-bit bytes through as
-    lone surrogates; such headers are usually UTF-8 (RFC 6532) or the sender's
-    local charset.
+    lone surrogates. Such headers are UTF-8 (RFC 6532) or, in older mail, the
+    charset the message's text parts declare (`charset`), else windows-1252.
     """
     if value.isascii():
         return value
@@ -95,4 +101,18 @@ def recover_header_bytes(value: str) -> str:
         raw = value.encode("ascii", "surrogateescape")
     except UnicodeEncodeError:
         return value  # already real text, not escaped bytes
-    return decode_bytes(raw, "utf-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    codec = codec_for(charset)
+    if codec is not None and codec not in ("utf-8", "ascii"):
+        try:
+            return raw.decode(codec)
+        except (UnicodeDecodeError, LookupError):
+            pass
+    # UTF-8 cut mid-character (folded or truncated by the sender) is still UTF-8
+    lenient = raw.decode("utf-8", errors="replace")
+    if lenient.count("\ufffd") * _MOSTLY_UTF8_RATIO <= len(lenient):
+        return lenient
+    return raw.decode(_LAST_RESORT, errors="replace")

@@ -354,7 +354,14 @@ class IngestStage:
             plan.message_ids[k] = lead_id
             if outcome is Outcome.MERGED:
                 copies.append((lead_id, plan.items[k], plan.raw_keys.get(k)))
-        await insert_copies(conn, tenant, mailbox, copies)
+        added = await insert_copies(conn, tenant, mailbox, copies)
+        # A concurrent batch recorded this very copy after we classified it
+        # (READ COMMITTED: each statement sees the latest commits): a duplicate.
+        for k in merged:
+            if plan.items[k].external_id not in added:
+                plan.decisions[k].outcome = Outcome.DUPLICATE
+                plan.decisions[k].promote = False
+        merged = [k for k in merged if plan.decisions[k].outcome is Outcome.MERGED]
         promoted = [(plan.message_ids[k], plan.items[k], plan.raw_keys.get(k))
                     for k in merged if plan.decisions[k].promote]
         touched = set(thread_ids[plan.items[k].thread_key] for k in fresh_ok)

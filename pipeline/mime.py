@@ -50,7 +50,21 @@ MAX_ADDRESSES_PER_HEADER = 1_000
 # Parts walked per message; one corpus file has ~3,000 parts.
 MAX_PARTS = 5_000
 
-_PARSER = BytesParser(policy=compat32)
+class _Message(Message):
+    """compat32 Message whose boundary tolerates folding (RFC 2045 allows a quoted
+    boundary to be folded; the stdlib then looks for a boundary with CRLF in it
+    and loses the whole multipart, e.g. mime-tools `multi-digest`)."""
+
+    def get_boundary(self, failobj=None):  # type: ignore[no-untyped-def]
+        boundary = super().get_boundary(failobj)
+        if isinstance(boundary, str):
+            return boundary.replace("\r", "").replace("\n", "")
+        return boundary
+
+
+_PARSER = BytesParser(_class=_Message, policy=compat32)
+# Salvage of addresses when the header defeats getaddresses().
+_ADDR_SPEC = re.compile(r"[\w.!#$%&'*+/=?^`{|}~-]+@[\w.-]+\w")
 _BOM = b"\xef\xbb\xbf"
 _CFB_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # MS-CFB header signature, [MS-CFB] 2.2
 # Bytes looked at to sniff line endings and binary input.
@@ -135,16 +149,17 @@ def _to_message_data(
     msg: Message, raw: bytes, raw_sha256: str, tenant_id: str, mailbox_id: str, ext_id: str,
     source: str, received_at: datetime | None,
 ) -> MessageData:
-    mid_raw = _header_text(msg.get("Message-ID"))
+    cs = _text_charset(msg)
+    mid_raw = _header_text(_raw_header(msg, "Message-ID"))
     mid_norm = normalise_message_id(mid_raw)
-    references = normalise_id_list(_header_text(msg.get("References")))
-    in_reply = normalise_id_list(_header_text(msg.get("In-Reply-To")))
-    subject = _header_text(msg.get("Subject"))[:MAX_SUBJECT_CHARS]
+    references = normalise_id_list(_header_text(_raw_header(msg, "References")))
+    in_reply = normalise_id_list(_header_text(_raw_header(msg, "In-Reply-To")))
+    subject = _header_text(_raw_header(msg, "Subject"), cs)[:MAX_SUBJECT_CHARS]
     subject = " ".join(subject.split())
-    froms = _addresses(msg, "From") or _addresses(msg, "Sender")
+    froms = _addresses(msg, "From", cs) or _addresses(msg, "Sender", cs)
     sender = froms[0] if froms else None
-    to, cc = _addresses(msg, "To"), _addresses(msg, "Cc")
-    sent_at = _date(msg.get("Date"))
+    to, cc = _addresses(msg, "To", cs), _addresses(msg, "Cc", cs)
+    sent_at = _date(_raw_header(msg, "Date"))
     text, html, attachments = _bodies(msg)
     subject_norm = normalise_subject(subject)
     defects = sorted({type(d).__name__ for d in _all_defects(msg)})
@@ -168,8 +183,8 @@ def _to_message_data(
         from_=sender,
         to=to,
         cc=cc,
-        bcc=_addresses(msg, "Bcc"),
-        reply_to=_addresses(msg, "Reply-To"),
+        bcc=_addresses(msg, "Bcc", cs),
+        reply_to=_addresses(msg, "Reply-To", cs),
         subject=subject,
         subject_norm=subject_norm,
         sent_at=sent_at,
@@ -210,13 +225,17 @@ def html_to_text(html: str | None) -> str:
         return ""
 
 
-def _header_text(value: object) -> str:
-    """A header value as readable text: 8-bit bytes recovered, RFC 2047 decoded."""
+def _header_text(value: object, charset: str | None = None) -> str:
+    """A header value as readable text: 8-bit bytes recovered, RFC 2047 decoded.
+
+    `charset` is the message's own text charset, the best guess for raw 8-bit
+    header bytes that are not UTF-8.
+    """
     if value is None:
         return ""
     if isinstance(value, email.header.Header):
         value = str(value)
-    text = recover_header_bytes(str(value))
+    text = recover_header_bytes(str(value), charset)
     if "=?" not in text:
         return " ".join(text.split()) if "\n" in text or "\r" in text else text.strip()
     try:
@@ -229,19 +248,19 @@ def _header_text(value: object) -> str:
     return " ".join("".join(out).split())
 
 
-def _addresses(msg: Message, name: str) -> list[Address]:
-    values = msg.get_all(name)
+def _addresses(msg: Message, name: str, charset: str | None = None) -> list[Address]:
+    values = _raw_headers(msg, name)
     if not values:
         return []
-    raw_values = [recover_header_bytes(str(v)) for v in values]
+    raw_values = [recover_header_bytes(str(v), charset) for v in values]
     try:
         pairs = email.utils.getaddresses(raw_values)
-    except Exception:
-        pairs = []
+    except Exception:  # RecursionError on the corpus' 135 KB To header, among others
+        pairs = [("", addr) for v in raw_values for addr in _ADDR_SPEC.findall(v)]
     out: list[Address] = []
     for display, addr in pairs[:MAX_ADDRESSES_PER_HEADER]:
         addr = addr.strip().strip("<>").lower()
-        display = _header_text(display) if display else ""
+        display = _header_text(display, charset) if display else ""
         if "@" not in addr and not display:
             continue
         if "@" not in addr:
@@ -266,6 +285,42 @@ def _date(value: object) -> datetime | None:
         return parsed.astimezone(UTC)
     except (OverflowError, ValueError):
         return None
+
+
+def _text_charset(msg: Message) -> str | None:
+    """Charset declared by the first text part (or the top level), if any."""
+    for i, part in enumerate(msg.walk()):
+        if i > 50:
+            break
+        if part.get_content_maintype() == "text":
+            charset = part.get_content_charset()
+            if charset:
+                return charset
+    return msg.get_content_charset()
+
+
+def _param_8bit(header: str, param: str) -> str | None:
+    """A plain (non-RFC 2231) parameter value from header text that was 8-bit."""
+    match = re.search(rf'(?i)(?:^|;)\s*{param}\s*=\s*(?:"([^"]*)"|([^;]+))', header)
+    if not match:
+        return None
+    return (match.group(1) if match.group(1) is not None else match.group(2)).strip()
+
+
+def _raw_headers(msg: Message, name: str) -> list[str]:
+    """Header values as parsed, 8-bit bytes still surrogate-escaped.
+
+    `Message.get()` under compat32 wraps 8-bit values in a Header whose str()
+    has already replaced the bytes with U+FFFD; `raw_items()` keeps them, so
+    `recover_header_bytes` can decode them as UTF-8 (RFC 6532) or legacy text.
+    """
+    wanted = name.lower()
+    return [str(v) for k, v in msg.raw_items() if k.lower() == wanted]
+
+
+def _raw_header(msg: Message, name: str) -> str | None:
+    values = _raw_headers(msg, name)
+    return values[0] if values else None
 
 
 def _all_defects(msg: Message) -> list[object]:
@@ -305,7 +360,8 @@ def _bodies(msg: Message) -> tuple[str | None, str | None, list[AttachmentData]]
     attachments: list[AttachmentData] = []
     for part in _walk_leaves(msg):
         ctype = part.get_content_type()
-        disposition = str(part.get("Content-Disposition") or "").split(";", 1)[0].strip().lower()
+        disposition = (_raw_header(part, "Content-Disposition") or "").split(";", 1)[0]
+        disposition = disposition.strip().lower()
         filename = _filename(part)
         is_body_text = (
             ctype in ("text/plain", "text/html")
@@ -318,6 +374,9 @@ def _bodies(msg: Message) -> tuple[str | None, str | None, list[AttachmentData]]
             (texts if ctype == "text/plain" else htmls).append(decoded)
             continue
         if ctype.startswith("multipart/"):
+            # declared multipart whose boundary never appears: keep its text
+            if payload.strip():
+                texts.append(decode_bytes(payload, part.get_content_charset()))
             continue
         attachments.append(
             AttachmentData(
@@ -326,7 +385,7 @@ def _bodies(msg: Message) -> tuple[str | None, str | None, list[AttachmentData]]
                 size_bytes=len(payload),
                 sha256=hashlib.sha256(payload).hexdigest(),
                 content=payload,
-                content_id=normalise_message_id(_header_text(part.get("Content-ID"))),
+                content_id=normalise_message_id(_header_text(_raw_header(part, "Content-ID"))),
                 disposition="inline" if disposition == "inline" else "attachment",
             )
         )
@@ -360,6 +419,13 @@ def _payload_bytes(part: Message) -> bytes:
 def _filename(part: Message) -> str:
     try:
         name = part.get_filename()
+        raw_cd = _raw_header(part, "Content-Disposition") or ""
+        raw_ct = _raw_header(part, "Content-Type") or ""
+        if not (raw_cd.isascii() and raw_ct.isascii()):
+            # 8-bit bytes in the parameter: the stdlib has already turned them
+            # into U+FFFD, so read the parameter from the recovered header text
+            name = _param_8bit(recover_header_bytes(raw_cd), "filename") or _param_8bit(
+                recover_header_bytes(raw_ct), "name") or name
     except Exception:
         name = None
     if name is None:

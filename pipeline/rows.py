@@ -158,20 +158,23 @@ async def insert_conflicts(
 async def insert_copies(
     conn: asyncpg.Connection, tenant_id: str, mailbox_id: str,
     copies: list[tuple[int, MessageData, str | None]],
-) -> None:
-    if copies:
-        await conn.execute(
+) -> set[str]:
+    """Record copies; returns the external ids actually inserted (others existed)."""
+    if not copies:
+        return set()
+    rows = await conn.fetch(
             "INSERT INTO message_copies (tenant_id, mailbox_id, external_id, message_id, labels, "
             "raw_sha256, raw_key, received_at) SELECT $1, $2, u.ext, u.id, "
             "CASE WHEN u.labels = '' THEN '{}'::text[] ELSE string_to_array(u.labels, E'\\x1f') "
             "END, u.sha, u.key, u.received_at FROM unnest($3::text[], $4::bigint[], $5::text[], "
             "$6::text[], $7::text[], $8::timestamptz[]) AS u(ext, id, labels, sha, key, "
-            "received_at) ON CONFLICT DO NOTHING",
+            "received_at) ON CONFLICT DO NOTHING RETURNING external_id",
             tenant_id, mailbox_id,
             [m.external_id for _, m, _ in copies], [mid for mid, _, _ in copies],
             [clean("\x1f".join(m.labels)) for _, m, _ in copies],
             [m.raw_sha256 for _, m, _ in copies], [key for _, _, key in copies],
             [m.received_at for _, m, _ in copies])
+    return {row[0] for row in rows}
 
 
 async def insert_dead_items(

@@ -121,7 +121,9 @@ async def resolve(args: argparse.Namespace, config: dict[str, Any]) -> DsnChoice
 async def open_pool(choice: DsnChoice, *, max_size: int = 2) -> AsyncIterator[asyncpg.Pool]:
     """A connected pool (database.connect_pool), closed on exit; errors as CommandError."""
     try:
-        pool = await connect_pool(choice.dsn, min_size=1, max_size=max_size)
+        # min_size=0: after a lost connection asyncpg would otherwise reconnect in the
+        # background to keep its floor, logging a traceback on every failed attempt.
+        pool = await connect_pool(choice.dsn, min_size=0, max_size=max_size)
     except DatabaseUnavailable as exc:
         raise CommandError(str(exc)) from exc
     except DatabaseRejected as exc:

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from inboxd.daemon.database import (
     DatabaseUnavailable,
     DsnChoice,

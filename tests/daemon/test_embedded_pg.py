@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+
 from inboxd.daemon.database import connect_pool, resolve_dsn
 from inboxd.daemon.embedded_pg import (
     ROOT_REFUSAL,

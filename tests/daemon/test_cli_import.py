@@ -1,0 +1,389 @@
+"""`inboxd import` and `inboxd migrate`, run as the installed console script.
+
+Each test runs the real `inboxd` executable in a subprocess against a fresh
+database (`db_dsn`: schema applied) and checks exit code, stdout/stderr and the
+rows it left. Messages are corpus files copied into tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+# The console script installed next to the interpreter running the tests.
+INBOXD = Path(sys.executable).with_name("inboxd")
+# A whole import of a few messages takes ~1 s (interpreter start included); a
+# loaded CI runner may be several times slower. Past this the command hangs.
+CLI_TIMEOUT_S = 60.0
+# Nothing listens on port 1 (tcpmux, never served here): connection refused.
+DEAD_DSN = "postgresql://postgres@127.0.0.1:1/x"
+
+PLAIN_EMLS = ("axllent-mailpit/plain-text.eml", "axllent-mailpit/tags.eml",
+              "axllent-mailpit/mime-attachment.eml", "axllent-mailpit/mixed-attachment.eml",
+              "axllent-mailpit/inline-attachment.eml", "axllent-mailpit/regular-attachment.eml")
+MBOX_SAMPLES = ("mikel-mail/error_emails__cant_parse_from.eml",
+                "mailgun-flanker/complaints__yahoo.eml",
+                "mikel-mail/attachment_emails__attachment_message_rfc822.eml")
+MAILDIR_SAMPLES = ("mailgun-talon/standard_replies__gmail.eml",
+                   "mailgun-talon/standard_replies__yahoo.eml",
+                   "mailgun-talon/standard_replies__outlook.eml")
+# Small, with a Message-ID: copies with fresh Message-IDs make a large mbox.
+BULK_SAMPLE = "axllent-mailpit/plain-text.eml"
+POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
+_FROM_LINE = re.compile(rb"(?m)^(>*From )")
+
+
+def write_mbox(path: Path, messages: list[bytes]) -> None:
+    """mboxrd writer: postmark, ">"-quoted From lines, newline-terminated, blank line."""
+    with path.open("wb") as fh:
+        for raw in messages:
+            fh.write(POSTMARK + _FROM_LINE.sub(rb">\1", raw))
+            fh.write(b"\n" if raw.endswith(b"\n") else b"\n\n")
+
+
+class Result:
+    def __init__(self, proc: subprocess.CompletedProcess[bytes]) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout.decode()
+        self.stderr = proc.stderr.decode()
+
+    @property
+    def json(self) -> dict:
+        return orjson.loads(self.stdout)
+
+    @property
+    def error_lines(self) -> list[str]:
+        """stderr lines that are not JSON log lines."""
+        return [line for line in self.stderr.splitlines() if not line.startswith("{")]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The command's environment: no DSN from outside, a data dir of its own."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("INBOXD_", "PG"))}
+    out["INBOXD_DATA_DIR"] = str(tmp_path / "data")
+    return out
+
+
+@pytest.fixture
+def inboxd(env: dict[str, str]):
+    async def run(*args: str | Path) -> Result:
+        with anyio.fail_after(CLI_TIMEOUT_S):
+            proc = await anyio.run_process([str(INBOXD), *map(str, args)], check=False, env=env)
+        return Result(proc)
+
+    return run
+
+
+@pytest.fixture
+def mime(corpus: Path) -> Path:
+    return corpus / "mime"
+
+
+async def count(dsn: str, table: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(f"SELECT count(*) FROM {table}")
+    finally:
+        await conn.close()
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def outcomes(**counts: int) -> dict[str, int]:
+    base = dict.fromkeys(("new", "merged", "duplicate", "conflict", "retriable_failure",
+                          "permanent_failure"), 0)
+    return base | counts
+
+
+# --- import ----------------------------------------------------------------------------
+
+
+async def test_import_directory_then_rerun_is_all_duplicates(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path
+) -> None:
+    top = tmp_path / "in"
+    for i, name in enumerate(PLAIN_EMLS):
+        _copy(mime / name, top / ("nested" if i % 2 else "") / f"m{i}.{'EML' if i == 3 else 'eml'}")
+    _copy(mime / "axllent-mailpit" / "SOURCE.md", top / "SOURCE.md")
+
+    first = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                         "--json", top)
+
+    assert first.code == 0, first.stderr
+    summary = first.json
+    assert summary["status"] == "ok"
+    assert summary["outcomes"] == outcomes(new=6)
+    assert summary["messages"] == 6
+    assert summary["files"] == 6
+    assert summary["skipped_files"] == 1
+    assert summary["skipped"] == [str(top / "SOURCE.md")]
+    assert summary["dead"] == []
+    assert summary["elapsed_s"] > 0
+    assert await count(db_dsn, "messages") == 6
+
+    second = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                          "--json", top)
+
+    assert second.code == 0, second.stderr
+    assert second.json["outcomes"] == outcomes(duplicate=6)
+    assert await count(db_dsn, "messages") == 6
+
+
+async def test_human_summary(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
+    path = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
+
+    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                          path)
+
+    assert result.code == 0, result.stderr
+    assert result.stdout.startswith("imported: 1 message from 1 file in ")
+    assert re.search(r"^\s+new\s+1$", result.stdout, re.M)
+    assert result.error_lines == []
+
+
+async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
+    originals = [(mime / name).read_bytes() for name in MBOX_SAMPLES]
+    archive = tmp_path / "archive"  # no extension: recognised by its "From " first line
+    write_mbox(archive, originals)
+    config = tmp_path / "inboxd.toml"
+    objects = tmp_path / "objects"
+    config.write_text(f'[object_store]\nkind = "local"\npath = "{objects}"\n')
+
+    result = await inboxd("import", "--config", config, "--dsn", db_dsn, "--tenant", "acme",
+                          "--mailbox", "archive", "--json", archive)
+
+    assert result.code == 0, result.stderr
+    assert result.json["outcomes"] == outcomes(new=3)
+    assert await count(db_dsn, "messages") == 3
+    assert any(objects.rglob("*")), "raw bytes go to the configured object store"
+
+    # The mbox gave back each message byte for byte: the same files as .eml are the
+    # same content-addressed items, hence duplicates.
+    emls = [_copy(mime / name, tmp_path / "eml" / f"{i}.eml")
+            for i, name in enumerate(MBOX_SAMPLES)]
+    again = await inboxd("import", "--config", config, "--dsn", db_dsn, "--tenant", "acme",
+                         "--mailbox", "archive", "--json", *emls)
+
+    assert again.json["outcomes"] == outcomes(duplicate=3)
+    assert await count(db_dsn, "messages") == 3
+
+
+async def test_maildir(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
+    box = tmp_path / "Maildir"
+    for part in ("cur", "new", "tmp"):
+        (box / part).mkdir(parents=True)
+    _copy(mime / MAILDIR_SAMPLES[0], box / "new" / "1700000001.M1P1.host")
+    _copy(mime / MAILDIR_SAMPLES[1], box / "new" / "1700000002.M2P1.host")
+    _copy(mime / MAILDIR_SAMPLES[2], box / "cur" / "1700000000.M0P1.host:2,S")
+    _copy(mime / PLAIN_EMLS[0], box / "tmp" / "1700000003.M3P1.host")  # not delivered yet
+
+    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "maildir",
+                          "--json", box)
+
+    assert result.code == 0, result.stderr
+    assert result.json["outcomes"] == outcomes(new=3)
+    assert result.json["skipped_files"] == 0
+    assert await count(db_dsn, "messages") == 3
+
+
+async def test_not_mail_is_a_dead_item_and_exit_0(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path
+) -> None:
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 16)  # NUL bytes from the first line on
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "good.eml")
+
+    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                          "--json", blob, good)
+
+    assert result.code == 0, result.stderr
+    assert result.json["outcomes"] == outcomes(new=1, permanent_failure=1)
+    [dead] = result.json["dead"]
+    assert dead["source"] == str(blob)
+    assert "NUL" in dead["reason"]
+    assert await count(db_dsn, "dead_items") == 1
+    assert await count(db_dsn, "messages") == 1
+
+    human = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                         blob)
+    assert human.code == 0
+    assert f"  {blob}: not_mime: " in human.stdout
+
+
+async def test_missing_path_writes_nothing(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path
+) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
+    missing = tmp_path / "no-such-dir"
+
+    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+                          good, missing)
+
+    assert result.code == 1
+    assert result.stderr.splitlines() == [f"inboxd: error: {missing}: no such file or directory"]
+    assert result.stdout == ""
+    assert await count(db_dsn, "messages") == 0
+    assert await count(db_dsn, "tenants") == 0
+
+
+async def test_database_down(inboxd, mime: Path, tmp_path: Path) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
+
+    result = await inboxd("import", "--dsn", DEAD_DSN, "--tenant", "acme", "--mailbox", "inbox",
+                          good)
+
+    assert result.code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("inboxd: error: database at 127.0.0.1:1 did not answer: ")
+
+
+async def test_password_never_shown(inboxd, mime: Path, tmp_path: Path) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
+
+    result = await inboxd("import", "--dsn", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x",
+                          "--tenant", "acme", "--mailbox", "inbox", good)
+
+    assert result.code == 1
+    assert "s3cr3t-pw" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(("option", "value"), [("--tenant", "Acme Corp"), ("--mailbox", "-x")])
+async def test_invalid_ids_are_usage_errors(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path, option: str, value: str
+) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
+    ids = {"--tenant": "acme", "--mailbox": "inbox", option: value}
+
+    result = await inboxd("import", "--dsn", db_dsn, *(f"{k}={v}" for k, v in ids.items()), good)
+
+    assert result.code == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"inboxd: error: invalid {option[2:]} id ")
+    assert await count(db_dsn, "tenants") == 0
+
+
+async def test_usage_error_is_one_line(inboxd) -> None:
+    result = await inboxd("import", "--tenant", "acme")
+
+    assert result.code == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("inboxd: error: the following arguments are required: ")
+
+
+async def test_bad_config_file_is_a_usage_error(inboxd, tmp_path: Path) -> None:
+    config = tmp_path / "inboxd.toml"
+    config.write_text("[database\n")
+
+    result = await inboxd("migrate", "--config", config)
+
+    assert result.code == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"inboxd: error: config file {config}: invalid TOML")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_signal_stops_after_a_whole_batch(
+    env: dict[str, str], db_dsn: str, mime: Path, tmp_path: Path, signum: signal.Signals
+) -> None:
+    from inboxd.daemon.commands.importer import IMPORT_BATCH_SIZE
+
+    total = IMPORT_BATCH_SIZE * 10
+    template = (mime / BULK_SAMPLE).read_bytes()
+    [message_id] = re.findall(rb"(?mi)^Message-ID:\s*(<[^>]+>)", template)
+    archive = tmp_path / "bulk.mbox"
+    write_mbox(archive, [template.replace(message_id, f"<bulk-{n}@test.invalid>".encode())
+                         for n in range(total)])
+    command = [str(INBOXD), "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "bulk",
+               "--json", "--log-level", "info", str(archive)]
+
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        async with await anyio.open_process(command, env=env) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            stderr = b""
+            # The first committed batch is the synchronisation point: then signal.
+            async for chunk in proc.stderr:
+                stderr += chunk
+                if b"import_batch_committed" in stderr:
+                    break
+            proc.send_signal(signum)
+            stdout = b"".join([chunk async for chunk in proc.stdout])
+            async for chunk in proc.stderr:
+                stderr += chunk
+            code = await proc.wait()
+
+    assert code == 130, stderr.decode()
+    summary = orjson.loads(stdout)
+    assert summary["status"] == "interrupted"
+    assert summary["input_left_unread"] is True
+    done = summary["messages"]
+    assert 0 < done < total
+    assert done % IMPORT_BATCH_SIZE == 0, "never half a batch"
+    assert summary["outcomes"] == outcomes(new=done)
+    assert await count(db_dsn, "messages") == done
+    assert b"inboxd: interrupted" in stderr
+
+
+# --- migrate ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def empty_db(server_dsn: str) -> AsyncIterator[str]:
+    """DSN of a database without the schema (a newcomer's first run)."""
+    name = f"inboxd_empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def test_migrate_twice(inboxd, empty_db: str) -> None:
+    first = await inboxd("migrate", "--dsn", empty_db)
+    second = await inboxd("migrate", "--dsn", empty_db, "--json")
+
+    assert first.code == 0, first.stderr
+    assert first.stdout.startswith("schema applied to database inboxd_empty_")
+    assert second.code == 0, second.stderr
+    assert second.json["status"] == "ok"
+    assert second.json["dsn_source"] == "cli"
+    assert await count(empty_db, "messages") == 0
+
+
+async def test_import_applies_the_schema_itself(
+    inboxd, empty_db: str, mime: Path, tmp_path: Path
+) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
+
+    result = await inboxd("import", "--dsn", empty_db, "--tenant", "acme", "--mailbox", "inbox",
+                          "--json", good)
+
+    assert result.code == 0, result.stderr
+    assert await count(empty_db, "messages") == 1
+
+
+async def test_migrate_database_down(inboxd) -> None:
+    result = await inboxd("migrate", "--dsn", DEAD_DSN)
+
+    assert result.code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("inboxd: error: database at 127.0.0.1:1 did not answer: ")
