@@ -53,7 +53,7 @@ def server_dsn() -> Iterator[str]:
     env["INBOXD_DATA_DIR"] = data_dir
     if os.geteuid() == 0:
         env.setdefault("INBOXD_EMBEDDED_PG_USER", "nobody")
-        os.chmod(data_dir, 0o777)
+        os.chmod(data_dir, 0o777)  # noqa: S103 - the unprivileged server user writes here
     server = ensure_embedded(environ=env)
     yield server.dsn
     stop_embedded(environ=env)

@@ -41,6 +41,7 @@ import aiohttp
 import anyio
 from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
+
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStoreError,

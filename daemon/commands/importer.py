@@ -98,16 +98,17 @@ RETRY_JITTER_S = 0.5
 # One ingest call (transaction + object-store writes). A healthy batch takes ~1 s;
 # past this the server or the disk is stuck, and the batch is retried.
 BATCH_DEADLINE_S = 300.0
-# A database that answers at all answers `SELECT 1` at once.
+# A database that answers at all answers `SELECT 1` (or two small upserts) at once.
 PROBE_TIMEOUT_S = 5.0
 # Dead items listed in the human summary (all of them are in --json output).
 DEAD_ITEMS_SHOWN = 20
 
 ParseMode = Literal["thread", "process"]
-# Measured on 2 cores, fresh database: the whole corpus (394 messages, one batch)
-# imports at 168-192 messages/s parsing in a thread, 119-163 in processes (worker
-# start-up is not repaid); a 3,940-message mbox runs at ~265/s either way, because
-# parsing batch N+1 overlaps the ingest of batch N and ingest is the slower side.
+# Measured on 2 shared cores, fresh database: the whole corpus (394 messages, one
+# batch) imports at 134-223 messages/s parsing in a thread, 117-163 in processes,
+# the thread ahead in every paired run (worker start-up is not repaid); a
+# 3,940-message mbox runs at ~265/s either way, because parsing batch N+1 overlaps
+# the ingest of batch N and ingest is the slower side.
 DEFAULT_PARSE_MODE: ParseMode = "thread"
 
 Item = MessageData | DeadItem
@@ -464,7 +465,8 @@ class _Importer:
             try:
                 async with pool.acquire() as conn:
                     await apply_with_deadline(conn)
-                    await ensure_mailbox(conn, self.tenant, self.mailbox, provider="import")
+                    with anyio.fail_after(PROBE_TIMEOUT_S):
+                        await ensure_mailbox(conn, self.tenant, self.mailbox, provider="import")
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
                 raise database_error(exc, choice) from exc
             stage = IngestStage(pool, store)
@@ -516,7 +518,9 @@ class _Importer:
             s.status = "interrupted"
             s.unread_input = True
             exit_code = EXIT_INTERRUPTED
-            message = ("inboxd: interrupted: every committed batch is stored; "
+            rolled_back = self.aborted and self.importing
+            abandoned = "the batch in progress was rolled back; " if rolled_back else ""
+            message = (f"inboxd: interrupted: {abandoned}every committed batch is stored; "
                        "re-running the same command imports the rest")
         elif s.status == "incomplete":
             exit_code = EXIT_FAILURE

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import anyio
 import asyncpg
 
 from inboxd.daemon.commands.common import (
@@ -63,8 +64,6 @@ async def run(args: argparse.Namespace) -> int:
 
 async def apply_with_deadline(conn: asyncpg.Connection) -> None:
     """apply_schema within MIGRATE_TIMEOUT_S; CommandError when schema.sql is missing."""
-    import anyio
-
     try:
         with anyio.fail_after(MIGRATE_TIMEOUT_S):
             await apply_schema(conn)

@@ -13,12 +13,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+import anyio.abc
+import anyio.to_thread
 import asyncpg
 import orjson
 import pytest
@@ -299,35 +302,52 @@ async def test_bad_config_file_is_a_usage_error(inboxd, tmp_path: Path) -> None:
     assert line.startswith(f"inboxd: error: config file {config}: invalid TOML")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def bulk_mbox(path: Path, mime: Path, count: int) -> Path:
+    """An mbox of `count` distinct messages: BULK_SAMPLE with fresh Message-IDs."""
+    template = (mime / BULK_SAMPLE).read_bytes()
+    [message_id] = re.findall(rb"(?mi)^Message-ID:\s*(<[^>]+>)", template)
+    write_mbox(path, [template.replace(message_id, f"<bulk-{n}@test.invalid>".encode())
+                      for n in range(count)])
+    return path
+
+
+async def run_until_first_commit(
+    command: list[str], env: dict[str, str], then: Callable[[anyio.abc.Process], Awaitable[None]]
+) -> tuple[int, bytes, bytes]:
+    """Run `command` (with --log-level info) and call `then` once a batch committed.
+
+    The log line of the first committed batch is the synchronisation point, not a sleep.
+    """
+    async with await anyio.open_process(command, env=env) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = b""
+        async for chunk in proc.stderr:
+            stderr += chunk
+            if b"import_batch_committed" in stderr:
+                break
+        await then(proc)
+        stdout = b"".join([chunk async for chunk in proc.stdout])
+        async for chunk in proc.stderr:
+            stderr += chunk
+        return await proc.wait(), stdout, stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 async def test_signal_stops_after_a_whole_batch(
     env: dict[str, str], db_dsn: str, mime: Path, tmp_path: Path, signum: signal.Signals
 ) -> None:
     from inboxd.daemon.commands.importer import IMPORT_BATCH_SIZE
 
     total = IMPORT_BATCH_SIZE * 10
-    template = (mime / BULK_SAMPLE).read_bytes()
-    [message_id] = re.findall(rb"(?mi)^Message-ID:\s*(<[^>]+>)", template)
-    archive = tmp_path / "bulk.mbox"
-    write_mbox(archive, [template.replace(message_id, f"<bulk-{n}@test.invalid>".encode())
-                         for n in range(total)])
+    archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
     command = [str(INBOXD), "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "bulk",
                "--json", "--log-level", "info", str(archive)]
 
+    async def interrupt(proc: anyio.abc.Process) -> None:
+        proc.send_signal(signum)
+
     with anyio.fail_after(CLI_TIMEOUT_S):
-        async with await anyio.open_process(command, env=env) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            stderr = b""
-            # The first committed batch is the synchronisation point: then signal.
-            async for chunk in proc.stderr:
-                stderr += chunk
-                if b"import_batch_committed" in stderr:
-                    break
-            proc.send_signal(signum)
-            stdout = b"".join([chunk async for chunk in proc.stdout])
-            async for chunk in proc.stderr:
-                stderr += chunk
-            code = await proc.wait()
+        code, stdout, stderr = await run_until_first_commit(command, env, interrupt)
 
     assert code == 130, stderr.decode()
     summary = orjson.loads(stdout)
@@ -387,3 +407,70 @@ async def test_migrate_database_down(inboxd) -> None:
     assert result.code == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("inboxd: error: database at 127.0.0.1:1 did not answer: ")
+
+
+# --- database lost mid-way -------------------------------------------------------------
+
+
+@pytest.fixture
+def embedded_pg() -> Iterator[tuple[Path, dict[str, str]]]:
+    """A data directory for an embedded server this test may stop and start at will."""
+    from inboxd.daemon.embedded_pg import find_binaries, stop_embedded
+
+    if not find_binaries():
+        pytest.skip("no PostgreSQL server binaries for an embedded server")
+    environ = {"PATH": os.environ.get("PATH", os.defpath)}
+    if os.geteuid() == 0:  # postgres refuses root; run it as an unprivileged account
+        environ["INBOXD_EMBEDDED_PG_USER"] = "nobody"
+    base = Path(tempfile.mkdtemp(prefix="inboxd-cli-pg-"))
+    base.chmod(0o755)  # the server's account must traverse it
+    try:
+        yield base / "data", environ
+    finally:
+        try:
+            stop_embedded(base / "data", environ=environ)
+        finally:
+            shutil.rmtree(base)
+
+
+async def test_database_lost_midway_then_rerun_completes(
+    env: dict[str, str], embedded_pg: tuple[Path, dict[str, str]], mime: Path, tmp_path: Path
+) -> None:
+    from inboxd.daemon.commands.importer import IMPORT_BATCH_SIZE
+    from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
+
+    data, pg_env = embedded_pg
+    dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
+    total = IMPORT_BATCH_SIZE * 20
+    archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
+    command = [str(INBOXD), "import", "--dsn", dsn, "--tenant", "acme", "--mailbox", "bulk",
+               "--json", "--log-level", "info", str(archive)]
+
+    async def stop_server(proc: anyio.abc.Process) -> None:
+        await anyio.to_thread.run_sync(lambda: stop_embedded(data, environ=pg_env))
+
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        code, stdout, stderr = await run_until_first_commit(command, env, stop_server)
+
+    assert code == 1, stderr.decode()
+    summary = orjson.loads(stdout)
+    assert summary["status"] == "incomplete"
+    assert summary["not_imported"] > 0
+    assert summary["outcomes"]["retriable_failure"] == summary["not_imported"]
+    committed = summary["outcomes"]["new"]
+    assert 0 < committed < total
+    assert committed % IMPORT_BATCH_SIZE == 0, "never half a batch"
+    [error] = [line for line in stderr.decode().splitlines() if not line.startswith("{")]
+    assert error.startswith(f"inboxd: error: {summary['not_imported']} messages not imported "
+                            "(database at ")
+    assert "re-running the same command is safe" in error
+
+    dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
+    assert await count(dsn, "messages") == committed
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        rerun = await anyio.run_process([*command[:3], dsn, *command[4:]], check=False, env=env)
+
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert orjson.loads(rerun.stdout)["outcomes"] == outcomes(
+        new=total - committed, duplicate=committed)
+    assert await count(dsn, "messages") == total

@@ -19,6 +19,7 @@ from pathlib import Path
 import aioboto3
 import boto3
 import pytest
+
 from inboxd.adapters.objectstore import S3Store
 from inboxd.pipeline.objectstore import LocalDirectoryStore, ObjectStore
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import aiohttp
 import anyio
-import inboxd.adapters.objectstore.s3 as s3_module
 import pytest
+
+import inboxd.adapters.objectstore.s3 as s3_module
 from inboxd.adapters.objectstore import ObjectStoreConfig, S3Store, open_object_store
 from inboxd.pipeline.objectstore import (
     MAX_URL_EXPIRES_S,
