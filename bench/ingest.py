@@ -2,7 +2,8 @@
 """How fast does the ingest stage store mail, next to what the database can do at best?
 
     .venv/bin/python bench/ingest.py [--messages N] [--batch-size B] [--dsn DSN]
-                                     [--raw-messages M] [--only a,b,c,d,e] [--keep]
+        [--raw-messages M] [--raw-batch B] [--only a,b,c,d,e] [--rtt-ms MS]
+        [--no-analyze] [--auxx-messages M] [--keep]
 
 One run, one PostgreSQL server, one set of generated messages (realistic
 MessageData of one tenant/mailbox: Gmail-style external ids, Message-IDs, threads
@@ -29,23 +30,34 @@ equal:
       ingest-only rates.
 
 Only the work is timed, never the data generation. The machine is shared and
-noisy, so every figure is printed beside a baseline of the same run (ratios).
-Databases are named bench_ingest_<pid>_<x> and dropped at the end (unless --keep).
+noisy, so every figure is printed beside a baseline of the same run (ratios),
+with the CPU seconds it cost this process ("client") and the PostgreSQL backends
+serving it ("server", read from /proc when the server is local). After the first
+batch of every database an untimed ANALYZE stands in for autovacuum
+(--no-analyze: plans of empty tables stay cached all run). --rtt-ms puts a
+delaying TCP relay between client and server, for the ratios under a network
+round trip instead of localhost. Databases are named bench_ingest_<pid>_<x> and
+dropped at the end (unless --keep).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import multiprocessing
 import os
+import queue
 import random
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -55,6 +67,7 @@ from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime, formataddr
+from multiprocessing.connection import Connection
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -68,7 +81,6 @@ from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import Address, DeadItem, MessageData
 from inboxd.pipeline.mime import html_to_text, parse_raw
 from inboxd.pipeline.objectstore import LocalDirectoryStore
-from inboxd.pipeline.outcomes import Outcome
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 
@@ -145,15 +157,6 @@ def _html_of(paras: list[str]) -> str:
         f"{body}<p>--<br><a href=\"https://acme-widgets.example/help\">Help centre</a></p>"
         "</div></body></html>"
     )
-
-
-@dataclass(slots=True)
-class Plan:
-    """One thread's messages before they become MessageData (shared by both generators)."""
-
-    subject: str
-    people: list[Address]
-    start: datetime
 
 
 def gen_messages(n: int, seed: int) -> list[MessageData]:
@@ -302,11 +305,12 @@ def copy_rows(batches: list[list[MessageData]]) -> list[CopyBatch]:
     return out
 
 
-async def run_copy(dsn: str, prepared: list[CopyBatch]) -> float:
+async def run_copy(dsn: str, prepared: list[CopyBatch], analyze: bool) -> Clock:
     conn = await asyncpg.connect(dsn)
     try:
-        t0 = time.perf_counter()
-        for cb in prepared:
+        clock = Clock([await conn.fetchval("SELECT pg_backend_pid()")])
+        clock.start()
+        for i, cb in enumerate(prepared):
             async with conn.transaction():
                 await conn.copy_records_to_table("threads", records=cb.threads,
                                                  columns=THREAD_COLS)
@@ -319,7 +323,10 @@ async def run_copy(dsn: str, prepared: list[CopyBatch]) -> float:
                                                  columns=COPY_COLS)
                 await conn.copy_records_to_table("events", records=cb.events,
                                                  columns=EVENT_COLS)
-        return time.perf_counter() - t0
+            if i == 0 and analyze:
+                await clock.paused(analyze_db(dsn))
+        clock.stop()
+        return clock
     finally:
         await conn.close()
 
@@ -327,21 +334,30 @@ async def run_copy(dsn: str, prepared: list[CopyBatch]) -> float:
 # --------------------------------------------------------------------------- (b)/(c)
 
 
+async def open_pool(dsn: str) -> tuple[asyncpg.Pool, list[int]]:
+    """A pool of exactly two connections (ingest uses one at a time) and their backend pids."""
+    pool = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
+    async with pool.acquire() as c1, pool.acquire() as c2:
+        pids = [await c.fetchval("SELECT pg_backend_pid()") for c in (c1, c2)]
+    return pool, pids
+
+
 async def run_cascade(
-    dsn: str, batches: Sequence[Sequence[MessageData | DeadItem]], store_dir: str,
-    mailbox: str = MAILBOX,
-) -> tuple[float, Counter[str]]:
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    try:
-        stage = IngestStage(pool, LocalDirectoryStore(store_dir))
-        counts: Counter[str] = Counter()
-        t0 = time.perf_counter()
-        for items in batches:
-            for r in await stage.ingest(IngestBatch(TENANT, mailbox, items)):
-                counts[r.outcome.value] += 1
-        return time.perf_counter() - t0, counts
-    finally:
-        await pool.close()
+    pool: asyncpg.Pool, pids: list[int], batches: Sequence[Sequence[MessageData | DeadItem]],
+    store_dir: str, *, mailbox: str = MAILBOX, analyze_dsn: str | None = None,
+) -> tuple[Clock, Counter[str]]:
+    """Sequential IngestStage.ingest calls, one per batch, as one mailbox's consumer does."""
+    stage = IngestStage(pool, LocalDirectoryStore(store_dir))
+    counts: Counter[str] = Counter()
+    clock = Clock(pids)
+    clock.start()
+    for i, items in enumerate(batches):
+        for r in await stage.ingest(IngestBatch(TENANT, mailbox, items)):
+            counts[r.outcome.value] += 1
+        if i == 0 and analyze_dsn:
+            await clock.paused(analyze_db(analyze_dsn))
+    clock.stop()
+    return clock, counts
 
 
 # --------------------------------------------------------------------------- (d)
@@ -413,14 +429,20 @@ async def auxx_one(conn: asyncpg.Connection, m: MessageData) -> str:
         return "conflict" if hits else "new"
 
 
-async def run_auxx(dsn: str, messages: Sequence[MessageData]) -> tuple[float, Counter[str]]:
+async def run_auxx(
+    dsn: str, messages: Sequence[MessageData], analyze_after: int
+) -> tuple[Clock, Counter[str]]:
     conn = await asyncpg.connect(dsn)
     try:
         counts: Counter[str] = Counter()
-        t0 = time.perf_counter()
-        for m in messages:
+        clock = Clock([await conn.fetchval("SELECT pg_backend_pid()")])
+        clock.start()
+        for i, m in enumerate(messages, 1):
             counts[await auxx_one(conn, m)] += 1
-        return time.perf_counter() - t0, counts
+            if i == analyze_after:
+                await clock.paused(analyze_db(dsn))
+        clock.stop()
+        return clock, counts
     finally:
         await conn.close()
 
@@ -552,10 +574,11 @@ def _noop(x: int) -> int:
 
 
 async def run_e2e(
-    dsn: str, raws: list[bytes], chunk: int, store_dir: str, mode: str,
-    executor: ProcessPoolExecutor | None = None, depth: int = 2,
-) -> tuple[float, Counter[str]]:
-    """parse_raw + ingest, parsing `depth` chunks ahead of the database work."""
+    dsn: str, raws: list[bytes], chunk: int, store_dir: str, mode: str, *,
+    executor: ProcessPoolExecutor | None = None, depth: int = 2, analyze: bool = True,
+) -> tuple[Clock, Counter[str]]:
+    """parse_raw + ingest; parsing runs `depth` chunks ahead of the database work
+    (except `inline`), in order, as `inboxd import` does."""
     chunks = [raws[i:i + chunk] for i in range(0, len(raws), chunk)]
     loop = asyncio.get_running_loop()
 
@@ -568,23 +591,23 @@ async def run_e2e(
         assert executor is not None
         return loop.run_in_executor(executor, _parse_chunk_stripped, ch)
 
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    pool, pids = await open_pool(dsn)
     try:
         stage = IngestStage(pool, LocalDirectoryStore(store_dir))
         counts: Counter[str] = Counter()
-        t0 = time.perf_counter()
-        if mode == "inline":
-            for ch in chunks:
-                items = parse_chunk(ch)
-                for r in await stage.ingest(IngestBatch(TENANT, "import", items)):
-                    counts[r.outcome.value] += 1
-        else:
-            todo = deque(chunks)
-            pending: deque[tuple[Awaitable[list], list[bytes]]] = deque()
-            while todo and len(pending) < depth:
+        clock = Clock(pids)
+        clock.start()
+        todo = deque(chunks)
+        pending: deque[tuple[Awaitable[list], list[bytes]]] = deque()
+        first = True
+        while todo or pending:
+            if mode == "inline":
                 ch = todo.popleft()
-                pending.append((submit(ch), ch))
-            while pending:
+                items = parse_chunk(ch)
+            else:
+                while todo and len(pending) < depth:
+                    nxt = todo.popleft()
+                    pending.append((submit(nxt), nxt))
                 fut, ch = pending.popleft()
                 items = await fut
                 if mode != "thread":
@@ -592,26 +615,192 @@ async def run_e2e(
                 if todo:
                     nxt = todo.popleft()
                     pending.append((submit(nxt), nxt))
-                for r in await stage.ingest(IngestBatch(TENANT, "import", items)):
-                    counts[r.outcome.value] += 1
-        return time.perf_counter() - t0, counts
+            for r in await stage.ingest(IngestBatch(TENANT, "import", items)):
+                counts[r.outcome.value] += 1
+            if first and analyze:
+                first = False
+                await clock.paused(analyze_db(dsn))
+        clock.stop()
+        return clock, counts
     finally:
         await pool.close()
+
+
+# --------------------------------------------------------------------------- clocks
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pids: Sequence[int]) -> float | None:
+    """user+system CPU seconds of server backends (None when the server is not local)."""
+    total = 0.0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+    return total
+
+
+class Clock:
+    """Wall time, client CPU (this process, all threads) and server-backend CPU of the
+    timed work only; `paused` keeps an awaitable (ANALYZE) off all three."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self.wall = self.client = 0.0
+        self.server: float | None = 0.0
+        self._mark: tuple[float, float, float | None] | None = None
+
+    def start(self) -> None:
+        self._mark = (time.perf_counter(), time.process_time(), backend_cpu(self.pids))
+
+    def stop(self) -> None:
+        assert self._mark is not None
+        w0, c0, s0 = self._mark
+        s1 = backend_cpu(self.pids)
+        self.wall += time.perf_counter() - w0
+        self.client += time.process_time() - c0
+        if self.server is not None and s0 is not None and s1 is not None:
+            self.server += s1 - s0
+        else:
+            self.server = None
+        self._mark = None
+
+    async def paused(self, work: Awaitable[object]) -> None:
+        self.stop()
+        await work
+        self.start()
+
+
+async def measure_rtt(dsn: str, n: int = 300) -> float:
+    """Mean time of one `SELECT 1` round trip (after warm-up)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for _ in range(20):
+            await conn.fetchval("SELECT 1")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await conn.fetchval("SELECT 1")
+        return (time.perf_counter() - t0) / n
+    finally:
+        await conn.close()
+
+
+async def analyze_db(dsn: str) -> None:
+    """What autovacuum does on a live server: statistics once the tables have rows.
+
+    Without it, plans cached while the tables were empty (asyncpg prepared
+    statements, foreign-key trigger queries) keep sequential scans for the rest of
+    the run and every figure grows with the table instead of with the work.
+    """
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
 
 
 # --------------------------------------------------------------------------- databases
 
 
+def _relay_pipe(src: socket.socket, dst: socket.socket, half: float) -> None:
+    """Forward src -> dst, each chunk no earlier than `half` seconds after it arrived."""
+    chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+
+    def send() -> None:
+        while True:
+            due, data = chunks.get()
+            if not data:
+                break
+            if (wait := due - time.perf_counter()) > 0:
+                time.sleep(wait)
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        while data := src.recv(1 << 16):
+            chunks.put((time.perf_counter() + half, data))
+    except OSError:
+        pass
+    chunks.put((0.0, b""))
+    sender.join()
+
+
+def _relay_main(host: str, port: int, half: float, ready: Connection) -> None:
+    """The delay relay's process: threads and time.sleep, for sub-millisecond delays
+    that an event loop (epoll timeouts in whole milliseconds) cannot give."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    ready.send(listener.getsockname()[1])
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.create_connection((host, port))
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_relay_pipe, args=(a, b, half), daemon=True).start()
+
+
+class DelayProxy:
+    """A TCP relay (own process) that delays every chunk by rtt/2 in each direction.
+
+    Simulates the round-trip time between an application host and its database
+    (same-region cloud networks: ~0.2-1 ms) on a machine where both are local.
+    Ordering and pipelining are kept: bytes are delayed, not throttled.
+    """
+
+    def __init__(self, host: str, port: int, rtt_s: float) -> None:
+        self.host, self.port, self.half = host, port, rtt_s / 2
+        self.listen_port = 0
+        self._process: multiprocessing.Process | None = None
+
+    async def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._process = ctx.Process(target=_relay_main, daemon=True,
+                                    args=(self.host, self.port, self.half, child))
+        self._process.start()
+        self.listen_port = await anyio.to_thread.run_sync(parent.recv)
+
+    async def close(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.join()
+
+
 class Server:
     """Fresh databases on one server; all dropped at the end."""
 
-    def __init__(self, dsn: str, keep: bool) -> None:
+    def __init__(self, dsn: str, keep: bool, rtt_ms: float = 0.0) -> None:
         self.dsn = dsn
         self.keep = keep
         self.created: list[str] = []
+        self.rtt_ms = rtt_ms
+        self.proxy: DelayProxy | None = None
 
-    def dsn_of(self, name: str) -> str:
-        return urlunsplit(urlsplit(self.dsn)._replace(path="/" + name))
+    async def start(self) -> None:
+        if self.rtt_ms > 0:
+            parts = urlsplit(self.dsn)
+            self.proxy = DelayProxy(parts.hostname or "127.0.0.1", parts.port or 5432,
+                                    self.rtt_ms / 1000)
+            await self.proxy.start()
+
+    def dsn_of(self, name: str, *, direct: bool = False) -> str:
+        """DSN of database `name`; through the delay proxy unless `direct`."""
+        parts = urlsplit(self.dsn)._replace(path="/" + name)
+        if self.proxy is not None and not direct:
+            user = parts.netloc.rpartition("@")[0]
+            parts = parts._replace(netloc=f"{user + '@' if user else ''}127.0.0.1:"
+                                          f"{self.proxy.listen_port}")
+        return urlunsplit(parts)
 
     async def fresh(self, tag: str, mailboxes: Sequence[tuple[str, str]] = ((MAILBOX, "gmail"),),
                     ) -> str:
@@ -623,7 +812,7 @@ class Server:
         finally:
             await admin.close()
         self.created.append(name)
-        conn = await asyncpg.connect(self.dsn_of(name))
+        conn = await asyncpg.connect(self.dsn_of(name, direct=True))
         try:
             await apply_schema(conn)
             for mailbox, provider in mailboxes:
@@ -643,6 +832,8 @@ class Server:
             await admin.close()
 
     async def drop_all(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.close()
         if self.keep:
             print(f"kept databases: {', '.join(self.created)}")
             return
@@ -685,8 +876,19 @@ def verdict(value: float, target: float) -> str:
     return "ok" if value >= target else "MISSED"
 
 
-def row(label: str, n: int, seconds: float, extra: str = "") -> str:
-    return f"  {label:<46} {n:>7,} {seconds:>8.3f} s {fmt_rate(rate(n, seconds)):>10} msg/s  {extra}"
+HEADER = (f"  {'':<50} {'msgs':>7} {'wall s':>8} {'msg/s':>9}  {'client CPU':>10} "
+          f"{'server CPU':>10}")
+
+
+def row(label: str, n: int, clock: Clock, extra: str = "") -> str:
+    server = f"{clock.server:>9.2f}s" if clock.server is not None else f"{'n/a':>10}"
+    client = f"{clock.client:>9.2f}s" if clock.pids or clock.client else f"{'':>10}"
+    return (f"  {label:<50} {n:>7,} {clock.wall:>8.3f} {fmt_rate(rate(n, clock.wall)):>9}  "
+            f"{client} {server}  {extra}").rstrip()
+
+
+def ratio(name: str, value: float, target: float, fmt: str = ".2f") -> str:
+    return f"{name} = {value:{fmt}} (target ≥ {target:g}: {verdict(value, target)})"
 
 
 # --------------------------------------------------------------------------- main
@@ -694,184 +896,215 @@ def row(label: str, n: int, seconds: float, extra: str = "") -> str:
 
 async def main(args: argparse.Namespace) -> int:
     only = set(args.only.split(","))
-    server = Server(args.dsn, args.keep)
+    analyze = not args.no_analyze
+    server = Server(args.dsn, args.keep, args.rtt_ms)
+    await server.start()
     store_root = tempfile.mkdtemp(prefix="bench_ingest_store_")
-    results: dict[str, float] = {}
     try:
         admin = await asyncpg.connect(args.dsn)
         version = await admin.fetchval("SHOW server_version")
         settings = dict(await admin.fetch(
-            "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('shared_buffers','synchronous_commit','fsync','max_wal_size','work_mem')"))
+            "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN "
+            "('shared_buffers','synchronous_commit','fsync','max_wal_size','work_mem','jit')"))
         await admin.close()
-        print(f"PostgreSQL {version}; {', '.join(f'{k}={v}' for k, v in sorted(settings.items()))}")
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+        print(f"PostgreSQL {version} ({shown})")
         print(f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}, "
-              f"{os.cpu_count()} CPUs, messages={args.messages}, batch={args.batch_size}")
-
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+        rtts = [await measure_rtt(server.dsn_of("postgres", direct=True))]
+        if args.rtt_ms:
+            rtts.append(await measure_rtt(server.dsn_of("postgres")))
+            print(f"every timed connection goes through a relay adding {args.rtt_ms:g} ms "
+                  "round-trip time (--rtt-ms)")
+        print("measured round trip (SELECT 1): " + ", ".join(
+            f"{label} {v * 1000:.3f} ms" for label, v in zip(("direct", "through the relay"),
+                                                              rtts, strict=False)))
+        print("client CPU = this process (all threads); server CPU = the PostgreSQL backends "
+              "serving the timed connections;\nANALYZE after the first batch "
+              + ("(untimed, as autovacuum would on a live server)" if analyze
+                 else "disabled (--no-analyze)"))
         if only & {"a", "b", "c", "d"}:
-            t0 = time.perf_counter()
-            msgs = gen_messages(args.messages, args.seed)
-            batches = [msgs[i:i + args.batch_size] for i in range(0, len(msgs), args.batch_size)]
-            prepared = copy_rows(batches)
-            n_rows = sum(cb.rows() for cb in prepared)
-            threads = sum(len(cb.threads) for cb in prepared)
-            parts = sum(len(cb.participants) for cb in prepared)
-            text_kb = statistics.mean(len(m.text or "") for m in msgs) / 1024
-            print(f"generated {len(msgs):,} messages in {threads:,} threads, {parts:,} participant "
-                  f"rows, {n_rows:,} rows in all; mean text {text_kb:.1f} KB, "
-                  f"{sum(1 for m in msgs if m.html) / len(msgs):.0%} with HTML "
-                  f"({time.perf_counter() - t0:.1f} s, not timed)")
-            n = len(msgs)
-            sums: dict[str, tuple] = {}
-            print("\nMessageData -> rows (each on a fresh database):")
-            if "a" in only:
-                dsn = await server.fresh("a")
-                dt = await run_copy(dsn, prepared)
-                results["a"] = rate(n, dt)
-                sums["a"] = await summary(dsn)
-                print(row("(a) COPY ceiling (copy_records_to_table)", n, dt,
-                          f"{fmt_rate(rate(n_rows, dt))} rows/s"))
-            if "b" in only or "c" in only:
-                dsn = await server.fresh("b")
-                dt, counts = await run_cascade(dsn, batches, store_root)
-                results["b"] = rate(n, dt)
-                sums["b"] = await summary(dsn)
-                extra = f"{fmt_rate(rate(n_rows, dt))} rows/s  {dict(counts)}"
-                if "a" in results:
-                    extra = (f"b/a = {results['b'] / results['a']:.2f} (target ≥ "
-                             f"{TARGET_B_OVER_A}: {verdict(results['b'] / results['a'], TARGET_B_OVER_A)})"
-                             f"  {extra}")
-                print(row("(b) cascade, new messages", n, dt, extra))
-                if "c" in only:
-                    passes = []
-                    for _ in range(args.resync_passes):
-                        await server.checkpoint()
-                        dt, counts = await run_cascade(dsn, batches, store_root)
-                        passes.append(dt)
-                        assert set(counts) == {"duplicate"}, counts
-                    best = min(passes)
-                    results["c"] = rate(n, best)
-                    print(row("(c) cascade, re-sync (all duplicates), best", n, best,
-                              f"target ≥ {TARGET_C:,.0f}: {verdict(results['c'], TARGET_C)}; "
-                              f"c/b = {results['c'] / results['b']:.1f}; passes: "
-                              + ", ".join(fmt_rate(rate(n, p)) for p in passes)))
-            if "d" in only:
-                dsn = await server.fresh("d")
-                dm = msgs[: args.auxx_messages] if args.auxx_messages else msgs
-                dt, counts = await run_auxx(dsn, dm)
-                results["d"] = rate(len(dm), dt)
-                if len(dm) == n:
-                    sums["d"] = await summary(dsn)
-                extra = f"{dict(counts)}"
-                if "b" in results:
-                    extra = (f"b/d = {results['b'] / results['d']:.1f} (target ≥ "
-                             f"{TARGET_B_OVER_D:g}: {verdict(results['b'] / results['d'], TARGET_B_OVER_D)})"
-                             f"  {extra}")
-                print(row("(d) per message, 1 tx + ~10 round trips each", len(dm), dt, extra))
-            if "a" in sums:
-                for k in ("b", "d"):
-                    if k in sums:
-                        same = "same" if sums[k] == sums["a"] else f"DIFFERENT {sums[k]}"
-                        print(f"  rows of ({k}) vs (a): {same} "
-                              f"(messages, threads, participants, copies, events, Σcount, "
-                              f"Σparticipants, consistent latest) = {sums['a']}")
-            print("\n  ratios: " + "  ".join(
-                f"{name} = {value}" for name, value in (
-                    ("b/a", f"{results['b'] / results['a']:.2f}" if {"a", "b"} <= set(results)
-                     else "-"),
-                    ("b/d", f"{results['b'] / results['d']:.1f}" if {"b", "d"} <= set(results)
-                     else "-"),
-                    ("c", fmt_rate(results["c"]) + " msg/s" if "c" in results else "-"),
-                )))
-
+            await run_rows(args, server, store_root, analyze, only)
         if "e" in only:
-            await run_raw(args, server, store_root, results)
+            await run_raw(args, server, store_root, analyze)
         return 0
     finally:
         await server.drop_all()
         shutil.rmtree(store_root, ignore_errors=True)
 
 
+async def run_rows(args: argparse.Namespace, server: Server, store_root: str, analyze: bool,
+                   only: set[str]) -> None:
+    t0 = time.perf_counter()
+    msgs = gen_messages(args.messages, args.seed)
+    batches = [msgs[i:i + args.batch_size] for i in range(0, len(msgs), args.batch_size)]
+    prepared = copy_rows(batches)
+    n, n_rows = len(msgs), sum(cb.rows() for cb in prepared)
+    print(f"\ngenerated {n:,} MessageData in {sum(len(cb.threads) for cb in prepared):,} threads "
+          f"(1-5 messages); {n_rows:,} rows to write "
+          f"({sum(len(cb.participants) for cb in prepared):,} participants); mean text "
+          f"{statistics.mean(len(m.text or '') for m in msgs) / 1024:.1f} KB, "
+          f"{sum(1 for m in msgs if m.html) / n:.0%} with HTML; batches of {args.batch_size} "
+          f"({time.perf_counter() - t0:.1f} s, not timed)")
+    print("\nMessageData -> rows, each path on a fresh database:")
+    print(HEADER)
+    results: dict[str, float] = {}
+    sums: dict[str, tuple] = {}
+    if "a" in only:
+        dsn = await server.fresh("a")
+        clock = await run_copy(dsn, prepared, analyze)
+        results["a"] = rate(n, clock.wall)
+        sums["a"] = await summary(dsn)
+        print(row("(a) COPY ceiling (copy_records_to_table)", n, clock,
+                  f"{fmt_rate(rate(n_rows, clock.wall))} rows/s"))
+    if only & {"b", "c"}:
+        dsn = await server.fresh("b")
+        pool, pids = await open_pool(dsn)
+        try:
+            clock, counts = await run_cascade(pool, pids, batches, store_root,
+                                              analyze_dsn=dsn if analyze else None)
+            results["b"] = rate(n, clock.wall)
+            sums["b"] = await summary(dsn)
+            print(row("(b) cascade, new messages", n, clock,
+                      f"{fmt_rate(rate(n_rows, clock.wall))} rows/s  {dict(counts)}"))
+            if "c" in only:
+                passes: list[Clock] = []
+                for _ in range(args.resync_passes):
+                    await server.checkpoint()
+                    clock, counts = await run_cascade(pool, pids, batches, store_root)
+                    if set(counts) != {"duplicate"}:
+                        raise SystemExit(f"re-sync was not all duplicates: {dict(counts)}")
+                    passes.append(clock)
+                best = min(passes, key=lambda c: c.wall)
+                results["c"] = rate(n, best.wall)
+                print(row(f"(c) cascade, re-sync (all duplicates), best of {len(passes)}", n,
+                          best, "passes: " + ", ".join(fmt_rate(rate(n, c.wall))
+                                                       for c in passes) + " msg/s"))
+        finally:
+            await pool.close()
+    if "d" in only:
+        dsn = await server.fresh("d")
+        dm = msgs[: args.auxx_messages] if args.auxx_messages else msgs
+        clock, counts = await run_auxx(dsn, dm, args.batch_size if analyze else 0)
+        results["d"] = rate(len(dm), clock.wall)
+        if len(dm) == n:
+            sums["d"] = await summary(dsn)
+        print(row("(d) per message: 1 transaction, ~11 round trips", len(dm), clock,
+                  f"{dict(counts)}"))
+    for k in ("b", "d"):
+        if "a" in sums and k in sums:
+            same = "same" if sums[k] == sums["a"] else f"DIFFERENT: {sums[k]}"
+            print(f"  rows written by ({k}) vs (a): {same}")
+    if "a" in sums:
+        print("    (messages, threads, participants, copies, events, Σ message_count, "
+              f"Σ participant_count, threads with a consistent latest message) = {sums['a']}")
+    out = []
+    if {"a", "b"} <= set(results):
+        out.append(ratio("b/a", results["b"] / results["a"], TARGET_B_OVER_A))
+    if {"b", "d"} <= set(results):
+        out.append(ratio("b/d", results["b"] / results["d"], TARGET_B_OVER_D, ".1f"))
+    if "c" in results:
+        out.append(f"c = {fmt_rate(results['c'])} msg/s (target ≥ {TARGET_C:,.0f}: "
+                   f"{verdict(results['c'], TARGET_C)})")
+        if "b" in results:
+            out.append(f"c/b = {results['c'] / results['b']:.0f}")
+    if "a" in results and "d" in results:
+        out.append(f"a/d = {results['a'] / results['d']:.1f}")
+    print("\n  ratios, same run: " + ";  ".join(out))
+
+
 async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
-                  results: dict[str, float]) -> None:
+                  analyze: bool) -> None:
     t0 = time.perf_counter()
     raws = gen_raw(args.raw_messages, args.seed + 1)
     n = len(raws)
-    mean_kb = statistics.mean(len(r) for r in raws) / 1024
-    print(f"\ngenerated {n:,} raw messages, mean {mean_kb:.1f} KB "
+    print(f"\ngenerated {n:,} raw RFC 5322 messages, mean "
+          f"{statistics.mean(len(r) for r in raws) / 1024:.1f} KB "
           f"({time.perf_counter() - t0:.1f} s, not timed)")
-    print("raw MIME -> rows (import door: raw bytes kept in a LocalDirectoryStore; "
-          f"chunks of {args.raw_batch}, each ingest on a fresh database):")
+    print(f"raw MIME -> rows (import door: external id = raw sha256, raw bytes kept in a "
+          f"LocalDirectoryStore),\nchunks of {args.raw_batch} = one ingest batch each, every "
+          f"database fresh; worker-process CPU is not in 'client CPU':")
+    print(HEADER)
     chunks = [raws[i:i + args.raw_batch] for i in range(0, n, args.raw_batch)]
+    boxes = ((MAILBOX, "gmail"), ("import", "import"))
 
-    # parse only, one process (the main one)
-    t0 = time.perf_counter()
+    clock = Clock([])
+    clock.start()
     parsed = [item for ch in chunks for item in parse_chunk(ch)]
-    dt_parse = time.perf_counter() - t0
-    parse_rate = rate(n, dt_parse)
+    clock.stop()
+    clock.server = None
+    parse_rate = rate(n, clock.wall)
     dead = sum(1 for p in parsed if isinstance(p, DeadItem))
-    print(row("parse_raw only, main process (1 core)", n, dt_parse,
-              f"baseline for the rows below{'; dead items: ' + str(dead) if dead else ''}"))
+    print(row("parse_raw only, in this process (1 core)", n, clock,
+              "baseline" + (f"; dead items: {dead}" if dead else "")))
 
-    # parse only, two worker processes
     with ProcessPoolExecutor(max_workers=2) as ex:
-        list(ex.map(_noop, range(4)))  # start the workers outside the clock
-        t0 = time.perf_counter()
+        list(ex.map(_noop, range(4)))  # workers started outside the clock
+        clock = Clock([])
+        clock.start()
         for _ in ex.map(_parse_chunk_stripped, chunks):
             pass
-        dt = time.perf_counter() - t0
-    print(row("parse_raw only, 2 worker processes", n, dt,
-              f"{rate(n, dt) / parse_rate:.2f}× parse-only"))
+        clock.stop()
+        clock.server = None
+    print(row("parse_raw only, 2 worker processes", n, clock,
+              f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only"))
 
-    # ingest only: pre-parsed MessageData (raw kept), the database + store side
     batches = [parsed[i:i + args.raw_batch] for i in range(0, n, args.raw_batch)]
-    dsn = await server.fresh("e_ingest", ((MAILBOX, "gmail"), ("import", "import")))
-    dt, counts = await run_cascade(dsn, batches, os.path.join(store_root, "ingest"), "import")
-    ingest_rate = rate(n, dt)
-    print(row("ingest only (pre-parsed, raw bytes stored)", n, dt,
-              f"{ingest_rate / parse_rate:.2f}× parse-only  {dict(counts)}"))
-    for item in parsed:
-        if isinstance(item, MessageData):
-            item.raw = None
-    dsn = await server.fresh("e_ingest_noraw", ((MAILBOX, "gmail"), ("import", "import")))
-    dt, counts = await run_cascade(dsn, batches, os.path.join(store_root, "noraw"), "import")
-    print(row("ingest only (pre-parsed, raw bytes NOT stored)", n, dt,
-              f"{rate(n, dt) / parse_rate:.2f}× parse-only  (shows the object-store share)"))
+    ingest_rate = 0.0
+    for keep_raw in (True, False):
+        if not keep_raw:
+            for item in parsed:
+                if isinstance(item, MessageData):
+                    item.raw = None
+        dsn = await server.fresh(f"e_ingest{int(keep_raw)}", boxes)
+        pool, pids = await open_pool(dsn)
+        try:
+            clock, counts = await run_cascade(
+                pool, pids, batches, os.path.join(store_root, f"ingest{int(keep_raw)}"),
+                mailbox="import", analyze_dsn=dsn if analyze else None)
+        finally:
+            await pool.close()
+        if keep_raw:
+            ingest_rate = rate(n, clock.wall)
+        label = ("ingest only (pre-parsed), raw bytes stored" if keep_raw
+                 else "ingest only (pre-parsed), raw bytes NOT stored")
+        print(row(label, n, clock, f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only  "
+                  f"{dict(counts)}"))
     del parsed, batches
 
     best = ("", 0.0)
-    modes: list[tuple[str, str, int | None]] = [
-        ("inline", "end to end, parse inline (no overlap)", None),
-        ("thread", "end to end, parse in a thread (anyio.to_thread)", None),
-        ("process1", "end to end, ProcessPoolExecutor(1)", 1),
-        ("process2", "end to end, ProcessPoolExecutor(2)", 2),
-        ("anyio-process", "end to end, anyio.to_process (2 workers)", None),
+    modes: list[tuple[str, str, int]] = [
+        ("inline", "end to end: parse inline, no overlap", 0),
+        ("thread", "end to end: parse in a thread (anyio.to_thread)", 0),
+        ("process", "end to end: ProcessPoolExecutor(1)", 1),
+        ("process", "end to end: ProcessPoolExecutor(2)", 2),
+        ("anyio-process", "end to end: anyio.to_process (2 workers)", 0),
     ]
-    for mode, label, workers in modes:
-        dsn = await server.fresh(f"e_{mode.replace('-', '_')}",
-                                 ((MAILBOX, "gmail"), ("import", "import")))
-        store = os.path.join(store_root, mode)
+    for i, (mode, label, workers) in enumerate(modes):
+        dsn = await server.fresh(f"e_{i}", boxes)
+        store = os.path.join(store_root, f"e_{i}")
         if workers:
             with ProcessPoolExecutor(max_workers=workers) as ex:
                 list(ex.map(_noop, range(workers * 2)))
-                dt, counts = await run_e2e(dsn, raws, args.raw_batch, store, "process", ex,
-                                           depth=workers + 1)
+                clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode,
+                                              executor=ex, depth=workers + 1, analyze=analyze)
         elif mode == "anyio-process":
             async with anyio.create_task_group() as tg:  # start 2 workers outside the clock
                 for _ in range(2):
                     tg.start_soon(anyio.to_process.run_sync, _noop, 0)
-            dt, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode, depth=3)
+            clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode, depth=3,
+                                          analyze=analyze)
         else:
-            dt, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode)
-        r = rate(n, dt)
+            clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode,
+                                          analyze=analyze)
+        r = rate(n, clock.wall)
         if r > best[1]:
             best = (label, r)
-        print(row(label, n, dt, f"{r / parse_rate:.2f}× parse-only, "
+        print(row(label, n, clock, f"{r / parse_rate:.2f}× parse-only, "
                   f"{r / ingest_rate:.2f}× ingest-only  {dict(counts)}"))
-    results["e"] = best[1]
-    print(f"\n  (e) best end to end: {fmt_rate(best[1])} msg/s ({best[0].split(', ', 1)[1]}); "
-          f"target ≥ {TARGET_E:,.0f}: {verdict(best[1], TARGET_E)}; "
-          f"parse-only {fmt_rate(parse_rate)} msg/s, ingest-only {fmt_rate(ingest_rate)} msg/s")
+    print(f"\n  (e) best end to end = {fmt_rate(best[1])} msg/s ({best[0].split(': ', 1)[1]}) "
+          f"(target ≥ {TARGET_E:,.0f}: {verdict(best[1], TARGET_E)}); beside parse-only "
+          f"{fmt_rate(parse_rate)} msg/s and ingest-only {fmt_rate(ingest_rate)} msg/s")
 
 
 def cli() -> int:
@@ -888,6 +1121,10 @@ def cli() -> int:
     p.add_argument("--only", default="a,b,c,d,e", help="comma list of a,b,c,d,e")
     p.add_argument("--seed", type=int, default=20240301)
     p.add_argument("--keep", action="store_true", help="keep the databases (for EXPLAIN)")
+    p.add_argument("--rtt-ms", type=float, default=0.0,
+                   help="add this round-trip time between client and server (TCP relay)")
+    p.add_argument("--no-analyze", action="store_true",
+                   help="no ANALYZE after the first batch (plans stay those of empty tables)")
     args = p.parse_args()
     return anyio.run(main, args)
 

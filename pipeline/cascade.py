@@ -43,8 +43,12 @@ SELECT b.idx, c.message_id,
        EXISTS (SELECT 1 FROM attachments a
                 WHERE a.tenant_id = $1 AND a.message_id = c.message_id AND NOT a.stored)
   FROM unnest($3::text[]) WITH ORDINALITY AS b(external_id, idx)
-  JOIN message_copies c
-    ON c.tenant_id = $1 AND c.mailbox_id = $2 AND c.external_id = b.external_id
+ CROSS JOIN LATERAL (
+       -- a lateral lookup pins the index nested loop: during a first sync the
+       -- statistics are stale and a hash join would scan every copy per batch
+       SELECT c.message_id FROM message_copies c
+        WHERE c.tenant_id = $1 AND c.mailbox_id = $2 AND c.external_id = b.external_id
+        LIMIT 1) AS c
 """
 
 _CLASSIFY = """

@@ -25,38 +25,29 @@ SELECT t.thread_id, t.external_thread_id
  WHERE t.tenant_id = $1 AND t.mailbox_id = $2 AND t.external_thread_id = ANY($3::text[])
 """
 
+# Correlated sub-selects per touched thread run as index scans on
+# messages_thread_idx and message_participants' key; a CTE join scanned every
+# message of the tenant per batch (O(table), bench/README.md).
 _RECOMPUTE = """
-WITH touched AS (SELECT DISTINCT unnest($2::bigint[]) AS thread_id),
-agg AS (
-    SELECT m.thread_id,
-           count(*) AS n,
-           min(coalesce(m.sent_at, m.received_at)) AS first_at,
-           max(coalesce(m.sent_at, m.received_at)) AS last_at,
-           (array_agg(m.message_id ORDER BY coalesce(m.sent_at, m.received_at) DESC,
-                      m.message_id DESC))[1] AS latest,
-           (array_agg(m.subject ORDER BY coalesce(m.sent_at, m.received_at),
-                      m.message_id))[1] AS subject
-      FROM messages m JOIN touched USING (thread_id)
-     WHERE m.tenant_id = $1
-     GROUP BY m.thread_id),
-people AS (
-    SELECT m.thread_id, count(DISTINCT p.address) AS n
-      FROM messages m JOIN touched USING (thread_id)
-      JOIN message_participants p ON p.tenant_id = m.tenant_id AND p.message_id = m.message_id
-     WHERE m.tenant_id = $1 AND p.address <> ''
-     GROUP BY m.thread_id)
 UPDATE threads t
-   SET message_count = coalesce(agg.n, 0),
-       first_message_at = agg.first_at,
-       last_message_at = agg.last_at,
-       latest_message_id = agg.latest,
-       subject = coalesce(agg.subject, t.subject),
-       participant_count = coalesce(people.n, 0),
+   SET (message_count, first_message_at, last_message_at, latest_message_id, subject) = (
+           SELECT count(*),
+                  min(coalesce(m.sent_at, m.received_at)),
+                  max(coalesce(m.sent_at, m.received_at)),
+                  (array_agg(m.message_id ORDER BY coalesce(m.sent_at, m.received_at) DESC,
+                             m.message_id DESC))[1],
+                  coalesce((array_agg(m.subject ORDER BY coalesce(m.sent_at, m.received_at),
+                                      m.message_id))[1], t.subject)
+             FROM messages m
+            WHERE m.tenant_id = t.tenant_id AND m.thread_id = t.thread_id),
+       participant_count = (
+           SELECT count(DISTINCT p.address)
+             FROM messages m
+             JOIN message_participants p
+               ON p.tenant_id = m.tenant_id AND p.message_id = m.message_id
+            WHERE m.tenant_id = t.tenant_id AND m.thread_id = t.thread_id AND p.address <> ''),
        updated_at = now()
-  FROM touched
-  LEFT JOIN agg USING (thread_id)
-  LEFT JOIN people USING (thread_id)
- WHERE t.tenant_id = $1 AND t.thread_id = touched.thread_id
+ WHERE t.tenant_id = $1 AND t.thread_id = ANY($2::bigint[])
 """
 
 
