@@ -21,7 +21,6 @@ import pytest
 
 import inboxd.pipeline.objectstore as objectstore
 from inboxd.pipeline.objectstore import (
-    LOCAL_IO_CONCURRENCY,
     LocalDirectoryStore,
     ObjectNotFound,
     ObjectStore,
@@ -96,7 +95,7 @@ async def test_layout_fans_out_below_key_directories(store: LocalDirectoryStore)
     path = store.path_for(RAW_KEY)
     digest = hashlib.sha256(RAW_KEY.encode()).hexdigest()
     name = RAW_KEY.split("/")[1]
-    assert path == store.root / "raw" / f"+{digest[:2]}" / digest[2:4] / name
+    assert path == store.root / "raw" / f"+{digest[:2]}" / name
     assert path.read_bytes() == RAW
     # New files are not writable by group or others, nor readable by others: mail.
     assert stat.S_IMODE(path.stat().st_mode) & 0o037 == 0
@@ -198,44 +197,42 @@ async def test_file_io_runs_in_worker_threads(
     assert seen and threading.get_ident() not in seen
 
 
-async def test_put_many_is_bounded_by_the_store_limiter(
+async def test_put_many_fsyncs_every_file_and_directory_before_returning(
     store: LocalDirectoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    release = threading.Event()
-    changed = threading.Condition()
-    running = 0
+    synced: list[Path] = []
+    real = objectstore._fsync_path
 
-    def blocking_write(path: Path, data: bytes) -> None:
-        nonlocal running
-        with changed:
-            running += 1
-            changed.notify_all()
-        release.wait(timeout=30)
+    def record(path: Path) -> None:
+        synced.append(path)
+        real(path)
 
-    def wait_until_saturated() -> bool:
-        with changed:
-            return changed.wait_for(lambda: running == LOCAL_IO_CONCURRENCY, timeout=30)
+    monkeypatch.setattr(objectstore, "_fsync_path", record)
+    items = [(f"att/t/{i}", b"x%d" % i, "text/plain") for i in range(40)]
+    assert await store.put_many(items) == [None] * 40
+    for key, _, _ in items:
+        path = store.path_for(key)
+        assert path in synced and path.parent in synced
+    synced.clear()
+    assert await store.put_many(items) == [None] * 40  # already there: nothing to sync
+    assert synced == []
 
-    monkeypatch.setattr(objectstore, "_write_atomic", blocking_write)
-    items = [(f"att/t/{i}", b"x", "text/plain") for i in range(3 * LOCAL_IO_CONCURRENCY)]
-    results: list[BaseException | None] = []
 
-    async def put_all() -> None:
-        results.extend(await store.put_many(items))
+async def test_put_many_reports_a_failed_fsync_on_its_item_only(
+    store: LocalDirectoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = store.path_for("att/t/bad")
+    real = objectstore._fsync_path
 
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(put_all)
-            assert await anyio.to_thread.run_sync(wait_until_saturated)
-            await anyio.wait_all_tasks_blocked()
-            assert store._limiter.statistics().borrowed_tokens == LOCAL_IO_CONCURRENCY
-            # Everything else is parked on the event loop, not in a thread.
-            assert running == LOCAL_IO_CONCURRENCY
-            release.set()
-    finally:
-        release.set()
-    assert results == [None] * len(items)
-    assert running == len(items)
+    def flaky(path: Path) -> None:
+        if path == bad:
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(objectstore, "_fsync_path", flaky)
+    results = await store.put_many([("att/t/ok", b"1", "x"), ("att/t/bad", b"2", "x")])
+    assert results[0] is None
+    assert isinstance(results[1], ObjectStoreError)
 
 
 async def test_run_bounded_limits_and_orders() -> None:
