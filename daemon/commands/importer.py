@@ -103,13 +103,15 @@ PROBE_TIMEOUT_S = 5.0
 # Dead items listed in the human summary (all of them are in --json output).
 DEAD_ITEMS_SHOWN = 20
 
-ParseMode = Literal["thread", "process"]
+ParseMode = Literal["auto", "thread", "process"]
 # Measured on 2 shared cores, fresh database: the whole corpus (394 messages, one
-# batch) imports at 134-223 messages/s parsing in a thread, 117-163 in processes,
-# the thread ahead in every paired run (worker start-up is not repaid); a
-# 3,940-message mbox runs at ~265/s either way, because parsing batch N+1 overlaps
-# the ingest of batch N and ingest is the slower side.
-DEFAULT_PARSE_MODE: ParseMode = "thread"
+# batch, 15 MB) imports faster parsing in a thread (worker start-up is not
+# repaid); 5,000 generated messages run at 1,645 msg/s with a worker process
+# against 1,061 in a thread (bench/ingest.py (e)), since parsing then overlaps
+# the database and object-store work instead of sharing the GIL with it.
+DEFAULT_PARSE_MODE: ParseMode = "auto"
+# "auto" parses in worker processes when the input is at least this large.
+PROCESS_PARSE_MIN_BYTES = 32 * 1024 * 1024
 
 Item = MessageData | DeadItem
 
@@ -136,9 +138,9 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         help="write one mailbox.sync_completed event per batch instead of one event per "
              "message (for large historical imports the application need not react to)")
     parser.add_argument(
-        "--parse-in", choices=("thread", "process"), default=DEFAULT_PARSE_MODE,
-        help="parse MIME in a worker thread or in worker processes, one per CPU "
-             "(default: %(default)s)")
+        "--parse-in", choices=("auto", "thread", "process"), default=DEFAULT_PARSE_MODE,
+        help="parse MIME in a worker thread or in worker processes, one per CPU; auto "
+             "uses processes for inputs of 32 MB or more (default: %(default)s)")
     parser.set_defaults(handler=run)
 
 
@@ -309,7 +311,10 @@ class _Importer:
     # producer --------------------------------------------------------------------------
 
     async def produce(self, send: MemoryObjectSendStream[_Batch]) -> None:
-        keep_raw = self.args.parse_in == "thread"
+        mode = self.args.parse_in
+        if mode == "auto":
+            mode = "process" if self.plan.total_bytes >= PROCESS_PARSE_MIN_BYTES else "thread"
+        keep_raw = mode == "thread"
         messages = iter_messages(self.plan)
         with self.producer_scope:
             async with send:
