@@ -318,3 +318,13 @@ COMMENT ON COLUMN events.thread_id IS 'Thread concerned, if any.';
 COMMENT ON COLUMN events.message_id IS 'Message concerned, if any.';
 COMMENT ON COLUMN events.payload IS 'Event details (ids, counts); never bodies.';
 COMMENT ON COLUMN events.created_at IS 'Commit time of the change.';
+
+-- Poll scheduling (pipeline/leases.py claim_due). Added after the table existed,
+-- so applying this file to an older database adds them.
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS poll_interval_s double precision NOT NULL DEFAULT 300
+    CHECK (poll_interval_s > 0);
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS last_polled_at timestamptz;
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS next_poll_at timestamptz;
+COMMENT ON COLUMN mailboxes.poll_interval_s IS 'Seconds between polls (poll mode), or how long push may stay quiet before a poll (auto mode). From the tenant config.';
+COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and last_success_at.';
+COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims the mailbox again before this time (keeps overlapping scanners and replicas from double-scheduling).';

@@ -36,25 +36,44 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+from inboxd.pipeline.outcomes import ItemResult
 
 
 @dataclass(slots=True)
 class Page:
-    """Items of one provider page and the cursor reached once all are settled."""
+    """Items of one provider page and the cursor reached once all are settled.
+
+    `context` is the source's own bookkeeping for `settle` (the Maildir door
+    keeps the file paths of the page there).
+    """
 
     items: list[MessageData | DeadItem]
-    cursor_after: str | None
+    cursor_after: str | None = None
     backfill: bool = False
+    context: object = None
 
 
 class Source(Protocol):
-    """One mailbox's sync loop, as seen by the daemon's supervisor."""
+    """One mailbox's sync loop, as seen by the daemon's supervisor.
+
+    The supervisor calls `pages(cursor)` once per sync run, hands every page to
+    the ingest stage, and after the results came back calls `settle(page,
+    results)` then, if `page_is_clean(results)` and `page.cursor_after` is set,
+    commits the cursor with the lease's fencing token. Between pages it checks
+    the cancel flag; cancellation (SIGUSR1, shutdown) may arrive at any await,
+    and a page whose results were not settled is simply produced again next run.
+    """
 
     tenant_id: str
     mailbox_id: str
+    provider: str
 
     def pages(self, cursor: str | None) -> AsyncIterator[Page]:
         """Pages from `cursor` (None: from the beginning / full resync), in order."""
+        ...
+
+    async def settle(self, page: Page, results: list[ItemResult]) -> None:
+        """Source-side effects once a page's ingest committed (e.g. move files to cur/)."""
         ...
 
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:

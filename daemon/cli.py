@@ -19,7 +19,7 @@ from typing import NoReturn
 import anyio
 import structlog
 
-from inboxd.daemon.commands import importer, migrate
+from inboxd.daemon.commands import check_config, importer, migrate, run, status, sync
 from inboxd.daemon.commands.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -30,7 +30,7 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.logging import configure_logging
 
 PROG = "inboxd"
-COMMANDS = (migrate, importer)
+COMMANDS = (migrate, importer, check_config, run, status, sync)
 
 
 class _Parser(argparse.ArgumentParser):

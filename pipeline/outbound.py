@@ -12,6 +12,16 @@ The same contract as plain SQL, for applications that write directly:
       send_status, internet_message_id, message_id_norm, from_address, subject,
       subject_norm, sent_at, text_body, html_body)
   VALUES (…, 'pending_…', 'outbound', 'pending', '<id@host>', 'id@host', …)
+
+With `announce=True` (what `POST /v1/outbound` does) a `message.recorded` event
+is written to the outbox in the same transaction, so other clients of the
+application learn about the send from `GET /v1/events`. Its payload carries the
+caller's `client_id` when given, which lets the client that made the change
+skip its own echo (`GET /v1/events?exclude_client=<client_id>`). An application
+writing the SQL above itself adds, in the same transaction:
+  INSERT INTO events (tenant_id, kind, mailbox_id, thread_id, message_id, payload)
+  VALUES (…, 'message.recorded', …, '{"client_id": "tab-42", …}');
+  SELECT pg_notify('inboxd_events', '{"tenant": "…", "last_event_id": …}');
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id, normalise_subject
+from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.threads import recompute_threads
 
 
@@ -38,12 +49,17 @@ async def record_outbound(
     text: str | None = None,
     html: str | None = None,
     send_status: str = "pending",
+    announce: bool = False,
+    client_id: str | None = None,
 ) -> int:
     """Insert the outbound row (and its thread if new); returns messages.message_id.
 
     `thread_id` is a placeholder for a new conversation, or the provider thread
-    key of the conversation being replied to. Raises ValueError when the
-    message id is not a placeholder or the Message-ID is unusable.
+    key of the conversation being replied to. `announce` (implied by a
+    `client_id`) also writes a `message.recorded` outbox event, payload
+    `{placeholder_message_id, send_status[, client_id]}`, in the same transaction.
+    Raises ValueError when the message id is not a placeholder or the Message-ID
+    is unusable.
     """
     if not is_placeholder_id(placeholder_message_id):
         raise ValueError("placeholder_message_id must start with pending_/draft_/new_ or be a UUID")
@@ -64,4 +80,12 @@ async def record_outbound(
             tenant_id, mailbox_id, tid, placeholder_message_id, send_status, message_id_header,
             mid, from_address.lower(), subject, normalise_subject(subject), sent_at, text, html)
         await recompute_threads(conn, tenant_id, {tid})
+        if announce or client_id is not None:
+            payload: dict[str, object] = {
+                "placeholder_message_id": placeholder_message_id, "send_status": send_status}
+            if client_id is not None:
+                payload["client_id"] = client_id
+            events = EventBuffer()
+            events.add("message.recorded", thread_id=tid, message_id=message_id, payload=payload)
+            await events.flush(conn, tenant_id, mailbox_id)
     return message_id

@@ -15,6 +15,9 @@ import asyncpg
 import orjson
 
 NOTIFY_CHANNEL = "inboxd_events"
+# First key of the per-tenant advisory lock that orders event commits (arbitrary,
+# distinct from the migration lock in pipeline/schema.py).
+EVENTS_LOCK_CLASS = 0x1B0CE
 
 _INSERT = """
 INSERT INTO events (tenant_id, kind, mailbox_id, thread_id, message_id, payload)
@@ -47,6 +50,12 @@ class EventBuffer:
         """Insert the events and queue the NOTIFY (sent by PostgreSQL at commit)."""
         if not self.kinds:
             return
+        # Ids come from a sequence before commit, so two transactions of one
+        # tenant could commit out of id order and a reader resuming "after id N"
+        # would skip the slower one for good. Serialising the tenant's event
+        # writes from here to commit makes commit order = id order.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                           EVENTS_LOCK_CLASS, tenant_id)
         ids = await conn.fetch(
             _INSERT, tenant_id, mailbox_id, self.kinds, self.thread_ids, self.message_ids,
             self.payloads,

@@ -1,0 +1,74 @@
+"""`inboxd run --config FILE`: the long-running daemon (daemon/supervisor.py).
+
+Start-up order: read and validate the whole configuration (any problem → every
+problem printed with file and key, exit 2, nothing started); resolve the DSN
+(embedded PostgreSQL when none is configured); apply the schema (idempotent);
+open the object store; then run the supervisor until SIGTERM/SIGINT, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import structlog
+
+from inboxd.adapters.objectstore import open_object_store
+from inboxd.daemon.commands.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    open_pool,
+    resolve,
+)
+from inboxd.daemon.commands.migrate import apply_with_deadline
+from inboxd.daemon.config import ConfigError, load_main, load_tenants
+from inboxd.daemon.logging import configure_logging
+from inboxd.daemon.supervisor import Daemon
+
+log = structlog.get_logger(__name__)
+
+# Connections: one per ingest worker, one per concurrently syncing mailbox's
+# bookkeeping, a few for the listener's requests.
+POOL_EXTRA_CONNECTIONS = 6
+
+
+def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "run", parents=[parent], help="run the daemon (sync mailboxes, serve HTTP)",
+        description="Run inboxd: sync every configured mailbox, serve /healthz, /readyz, "
+                    "/metrics and the application API. SIGTERM/SIGINT stop gracefully, "
+                    "SIGHUP reloads tenant files, SIGUSR1 cancels running syncs.")
+    parser.set_defaults(handler=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    if args.config is None:
+        raise CommandError("inboxd run needs --config FILE", EXIT_USAGE)
+    try:
+        main = load_main(args.config, check_secrets=True)
+    except ConfigError as exc:
+        _print_problems(exc)
+        raise CommandError(f"{len(exc.problems)} configuration problem(s); not started",
+                           EXIT_USAGE) from exc
+    tenant_set = load_tenants(main, check_secrets=True)
+    if tenant_set.problems:
+        _print_problems(ConfigError(tenant_set.problems))
+        raise CommandError(f"{len(tenant_set.problems)} configuration problem(s); not started",
+                           EXIT_USAGE)
+    configure_logging(None, level=args.log_level if args.log_level != "warning"
+                      else main.log_level)
+    choice = await resolve(args, main.raw)
+    pool_size = main.ingest_workers + POOL_EXTRA_CONNECTIONS
+    async with open_pool(choice, max_size=pool_size) as pool:
+        async with pool.acquire() as conn:
+            await apply_with_deadline(conn)
+        async with open_object_store(main.object_store) as store:
+            daemon = Daemon(main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store)
+            await daemon.run()
+    return EXIT_OK
+
+
+def _print_problems(error: ConfigError) -> None:
+    for problem in error.problems:
+        print(f"inboxd: config: {problem}", file=sys.stderr)

@@ -1,0 +1,181 @@
+"""`inboxd status`: each mailbox's cursor, lag, throttle, state and last error.
+
+Read-only: one query (`pipeline.leases.mailbox_status`) against the database
+the other commands use, so it shows what every replica sees, whichever
+process runs it. On a terminal the table is drawn with rich; piped, it is
+plain text in aligned columns (one line per mailbox, greppable); `--json`
+prints a JSON list with one object per mailbox and every field, times in
+RFC 3339 UTC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import anyio
+import asyncpg
+import orjson
+
+from inboxd.daemon.commands.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    database_error,
+    load_config,
+    open_pool,
+    resolve,
+    target_of,
+)
+from inboxd.daemon.database import DsnChoice
+from inboxd.pipeline.leases import MailboxStatus, mailbox_status
+from inboxd.pipeline.tenancy import validate_id
+
+# A few small statements; a server that does not answer within this is stuck.
+QUERY_TIMEOUT_S = 30.0
+# Cursors are provider strings up to a Graph deltaLink URL (~300 chars): the
+# table shows the start and the end, where the token is.
+CURSOR_SHOWN_CHARS = 24
+ERROR_SHOWN_CHARS = 60
+COLUMNS = ("TENANT", "MAILBOX", "PROVIDER", "MODE", "CURSOR", "LAST SUCCESS", "LAG",
+           "THROTTLE UNTIL", "STATE", "LAST ERROR")
+
+
+def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "status", parents=[parent],
+        help="show each mailbox's cursor, lag, throttle and last error",
+        description="Show every mailbox's sync position and health from the database: "
+                    "tenant, mailbox, provider, sync mode, cursor, last successful sync, lag "
+                    "since then, throttle, state and last error. --json prints a list of "
+                    "objects with all fields. Run `inboxd migrate` first on a new database.")
+    parser.add_argument("--tenant", metavar="T", help="only this tenant's mailboxes")
+    parser.set_defaults(handler=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    tenant = valid_id_option("tenant", args.tenant)
+    config = load_config(args.config)
+    choice = await resolve(args, config)
+    async with open_pool(choice, max_size=1) as pool:
+        with database_call(choice):
+            statuses = await mailbox_status(pool, tenant)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(
+            [as_json(s) for s in statuses], option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.flush()
+    elif not statuses:
+        print("no mailboxes" + (f" in tenant {tenant}" if tenant else "")
+              + " (they are created from the tenant config by `inboxd run`, or by `inboxd import`)")
+    elif sys.stdout.isatty():
+        _print_rich([table_row(s) for s in statuses])
+    else:
+        print(plain_table([table_row(s) for s in statuses]))
+    return EXIT_OK
+
+
+@contextmanager
+def database_call(choice: DsnChoice) -> Iterator[None]:
+    """Statements under QUERY_TIMEOUT_S; their errors as one-line CommandErrors."""
+    try:
+        with anyio.fail_after(QUERY_TIMEOUT_S):
+            yield
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+        raise CommandError(
+            f"database at {target_of(choice)} has no inboxd schema, or an older one: "
+            "run `inboxd migrate`", EXIT_FAILURE) from exc
+    except TimeoutError as exc:
+        raise CommandError(
+            f"database at {target_of(choice)} did not answer within {QUERY_TIMEOUT_S:g} s"
+        ) from exc
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        raise database_error(exc, choice) from exc
+
+
+def as_json(status: MailboxStatus) -> dict[str, object]:
+    """Every field of a status; lag rounded to milliseconds."""
+    out = dataclasses.asdict(status)
+    if status.lag_s is not None:
+        out["lag_s"] = round(status.lag_s, 3)
+    return out
+
+
+def table_row(s: MailboxStatus) -> tuple[str, ...]:
+    state = s.sync_state + (" (cancel requested)" if s.cancel_requested else "")
+    return (
+        s.tenant_id, s.mailbox_id, s.provider, s.sync_mode,
+        shorten_middle(s.cursor, CURSOR_SHOWN_CHARS) if s.cursor else "-",
+        format_time(s.last_success_at) if s.last_success_at else "never",
+        format_duration(s.lag_s) if s.lag_s is not None else "-",
+        format_time(s.throttle_until) if s.throttled and s.throttle_until else "-",
+        state,
+        shorten_end(s.last_error, ERROR_SHOWN_CHARS) if s.last_error else "-",
+    )
+
+
+def plain_table(rows: list[tuple[str, ...]]) -> str:
+    """COLUMNS and rows as text, columns padded to their widest cell, no trailing blanks."""
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+        for r in [COLUMNS, *rows])
+
+
+def _print_rich(rows: list[tuple[str, ...]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold")
+    for name in COLUMNS:
+        table.add_column(name, overflow="fold" if name == "LAST ERROR" else "ellipsis")
+    for r in rows:
+        style = "red" if r[8].startswith("needs_attention") else (
+            "yellow" if r[7] != "-" else None)
+        table.add_row(*(Text(cell) for cell in r), style=style)  # cells are data, not markup
+    Console().print(table)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def format_duration(seconds: float) -> str:
+    """42s, 3m05s, 2h10m, 3d04h: two units at most, for a lag column."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def shorten_middle(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def shorten_end(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def valid_id_option(kind: str, value: str | None) -> str | None:
+    """A --tenant/--mailbox value checked like the ids in config (exit 2 when invalid)."""
+    if value is None:
+        return None
+    try:
+        return validate_id(kind, value)
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc

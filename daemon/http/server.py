@@ -1,0 +1,259 @@
+"""The daemon's one HTTP listener (aiohttp): probes, metrics and the application API.
+
+Routes:
+
+    GET  /healthz               200 {"status": "ok"} while the process serves
+    GET  /readyz                200 / 503 from HttpState.ready() (database + config)
+    GET  /metrics               Prometheus text format (daemon/metrics.py)
+    GET  /v1/events             Server-Sent Events per tenant (http/events.py)
+    POST /v1/outbound           record a send for reconciliation (http/api.py)
+    GET  /v1/attachments/{id}   attachment bytes or a presigned redirect (http/api.py)
+    …                           HttpState.extra_routes (webhooks of later issues)
+
+Middlewares, outermost first: metrics (every answer counted by route
+template, method and status), errors (every error answer is JSON
+`{"error": …}`), body limit. The body limit rejects a declared Content-Length
+above `max_body_bytes` with 413 before a byte of the body is read (also for
+`Expect: 100-continue`, where it answers 413 instead of `100 Continue`), and
+reads any other body — chunked included — only up to the limit, under
+`BODY_READ_TIMEOUT_S`. Handlers then get the buffered body from
+`await request.read()`. After an early 413 the connection is closed; aiohttp
+discards what the client still sends for at most `LINGERING_CLOSE_S` first,
+so the client can read the 413 instead of a TCP reset (the lingering close
+of RFC 9112 §9.6).
+
+Lifecycle: `serve_http` is started by the supervisor with `tg.start`; it reports
+the bound port once the socket listens. Cancelling it ends every SSE stream,
+stops accepting, lets in-flight requests finish for `SHUTDOWN_GRACE_S` and
+releases everything under a shielded scope bounded by `SHUTDOWN_DEADLINE_S`.
+Request handlers are tasks of aiohttp's server, which that cleanup awaits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+import asyncpg
+import structlog
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+from anyio.abc import TaskStatus
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inboxd.daemon.http.api import attachment_handler, outbound_handler
+from inboxd.daemon.http.events import EVENT_HUB, EventHub, events_handler
+from inboxd.daemon.http.state import HTTP_STATE, ApiError, HttpState, json_response
+from inboxd.daemon.metrics import HTTP_UNMATCHED_ROUTE
+
+__all__ = ["build_app", "serve_http"]
+
+log = structlog.get_logger(__name__)
+
+READY_TIMEOUT_S = 2.0  # a readiness probe that waits longer is a failed probe anyway
+BODY_READ_TIMEOUT_S = 30.0  # slow-loris bound: 1 MiB in 30 s is 35 KB/s
+LINGERING_CLOSE_S = 2.0
+SHUTDOWN_GRACE_S = 5.0
+SHUTDOWN_DEADLINE_S = 10.0
+KEEPALIVE_TIMEOUT_S = 75.0  # longer than common load balancers' 60 s idle timeout
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_STREAMING_ROUTES = frozenset({"/v1/events"})
+
+
+def _route_label(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else HTTP_UNMATCHED_ROUTE
+
+
+def _too_large(limit: int) -> web.Response:
+    response = json_response({"error": "body_too_large", "max_body_bytes": limit}, status=413)
+    response.force_close()  # the unread body makes the connection unusable
+    return response
+
+
+@web.middleware
+async def _observe(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Count every answer by route template; log it at debug (never headers or query).
+
+    A request cancelled before it was answered (server shutdown) got no answer and
+    is not counted.
+    """
+    started = time.perf_counter()
+    status: int | None = None
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        route = _route_label(request)
+        elapsed_s = time.perf_counter() - started
+        if status is not None:
+            request.app[HTTP_STATE].metrics.observe_http(
+                route, request.method, status,
+                None if route in _STREAMING_ROUTES else elapsed_s)
+        log.debug("http_request", route=route, method=request.method, status=status,
+                  duration_ms=round(elapsed_s * 1000, 1))
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Every error answer as JSON; infrastructure failures as 503, bugs as 500."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects are answers
+        headers = {k: v for k, v in exc.headers.items()
+                   if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+        slug = (exc.reason or "error").lower().replace(" ", "_").replace("-", "_")
+        response = json_response({"error": slug}, status=exc.status, headers=headers)
+        if exc.status == 413:
+            response.force_close()
+        return response
+    except ConnectionResetError:
+        raise  # the client is gone; nothing to answer
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        log.warning("http_dependency_unavailable", route=_route_label(request),
+                    error=type(exc).__name__)
+        return json_response({"error": "unavailable"}, status=503,
+                             headers={hdrs.RETRY_AFTER: "5"})
+    except Exception:
+        log.exception("http_handler_failed", route=_route_label(request))
+        return json_response({"error": "internal"}, status=500)
+
+
+@web.middleware
+async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """413 before reading a declared-too-large body; read others up to the limit."""
+    limit = request.app[HTTP_STATE].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
+    if request.body_exists:
+        # Application(client_max_size=limit + 1): read() raises 413 as soon as it
+        # has more than `limit` bytes, whatever the framing (chunked included).
+        try:
+            with anyio.fail_after(BODY_READ_TIMEOUT_S):
+                await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large(limit)
+        except TimeoutError:
+            response = json_response({"error": "body_timeout"}, status=408)
+            response.force_close()
+            return response
+    return await handler(request)
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` (RFC 9110 §10.1.1): 413 instead of 100 when too large.
+
+    Runs before the middlewares, so it counts its own 413.
+    """
+    state = request.app[HTTP_STATE]
+    if request.content_length is not None and request.content_length > state.max_body_bytes:
+        state.metrics.observe_http(_route_label(request), request.method, 413)
+        return _too_large(state.max_body_bytes)
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        state.metrics.observe_http(_route_label(request), request.method, 417)
+        return json_response({"error": "expectation_failed"}, status=417)
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # as aiohttp's default handler: the body is yet to come
+    return None
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    state = request.app[HTTP_STATE]
+    try:
+        with anyio.fail_after(READY_TIMEOUT_S):
+            ready = bool(await state.ready())
+    except Exception as exc:
+        log.warning("ready_probe_failed", error=type(exc).__name__)
+        ready = False
+    if ready:
+        return json_response({"status": "ready"})
+    return json_response({"status": "not_ready"}, status=503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[HTTP_STATE].metrics.render()
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
+
+
+def build_app(state: HttpState) -> web.Application:
+    """The aiohttp application for `state` (routes, middlewares, SSE hub)."""
+    app = web.Application(
+        middlewares=[_observe, _errors, _limit_body],
+        client_max_size=state.max_body_bytes + 1,
+    )
+    app[HTTP_STATE] = state
+    app[EVENT_HUB] = EventHub(state.dsn, state.metrics)
+    router = app.router
+    router.add_get("/healthz", _healthz, expect_handler=_expect)
+    router.add_get("/readyz", _readyz, expect_handler=_expect)
+    router.add_get("/metrics", _metrics, expect_handler=_expect)
+    router.add_get("/v1/events", events_handler, allow_head=False, expect_handler=_expect)
+    router.add_post("/v1/outbound", outbound_handler, expect_handler=_expect)
+    router.add_get(r"/v1/attachments/{id:\d{1,19}}", attachment_handler,
+                   expect_handler=_expect)
+    for route in state.extra_routes:
+        web.RouteDef(route.method, route.path, route.handler,
+                     {"expect_handler": _expect, **route.kwargs}).register(router)
+    return app
+
+
+async def serve_http(
+    host: str,
+    port: int,
+    app_state: HttpState,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; `task_status.started(port)` once the socket listens.
+
+    Start with `port = await tg.start(serve_http, host, port, state)` (or
+    keyword arguments through `functools.partial`). `port` 0 binds an
+    ephemeral port; the port reported is the one really bound (of the first
+    socket, when `host` resolves to several addresses: give a fixed port
+    then). Raises `OSError` before reporting started when the address cannot
+    be bound. Cancellation ends the SSE streams and shuts the server down
+    gracefully (see the module docstring), then propagates.
+    """
+    app = build_app(app_state)
+    hub = app[EVENT_HUB]
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+        lingering_time=LINGERING_CLOSE_S, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+    await runner.setup()
+    try:
+        # Bound before the task group exists, so a taken port raises a plain OSError.
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = int(runner.addresses[0][1])
+        async with anyio.create_task_group() as tg:
+            # SSE clients that connect before the LISTEN is in place are woken once it is.
+            await tg.start(hub.run)
+            log.info("http_listening", host=host, port=bound_port)
+            task_status.started(bound_port)
+            await anyio.sleep_forever()
+    finally:
+        hub.close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_DEADLINE_S) as scope:
+            try:
+                await runner.cleanup()
+            except Exception as exc:  # shutting down: report, never mask the cancellation
+                log.warning("http_cleanup_failed", error=type(exc).__name__)
+        if scope.cancelled_caught:
+            log.warning("http_cleanup_timed_out", deadline_s=SHUTDOWN_DEADLINE_S)
+        log.info("http_stopped")

@@ -1,0 +1,158 @@
+"""What the HTTP listener is given, and the helpers every route shares.
+
+`HttpState` is the listener's whole dependency list, built by the supervisor.
+Handlers reach it through `request.app[HTTP_STATE]` (webhook routes that later
+issues add through `HttpState.extra_routes` do the same).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import asyncpg
+import orjson
+from aiohttp import hdrs, web
+
+from inboxd.daemon.metrics import Metrics
+from inboxd.pipeline.objectstore import ObjectStore
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "HTTP_STATE",
+    "ApiError",
+    "HttpState",
+    "TokenTable",
+    "authenticate",
+    "json_error",
+    "json_response",
+]
+
+#: Default request-body limit: an outbound record with a large HTML body fits;
+#: ESP webhook batches (SES/SNS 256 KiB, Postmark, SendGrid) are far below it.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass(slots=True, kw_only=True)
+class HttpState:
+    """Everything the listener needs. Built once by the supervisor.
+
+    `tenant_for_token` maps a presented bearer token to its tenant id, or None;
+    it must compare in constant time (`TokenTable` does). `ready` answers
+    `/readyz` (database reachable, config loaded) and should return quickly; the
+    listener gives it `READY_TIMEOUT_S`. `dsn` opens the one LISTEN connection
+    of the SSE hub (a pooled connection cannot hold a LISTEN). `extra_routes`
+    are `aiohttp.web.RouteDef`s (`web.post("/webhooks/ses", handler)`) added
+    with the same body limit, error format and metrics as the built-in routes.
+    """
+
+    pool: asyncpg.Pool
+    dsn: str = field(repr=False)
+    store: ObjectStore
+    metrics: Metrics
+    tenant_for_token: Callable[[str], str | None] = field(repr=False)
+    ready: Callable[[], Awaitable[bool]] = field(repr=False)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    extra_routes: list[web.RouteDef] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, not {self.max_body_bytes}")
+
+
+HTTP_STATE = web.AppKey("inboxd_http_state", HttpState)
+
+
+class TokenTable:
+    """Bearer token → tenant id, compared in constant time.
+
+    Built from `{tenant_id: token}`. A lookup compares the presented token with
+    every tenant's token using `hmac.compare_digest` and never stops early, so
+    the answer time depends neither on which tenant matched nor on how much of
+    a token was right. Tokens never appear in `repr`. `replace` swaps the
+    whole table (SIGHUP reload) atomically for readers on the event loop.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        self._entries: tuple[tuple[str, bytes], ...] = ()
+        self.replace(tokens)
+
+    def replace(self, tokens: Mapping[str, str]) -> None:
+        """Use `tokens` from now on. Raises ValueError for an empty or shared token."""
+        entries: list[tuple[str, bytes]] = []
+        seen: set[bytes] = set()
+        for tenant_id, token in tokens.items():
+            raw = token.encode("utf-8")
+            if not raw:
+                raise ValueError(f"tenant {tenant_id!r} has an empty API token")
+            if raw in seen:
+                raise ValueError(f"tenant {tenant_id!r} shares its API token with another tenant")
+            seen.add(raw)
+            entries.append((tenant_id, raw))
+        self._entries = tuple(entries)
+
+    def __call__(self, token: str) -> str | None:
+        presented = token.encode("utf-8", "surrogateescape")
+        found: str | None = None
+        for tenant_id, expected in self._entries:
+            if hmac.compare_digest(presented, expected):
+                found = tenant_id
+        return found
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"TokenTable({len(self._entries)} tenants)"
+
+
+def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+                  ) -> web.Response:
+    """A JSON response serialised with orjson."""
+    return web.Response(body=orjson.dumps(body), status=status, headers=headers,
+                        content_type="application/json")
+
+
+class ApiError(Exception):
+    """An error answer: `status` with the JSON body `{"error": error, **fields}`.
+
+    Raised by handlers (through `json_error`) and turned into a response by the
+    error middleware, which gives aiohttp's own `web.HTTPException`s (404, 405,
+    413 …) the same JSON shape.
+    """
+
+    def __init__(self, status: int, error: str, *, headers: Mapping[str, str] | None = None,
+                 **fields: Any) -> None:
+        super().__init__(error)
+        self.status = status
+        self.body: dict[str, Any] = {"error": error, **fields}
+        self.headers = dict(headers or {})
+
+    def response(self) -> web.Response:
+        return json_response(self.body, status=self.status, headers=self.headers)
+
+
+def json_error(status: int, error: str, *, headers: Mapping[str, str] | None = None,
+               **fields: Any) -> NoReturn:
+    """Raise `ApiError(status, error, **fields)`."""
+    raise ApiError(status, error, headers=headers, **fields)
+
+
+def authenticate(request: web.Request) -> str:
+    """The tenant of the request's `Authorization: Bearer <token>`; 401 otherwise.
+
+    The 401 body is the same for a missing header, another scheme and an unknown
+    token, and the token is never logged or echoed (RFC 6750 §3).
+    """
+    header = request.headers.get(hdrs.AUTHORIZATION, "")
+    scheme, _, token = header.partition(" ")
+    tenant: str | None = None
+    if scheme.lower() == "bearer" and token.strip():
+        tenant = request.app[HTTP_STATE].tenant_for_token(token.strip())
+    if tenant is None:
+        json_error(401, "unauthorized", headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="inboxd"'})
+    return tenant

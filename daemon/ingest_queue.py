@@ -1,0 +1,85 @@
+"""The bounded queue between sources and the ingest workers (DESIGN.md §2).
+
+Sources put pages; `ingest_workers` tasks take them and run the ingest stage;
+each page's producer awaits its own results before it settles the page and
+moves its cursor. The queue holds at most `capacity_pages` pages, so a producer
+whose page does not fit waits (backpressure): memory stays flat however large
+a backfill is.
+
+Cancellation: a producer cancelled while its page waits in the queue simply
+stops waiting; the worker still ingests the page later (or not, at shutdown),
+and because the producer never settled it, the next run produces it again and
+the cascade answers `duplicate`. Nothing is lost and nothing is doubled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from inboxd.daemon.metrics import Metrics
+from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.outcomes import ItemResult, Outcome
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Job:
+    batch: IngestBatch
+    done: anyio.Event = field(default_factory=anyio.Event)
+    results: list[ItemResult] | None = None
+
+
+class IngestQueue:
+    """Bounded page queue + the worker tasks that drain it."""
+
+    def __init__(self, stage: IngestStage, metrics: Metrics, *, capacity_pages: int) -> None:
+        self._stage = stage
+        self._metrics = metrics
+        send, receive = anyio.create_memory_object_stream[_Job](max_buffer_size=capacity_pages)
+        self._send: MemoryObjectSendStream[_Job] = send
+        self._receive: MemoryObjectReceiveStream[_Job] = receive
+        self._queued_items = 0
+
+    async def ingest(self, batch: IngestBatch) -> list[ItemResult]:
+        """Queue a batch (waiting while the queue is full) and wait for its results."""
+        job = _Job(batch)
+        self._queued_items += len(batch.items)
+        self._metrics.set_queue(self._queued_items)
+        try:
+            await self._send.send(job)
+            await job.done.wait()
+        except BaseException:
+            if job.results is None:
+                self._queued_items -= len(batch.items)
+                self._metrics.set_queue(self._queued_items)
+            raise
+        assert job.results is not None
+        return job.results
+
+    def close(self) -> None:
+        """No more pages: workers finish what is queued, then return."""
+        self._send.close()
+
+    async def run_worker(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """One ingest worker; returns when the queue is closed and drained."""
+        task_status.started()
+        async with self._receive.clone() as jobs:
+            async for job in jobs:
+                try:
+                    job.results = await self._stage.ingest(job.batch)
+                finally:
+                    if job.results is None:  # cancelled mid-batch: the transaction rolled back
+                        job.results = [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail="shutdown")
+                                       for i in range(len(job.batch.items))]
+                    self._queued_items -= len(job.batch.items)
+                    self._metrics.set_queue(self._queued_items)
+                    self._metrics.observe_outcomes(job.results)
+                    job.done.set()

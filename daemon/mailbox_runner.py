@@ -1,0 +1,214 @@
+"""One mailbox's life in the daemon: wait for a doorbell, take the lease, sync, repeat.
+
+State machine of a runner:
+
+    idle ──ring()──▶ leasing ──token──▶ syncing ──pages exhausted──▶ idle
+      ▲                 │ held elsewhere        │ retriable failure / crash
+      │                 ▼                       ▼
+      └──────────── (skip run)            backoff recorded ──▶ idle
+                                                │ auth/config problem
+                                                ▼
+                                          needs_attention (no more runs until reload)
+
+- ring() during a run sets `pending`: the run is followed by exactly one more
+  (notifications for a busy mailbox are coalesced).
+- syncing: pages come from the Source; each goes through the bounded ingest
+  queue; after its results, the Source settles it, and the cursor moves only
+  past a clean page, with the lease's fencing token (a stale owner stops).
+  The cancel flag in the database is checked between pages.
+- The lease is renewed every third of its TTL while syncing; losing it cancels
+  the run at once.
+- cancel_sync() (SIGUSR1) cancels the current run; stop() ends the runner
+  (SIGHUP removed or changed the mailbox, or shutdown).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from inboxd.adapters.base import Source
+from inboxd.daemon.ingest_queue import IngestQueue
+from inboxd.daemon.metrics import Metrics
+from inboxd.pipeline import leases
+from inboxd.pipeline.errors import AttentionError, RetriableError
+from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.outcomes import page_is_clean
+
+log = structlog.get_logger(__name__)
+
+# Cleanup that must finish (lease release, failure record) gets this long even
+# when the runner is being cancelled.
+CLEANUP_DEADLINE_S = 5.0
+
+
+class LeaseLost(RetriableError):
+    """Another process holds the mailbox now; this run must stop writing."""
+
+
+class PageNotClean(RetriableError):
+    """A page had retriable failures; the cursor stays before it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerDeps:
+    pool: asyncpg.Pool
+    queue: IngestQueue
+    metrics: Metrics
+    owner: str
+    lease_ttl_s: float
+
+
+class MailboxRunner:
+    """Owns the sync runs of one mailbox inside this process."""
+
+    def __init__(self, source: Source, deps: RunnerDeps, *, fingerprint: object = None) -> None:
+        self.source = source
+        self.deps = deps
+        self.fingerprint = fingerprint  # the config it was built from (SIGHUP diffing)
+        self.key = (source.tenant_id, source.mailbox_id)
+        self._wake = anyio.Event()
+        self._pending = False
+        self._running = False
+        self._life = anyio.CancelScope()
+        self._run_scope: anyio.CancelScope | None = None
+        self._log = log.bind(tenant=source.tenant_id, mailbox=source.mailbox_id)
+
+    def ring(self) -> None:
+        """Ask for a sync run; coalesced with any run already asked for or running."""
+        self._pending = True
+        self._wake.set()
+
+    def cancel_sync(self) -> None:
+        """Cancel the current run gracefully; the next ring() starts a new one."""
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
+    def stop(self) -> None:
+        self._life.cancel()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with self._life:
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._pending:
+                    self._pending = False
+                    attention = await self._one_run()
+                    if attention:
+                        return
+
+    async def _one_run(self) -> bool:
+        """One guarded sync run; returns True when the mailbox needs an operator."""
+        provider = self.source.provider
+        self.deps.metrics.sync_started(provider)
+        started = anyio.current_time()
+        failed = False
+        try:
+            with anyio.CancelScope() as scope:
+                self._run_scope = scope
+                await self._sync()
+            if scope.cancelled_caught:
+                self._log.info("sync_cancelled")
+            return False
+        except AttentionError as exc:
+            failed = True
+            self._log.error("sync_needs_attention", error=str(exc))
+            await self._record_failure(str(exc), attention=True)
+            return True
+        except Exception as exc:  # any crash of one mailbox: log, back off, carry on
+            failed = True
+            if isinstance(exc, RetriableError | OSError | asyncpg.PostgresError):
+                self._log.warning("sync_failed", error=str(exc), kind=type(exc).__name__)
+            else:
+                self._log.exception("sync_crashed")
+            await self._record_failure(f"{type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self._run_scope = None
+            self.deps.metrics.sync_finished(
+                provider, duration_s=anyio.current_time() - started, failed=failed)
+
+    async def _sync(self) -> None:
+        tenant, mailbox = self.key
+        pool = self.deps.pool
+        async with pool.acquire() as conn:
+            throttled_until = await conn.fetchval(
+                "SELECT throttle_until FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 "
+                "AND throttle_until > now()", tenant, mailbox)
+            if throttled_until is not None:
+                self._log.debug("sync_skipped_throttled", until=str(throttled_until))
+                return
+            token = await leases.acquire_lease(conn, tenant, mailbox, self.deps.owner,
+                                               self.deps.lease_ttl_s)
+        if token is None:
+            self._log.debug("sync_skipped_leased_elsewhere")
+            return
+        self._running = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._renew, token)
+                await self._pages(token)
+                tg.cancel_scope.cancel()
+            async with pool.acquire() as conn:
+                await leases.record_success(conn, tenant, mailbox)
+        finally:
+            self._running = False
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
+                async with pool.acquire() as conn:
+                    await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
+
+    async def _pages(self, token: int) -> None:
+        tenant, mailbox = self.key
+        pool = self.deps.pool
+        async with pool.acquire() as conn:
+            cursor = await conn.fetchval(
+                "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+                tenant, mailbox)
+        pages = self.source.pages(cursor)
+        async for page in pages:
+            batch = IngestBatch(tenant, mailbox, page.items, backfill=page.backfill,
+                                fetch_attachment=getattr(self.source, "fetch_attachment", None)
+                                if getattr(self.source, "lazy_attachments", False) else None)
+            results = await self.deps.queue.ingest(batch)
+            await self.source.settle(page, results)
+            if not page_is_clean(results):
+                raise PageNotClean(
+                    f"{sum(1 for r in results if r.outcome.value == 'retriable_failure')} "
+                    "items failed retriably; the page will be read again")
+            async with pool.acquire() as conn:
+                if page.cursor_after is not None and not await leases.commit_cursor(
+                        conn, tenant, mailbox, token, page.cursor_after):
+                    raise LeaseLost("the mailbox lease moved to another process")
+                if await leases.take_cancel(conn, tenant, mailbox):
+                    self._log.info("sync_cancel_flag_honoured")
+                    return
+            self._log.info("sync_page_committed", items=len(page.items))
+
+    async def _renew(self, token: int) -> None:
+        tenant, mailbox = self.key
+        interval_s = self.deps.lease_ttl_s / 3
+        while True:
+            await anyio.sleep(interval_s)
+            async with self.deps.pool.acquire() as conn:
+                ok = await leases.renew_lease(conn, tenant, mailbox, self.deps.owner, token,
+                                              self.deps.lease_ttl_s)
+            if not ok:
+                self._log.warning("lease_lost")
+                if self._run_scope is not None:
+                    self._run_scope.cancel()
+                return
+
+    async def _record_failure(self, error: str, *, attention: bool = False) -> None:
+        tenant, mailbox = self.key
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
+            try:
+                async with self.deps.pool.acquire() as conn:
+                    await leases.record_failure(conn, tenant, mailbox, error, attention=attention)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                self._log.warning("failure_not_recorded", error=str(exc))

@@ -1,0 +1,168 @@
+"""Prometheus metrics of one inboxd process, served at `GET /metrics`.
+
+`Metrics` owns its own `CollectorRegistry` rather than prometheus_client's global
+one, so a test (or two daemons in one interpreter) can create as many as it
+likes without "Duplicated timeseries" errors, and `/metrics` shows exactly what
+inboxd records.
+
+Every name starts with `inboxd_`. Label values are ids inboxd chose or read from
+its own config (outcome, provider, tenant id, mailbox id, source name, route
+template, method, status code): never an address, a token, a URL or anything
+from a message, so nothing secret or personal ends up in a time series, and
+cardinality stays bounded by the configuration (unmatched paths are counted
+under one `route="unmatched"`).
+
+Callers use the helper methods (`observe_outcomes`, `sync_started`, …) rather
+than the collectors, so the label sets stay consistent in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inboxd.pipeline.outcomes import ItemResult, Outcome
+
+__all__ = ["HTTP_UNMATCHED_ROUTE", "Metrics"]
+
+#: Route label for requests that matched no route (404/405): one series, not one per path.
+HTTP_UNMATCHED_ROUTE = "unmatched"
+
+# Request durations: health probes take ~1 ms, an attachment download or a slow
+# database a few seconds. SSE streams are long-lived and are not timed.
+_HTTP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Sync runs: an idle incremental Gmail/Graph sync is under a second; a backfill
+# page loop can run for an hour.
+_SYNC_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class Metrics:
+    """The process's collectors, in a registry of their own.
+
+    Attributes are the prometheus_client collectors (public so a component can
+    read them in tests); record through the methods.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ingest_items = Counter(
+            "inboxd_ingest_items", "Items answered by the ingest stage, by outcome.",
+            ["outcome"], registry=r)
+        self.queue_depth = Gauge(
+            "inboxd_queue_depth", "Items waiting in the bounded ingest queue.", registry=r)
+        self.queue_capacity = Gauge(
+            "inboxd_queue_capacity", "Capacity of the bounded ingest queue.", registry=r)
+        self.sync_runs = Counter(
+            "inboxd_sync_runs", "Mailbox sync runs started, by provider.", ["provider"],
+            registry=r)
+        self.sync_failures = Counter(
+            "inboxd_sync_failures", "Mailbox sync runs that ended in an error, by provider.",
+            ["provider"], registry=r)
+        self.sync_duration = Histogram(
+            "inboxd_sync_duration_seconds", "Duration of finished sync runs, by provider.",
+            ["provider"], buckets=_SYNC_BUCKETS_S, registry=r)
+        self.cursor_lag = Gauge(
+            "inboxd_cursor_lag_seconds",
+            "Seconds since the mailbox's cursor last reached the provider's head.",
+            ["tenant", "mailbox"], registry=r)
+        self.webhook_verification_failures = Counter(
+            "inboxd_webhook_verification_failures",
+            "Webhook requests rejected because their signature or token did not verify.",
+            ["source"], registry=r)
+        self.dead_items = Counter(
+            "inboxd_dead_items", "Items recorded as dead (permanent failures).", registry=r)
+        self.http_requests = Counter(
+            "inboxd_http_requests", "HTTP requests answered, by route template and status.",
+            ["route", "method", "status"], registry=r)
+        self.http_duration = Histogram(
+            "inboxd_http_request_duration_seconds",
+            "Time to answer an HTTP request (SSE streams excluded), by route template.",
+            ["route"], buckets=_HTTP_BUCKETS_S, registry=r)
+        self.sse_clients = Gauge(
+            "inboxd_sse_clients", "Connected Server-Sent Events clients.", registry=r)
+        self.sse_events_sent = Counter(
+            "inboxd_sse_events_sent", "Events written to SSE clients.", registry=r)
+        # Show every outcome from the start (a 0 is information; a missing series is not).
+        for outcome in Outcome:
+            self.ingest_items.labels(outcome=outcome.value)
+
+    def __repr__(self) -> str:
+        return f"Metrics(registry=0x{id(self.registry):x})"
+
+    # ingest ------------------------------------------------------------------
+
+    def observe_outcomes(self, results: Iterable[ItemResult]) -> None:
+        """Count one batch's per-item outcomes; permanent failures also count as dead items."""
+        counts: dict[Outcome, int] = {}
+        for result in results:
+            counts[result.outcome] = counts.get(result.outcome, 0) + 1
+        for outcome, n in counts.items():
+            self.ingest_items.labels(outcome=outcome.value).inc(n)
+        if dead := counts.get(Outcome.PERMANENT_FAILURE, 0):
+            self.dead_items.inc(dead)
+
+    def dead_item_recorded(self, n: int = 1) -> None:
+        """Count dead items recorded outside the ingest stage (e.g. an unfetchable page item)."""
+        self.dead_items.inc(n)
+
+    def set_queue(self, depth: int, capacity: int | None = None) -> None:
+        """Publish the bounded queue's current depth (and, when given, its capacity)."""
+        self.queue_depth.set(depth)
+        if capacity is not None:
+            self.queue_capacity.set(capacity)
+
+    # sync --------------------------------------------------------------------
+
+    def sync_started(self, provider: str) -> None:
+        """A sync run began for a mailbox of `provider`."""
+        self.sync_runs.labels(provider=provider).inc()
+
+    def sync_finished(self, provider: str, *, duration_s: float, failed: bool) -> None:
+        """A sync run ended after `duration_s`; `failed` when it ended in an error."""
+        self.sync_duration.labels(provider=provider).observe(duration_s)
+        if failed:
+            self.sync_failures.labels(provider=provider).inc()
+
+    def set_cursor_lag(self, tenant: str, mailbox: str, lag_s: float) -> None:
+        """Publish how far behind the provider a mailbox's cursor is, in seconds."""
+        self.cursor_lag.labels(tenant=tenant, mailbox=mailbox).set(max(0.0, lag_s))
+
+    def forget_mailbox(self, tenant: str, mailbox: str) -> None:
+        """Drop a removed mailbox's series (SIGHUP removed it from the config)."""
+        try:
+            self.cursor_lag.remove(tenant, mailbox)
+        except KeyError:
+            pass
+
+    # webhooks ----------------------------------------------------------------
+
+    def webhook_verification_failed(self, source: str) -> None:
+        """A webhook request from `source` (its config name, e.g. `ses`) failed to verify."""
+        self.webhook_verification_failures.labels(source=source).inc()
+
+    # HTTP --------------------------------------------------------------------
+
+    def observe_http(
+        self, route: str, method: str, status: int, duration_s: float | None = None
+    ) -> None:
+        """Count one answered request; `route` is the route template, never the raw path."""
+        self.http_requests.labels(route=route, method=method, status=str(status)).inc()
+        if duration_s is not None:
+            self.http_duration.labels(route=route).observe(duration_s)
+
+    def sse_client_connected(self) -> None:
+        self.sse_clients.inc()
+
+    def sse_client_disconnected(self) -> None:
+        self.sse_clients.dec()
+
+    def sse_event_sent(self, n: int = 1) -> None:
+        self.sse_events_sent.inc(n)
+
+    # exposition --------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format (serve with `CONTENT_TYPE_LATEST`)."""
+        return generate_latest(self.registry)

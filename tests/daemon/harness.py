@@ -1,0 +1,191 @@
+"""Run `inboxd run` as a real subprocess and wait on what it does, with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from email.message import EmailMessage
+from pathlib import Path
+
+import orjson
+
+READY_TIMEOUT_S = 60.0
+
+
+def write_config(
+    tmp: Path, *, tenants: dict[str, list[str]] | None = None, port: int = 0,
+    shutdown_deadline_s: float = 20.0, extra_main: str = "",
+) -> Path:
+    """Main config + one tenant file per tenant, each with Maildir mailboxes.
+
+    `tenants`: {tenant_id: [mailbox_id, ...]}; mailbox M of tenant T lives in
+    tmp/maildirs/T/M. Returns the main config path.
+    """
+    tenants = tenants or {"acme": ["inbox"]}
+    (tmp / "tenants").mkdir(exist_ok=True)
+    for tenant, mailboxes in tenants.items():
+        write_tenant(tmp, tenant, mailboxes)
+    main = tmp / "inboxd.toml"
+    main.write_text(
+        f"""
+[listener]
+host = "127.0.0.1"
+port = {port}
+
+[object_store]
+kind = "local"
+path = "{tmp / 'objects'}"
+
+[queue]
+capacity = 1000
+
+[workers]
+ingest = 2
+batch_size = 250
+
+[shutdown]
+deadline_s = {shutdown_deadline_s}
+
+[sync]
+lease_ttl_s = 10
+poll_scan_interval_s = 0.5
+
+[tenants]
+dir = "tenants"
+{extra_main}
+""")
+    return main
+
+
+def write_tenant(tmp: Path, tenant: str, mailboxes: list[str], token: str | None = None) -> Path:
+    blocks = "\n".join(
+        f"""
+[[mailboxes]]
+id = "{mailbox}"
+provider = "maildir"
+address = "{mailbox}@{tenant}.example"
+sync_mode = "poll"
+poll_interval_s = 0.5
+path = "{tmp / 'maildirs' / tenant / mailbox}"
+""" for mailbox in mailboxes)
+    token_line = f'api_token = "env:{token}"' if token else ""
+    path = tmp / "tenants" / f"{tenant}.toml"
+    path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n{token_line}\n{blocks}')
+    return path
+
+
+def maildir(tmp: Path, tenant: str, mailbox: str) -> Path:
+    root = tmp / "maildirs" / tenant / mailbox
+    for sub in ("cur", "new", "tmp"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def deliver(root: Path, raws: list[bytes], prefix: str = "m") -> None:
+    """Deliver like an MTA: write into tmp/, then rename into new/."""
+    for i, raw in enumerate(raws):
+        name = f"{int(time.time())}.{prefix}{i}.test"
+        (root / "tmp" / name).write_bytes(raw)
+        os.rename(root / "tmp" / name, root / "new" / name)
+
+
+def generated_messages(n: int, *, tag: str = "x") -> list[bytes]:
+    """n distinct small messages (unique Message-ID, subject and body)."""
+    out = []
+    for i in range(n):
+        msg = EmailMessage()
+        msg["From"] = f"Sender {i % 17} <sender{i % 17}@example.org>"
+        msg["To"] = "support@acme.example"
+        msg["Subject"] = f"Order {tag}-{i}"
+        msg["Date"] = "Mon, 02 Nov 2026 09:30:00 +0000"
+        msg["Message-ID"] = f"<{tag}-{i}@example.org>"
+        msg.set_content(f"Hello, this is message {tag} number {i}.\n")
+        out.append(msg.as_bytes())
+    return out
+
+
+class DaemonProcess:
+    """`python -m inboxd.daemon.cli run` with stderr captured to a file."""
+
+    def __init__(self, config: Path, dsn: str, log_path: Path, *, env: dict | None = None) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inboxd.daemon.cli", "run", "--config", str(config),
+             "--dsn", dsn, "--log-level", "info"],
+            stdout=subprocess.DEVNULL, stderr=self._log, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        self.port: int | None = None
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_bytes().splitlines():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+        return out
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> int:
+        ready = wait_for(lambda: next((e for e in self.events()
+                                       if e.get("event") == "daemon_ready"), None),
+                         timeout_s, what="daemon_ready", proc=self.proc, log=self.log_path)
+        self.port = int(ready["port"])
+        return self.port
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def wait_for(check: Callable[[], object], timeout_s: float, *, what: str,
+             proc: subprocess.Popen | None = None, log: Path | None = None) -> object:
+    """Poll `check` until it returns something truthy; fail with context at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"process exited ({proc.returncode}) waiting for {what}:\n{tail}")
+        if time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"timed out waiting for {what}:\n{tail}")
+        time.sleep(0.05)  # polling interval of a condition with a deadline
+
+
+async def eventually(check, timeout_s: float, *, what: str,
+                     daemon: DaemonProcess | None = None) -> object:
+    """Async twin of `wait_for` for checks that query the database."""
+    import anyio
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if daemon is not None and daemon.proc.poll() is not None:
+            tail = daemon.log_path.read_text(errors="replace")[-3000:]
+            raise AssertionError(
+                f"daemon exited ({daemon.proc.returncode}) waiting for {what}:\n{tail}")
+        if time.monotonic() > deadline:
+            tail = daemon.log_path.read_text(errors="replace")[-3000:] if daemon else ""
+            raise AssertionError(f"timed out waiting for {what}:\n{tail}")
+        await anyio.sleep(0.05)  # polling interval of a condition with a deadline

@@ -1,0 +1,231 @@
+"""`inboxd run` as a real process: Maildir door, signals, reload, leases, shutdown."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+from harness import (
+    DaemonProcess,
+    deliver,
+    eventually,
+    generated_messages,
+    maildir,
+    write_config,
+    write_tenant,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def count(dsn: str, sql: str, *args) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+def start(tmp: Path, config: Path, dsn: str, name: str = "daemon") -> DaemonProcess:
+    daemon = DaemonProcess(config, dsn, tmp / f"{name}.log")
+    daemon.wait_ready()
+    return daemon
+
+
+async def test_maildir_drop_becomes_rows_and_moves_to_cur(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        deliver(box, generated_messages(3, tag="drop"))
+
+        async def all_in() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 3
+
+        await eventually(all_in, 30, what="3 messages ingested", daemon=daemon)
+        await eventually(lambda: _moved(box, 3), 10, what="files moved to cur/", daemon=daemon)
+        created = "SELECT count(*) FROM events WHERE kind = 'message.created'"
+        assert await count(db_dsn, created) == 3
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def _moved(box: Path, n: int) -> bool:
+    return len(list((box / "cur").iterdir())) == n and not list((box / "new").iterdir())
+
+
+async def test_sigterm_mid_backfill_then_restart_loses_and_doubles_nothing(
+    tmp_path, db_dsn
+) -> None:
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    deliver(box, generated_messages(5000, tag="bf"))
+    daemon = start(tmp_path, config, db_dsn)
+
+    async def some_in() -> bool:
+        return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
+
+    await eventually(some_in, 60, what="first pages committed", daemon=daemon)
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait_exit(60) == 0
+    partial = await count(db_dsn, "SELECT count(*) FROM messages")
+    assert 0 < partial <= 5000
+    # every file already moved to cur/ has its row (nothing acknowledged unstored)
+    assert len(list((box / "cur").iterdir())) <= partial
+    daemon = start(tmp_path, config, db_dsn, "daemon2")
+    try:
+        async def all_in() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 5000
+
+        await eventually(all_in, 240, what="backfill finished after restart", daemon=daemon)
+        await eventually(lambda: _moved(box, 5000), 60, what="all files in cur/", daemon=daemon)
+        assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 5000
+        assert await count(db_dsn, "SELECT count(DISTINCT message_id_norm) FROM messages") == 5000
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_sighup_adds_a_tenant_live(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        write_tenant(tmp_path, "globex", ["support"])
+        box = maildir(tmp_path, "globex", "support")
+        daemon.signal(signal.SIGHUP)
+        deliver(box, generated_messages(2, tag="hup"))
+
+        async def arrived() -> bool:
+            return await count(
+                db_dsn, "SELECT count(*) FROM messages WHERE tenant_id = 'globex'") == 2
+
+        await eventually(arrived, 30, what="new tenant's mail ingested", daemon=daemon)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_broken_tenant_file_on_sighup_keeps_the_old_config(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        (tmp_path / "tenants" / "acme.toml").write_text('id = "acme"\n[[mailboxes]\nbroken')
+        daemon.signal(signal.SIGHUP)
+        await eventually(lambda: _logged(daemon, "config_reloaded"), 20, what="reload",
+                         daemon=daemon)
+        deliver(box, generated_messages(2, tag="keep"))
+
+        async def arrived() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 2
+
+        await eventually(arrived, 30, what="old config still syncing", daemon=daemon)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def _logged(daemon: DaemonProcess, event: str) -> bool:
+    return any(e.get("event") == event for e in daemon.events())
+
+
+async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
+    tmp_path, db_dsn
+) -> None:
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    deliver(box, generated_messages(4000, tag="cx"))
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        async def started() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
+
+        await eventually(started, 60, what="sync running", daemon=daemon)
+        cli = [sys.executable, "-m", "inboxd.daemon.cli", "sync", "cancel", "--mailbox",
+               "inbox", "--dsn", db_dsn]
+        assert (await anyio.run_process(cli, check=False)).returncode == 0
+        await eventually(lambda: _logged(daemon, "sync_cancel_flag_honoured"), 60,
+                         what="cancel honoured", daemon=daemon)
+        # files moved to cur/ are exactly those ingested: nothing skipped ahead
+        in_db = await count(db_dsn, "SELECT count(*) FROM messages")
+        assert len(list((box / "cur").iterdir())) <= in_db < 4000
+        now = [sys.executable, "-m", "inboxd.daemon.cli", "sync", "now", "--mailbox", "inbox",
+               "--dsn", db_dsn]
+        assert (await anyio.run_process(now, check=False)).returncode == 0
+
+        async def all_in() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 4000
+
+        await eventually(all_in, 240, what="resumed to the end", daemon=daemon)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_sigusr1_cancels_running_syncs_gracefully(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    deliver(box, generated_messages(3000, tag="usr"))
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        async def started() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
+
+        await eventually(started, 60, what="sync running", daemon=daemon)
+        daemon.signal(signal.SIGUSR1)
+        await eventually(lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled",
+                         daemon=daemon)
+        assert daemon.proc.poll() is None  # the process carries on
+        in_db = await count(db_dsn, "SELECT count(*) FROM messages")
+        assert len(list((box / "cur").iterdir())) <= in_db
+
+        async def all_in() -> bool:  # the poll scanner starts the next run
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 3000
+
+        await eventually(all_in, 240, what="next run finishes", daemon=daemon)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_two_processes_on_one_database_never_double_ingest(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path, tenants={"acme": ["a", "b", "c"]})
+    boxes = [maildir(tmp_path, "acme", m) for m in ("a", "b", "c")]
+    one = start(tmp_path, config, db_dsn, "one")
+    two = start(tmp_path, config, db_dsn, "two")
+    try:
+        for i, box in enumerate(boxes):
+            deliver(box, generated_messages(800, tag=f"two{i}"))
+
+        async def all_in() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 2400
+
+        await eventually(all_in, 240, what="all mail from three mailboxes", daemon=one)
+        assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 2400
+        for box in boxes:
+            await eventually(lambda b=box: _moved(b, 800), 60, what="moved", daemon=one)
+    finally:
+        for daemon in (one, two):
+            daemon.signal(signal.SIGTERM)
+        assert one.wait_exit(60) == 0
+        assert two.wait_exit(60) == 0
+
+
+def test_bad_config_exits_2_naming_file_and_key(tmp_path) -> None:
+    config = write_config(tmp_path)
+    (tmp_path / "tenants" / "acme.toml").write_text(
+        'id = "acme"\n[[mailboxes]]\nid = "inbox"\nprovider = "maildir"\npoll_interval_s = "x"\n'
+        'path = "/tmp/x"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "inboxd.daemon.cli", "run", "--config", str(config), "--dsn",
+         "postgresql://postgres@127.0.0.1:1/none"],
+        capture_output=True, timeout=60, text=True)
+    assert result.returncode == 2
+    assert "acme.toml" in result.stderr and "poll_interval_s" in result.stderr

@@ -1,0 +1,209 @@
+"""`inboxd status` and `inboxd sync cancel|now`, run as `python -m inboxd.daemon.cli`.
+
+Each test prepares mailbox rows in a fresh database (`db_dsn`) through
+pipeline.leases, runs the command in a subprocess and checks exit code,
+output and the database. `sync now` is observed the way a daemon would see
+it: LISTEN on the doorbell channel from a separate connection.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+from inboxd.pipeline import leases
+from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
+
+# Interpreter start + one query is well under a second; a loaded runner is slower.
+CLI_TIMEOUT_S = 60.0
+NOTIFY_DEADLINE_S = 10.0
+LEASE_TTL_S = 60.0
+
+
+class Result:
+    def __init__(self, code: int, stdout: bytes, stderr: bytes) -> None:
+        self.code = code
+        self.stdout = stdout.decode()
+        self.stderr = stderr.decode()
+
+    @property
+    def json(self) -> object:
+        return orjson.loads(self.stdout)
+
+    @property
+    def error_lines(self) -> list[str]:
+        """stderr lines that are not JSON log lines."""
+        return [line for line in self.stderr.splitlines() if not line.startswith("{")]
+
+
+@pytest.fixture
+def inboxd(db_dsn: str, tmp_path: Path):
+    """Run `python -m inboxd.daemon.cli ARGS --dsn <test db>` with a clean environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INBOXD_", "PG"))}
+    env["INBOXD_DATA_DIR"] = str(tmp_path / "data")
+
+    async def run(*args: str, dsn: str | None = db_dsn) -> Result:
+        argv = [sys.executable, "-m", "inboxd.daemon.cli", *args]
+        if dsn is not None:
+            argv += ["--dsn", dsn]
+        with anyio.fail_after(CLI_TIMEOUT_S):
+            proc = await anyio.run_process(argv, check=False, env=env)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+async def mailboxes(pool: asyncpg.Pool, make_mailbox) -> None:
+    """acme/support (gmail: cursor, success, leased), acme/inbox and globex/inbox (imap)."""
+    await make_mailbox("acme", "support", provider="gmail")
+    await make_mailbox("acme", "inbox", provider="imap")
+    await make_mailbox("globex", "inbox", provider="imap")
+    token = await leases.acquire_lease(pool, "acme", "support", "replica-1", LEASE_TTL_S)
+    cursor = "https://graph.example/delta?token=" + "x" * 80
+    assert await leases.commit_cursor(pool, "acme", "support", token, cursor)
+    await leases.record_success(pool, "acme", "support")
+    await leases.record_failure(pool, "globex", "inbox", "login failed:\nbad password",
+                                attention=True)
+
+
+# --- status ------------------------------------------------------------------------------
+
+async def test_status_json_lists_every_mailbox(inboxd, mailboxes) -> None:
+    result = await inboxd("status", "--json")
+    assert result.code == 0, result.stderr
+    rows = result.json
+    assert isinstance(rows, list)
+    assert [(r["tenant_id"], r["mailbox_id"]) for r in rows] == [
+        ("acme", "inbox"), ("acme", "support"), ("globex", "inbox")]
+    inbox, support, globex = rows
+    assert support["provider"] == "gmail" and support["sync_mode"] == "auto"
+    assert support["cursor"].startswith("https://graph.example/delta?token=")
+    assert support["last_success_at"] is not None and 0 <= support["lag_s"] < 60
+    assert (support["leased"], support["lease_owner"]) == (True, "replica-1")
+    assert (inbox["cursor"], inbox["last_success_at"], inbox["lag_s"]) == (None, None, None)
+    assert globex["sync_state"] == "needs_attention"
+    assert globex["last_error"] == "login failed: bad password"
+    assert globex["throttled"] is True and globex["throttle_until"] is not None
+
+
+async def test_status_tenant_filter_and_plain_table(inboxd, mailboxes) -> None:
+    result = await inboxd("status", "--json", "--tenant", "globex")
+    assert result.code == 0, result.stderr
+    assert [r["mailbox_id"] for r in result.json] == ["inbox"]
+
+    table = await inboxd("status")  # stdout is a pipe: plain aligned text
+    assert table.code == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["TENANT", "MAILBOX", "PROVIDER", "MODE", "CURSOR", "LAST",
+                                "SUCCESS", "LAG", "THROTTLE", "UNTIL", "STATE", "LAST", "ERROR"]
+    assert len(lines) == 4
+    cursor_col = lines[0].index("CURSOR")
+    assert all(line[cursor_col - 2:cursor_col] == "  " for line in lines)  # aligned
+    support = next(line for line in lines if " support " in line)
+    assert "…" in support and "x" * 80 not in support  # cursor truncated
+    assert "never" in next(line for line in lines if line.startswith("acme    inbox"))
+    globex = next(line for line in lines if line.startswith("globex"))
+    assert "needs_attention" in globex and "login failed: bad password" in globex
+
+    empty = await inboxd("status", "--json", "--tenant", "nobody")
+    assert (empty.code, empty.json) == (0, [])
+
+
+async def test_status_errors(inboxd, db_dsn) -> None:
+    bad = await inboxd("status", "--tenant", "Not Valid")
+    assert bad.code == 2 and "invalid tenant id" in bad.error_lines[-1]
+    down = await inboxd("status", dsn="postgresql://postgres@127.0.0.1:1/x")
+    assert down.code == 1 and down.error_lines[-1].startswith("inboxd: error:")
+    no_schema = await inboxd("status", dsn=db_dsn.rsplit("/", 1)[0] + "/postgres")
+    assert no_schema.code == 1 and "inboxd migrate" in no_schema.error_lines[-1]
+
+
+# --- sync cancel -------------------------------------------------------------------------
+
+async def test_sync_cancel_sets_the_flag(inboxd, pool, mailboxes) -> None:
+    result = await inboxd("sync", "cancel", "--mailbox", "support", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json == {"command": "sync cancel", "status": "ok", "tenant": "acme",
+                           "mailbox": "support", "running": True, "lease_owner": "replica-1"}
+    assert await leases.cancel_requested(pool, "acme", "support")
+    assert not await leases.cancel_requested(pool, "acme", "inbox")
+
+    plain = await inboxd("sync", "cancel", "--mailbox", "inbox", "--tenant", "globex")
+    assert plain.code == 0, plain.stderr
+    assert "cancel requested for globex/inbox" in plain.stdout
+    assert await leases.cancel_requested(pool, "globex", "inbox")
+    assert not await leases.cancel_requested(pool, "acme", "inbox")
+
+
+async def test_sync_cancel_unknown_and_ambiguous_mailboxes(inboxd, pool, mailboxes) -> None:
+    missing = await inboxd("sync", "cancel", "--mailbox", "nope")
+    assert missing.code == 1
+    assert missing.error_lines == ["inboxd: error: no mailbox nope in any tenant"]
+    wrong_tenant = await inboxd("sync", "cancel", "--mailbox", "support", "--tenant", "globex")
+    assert wrong_tenant.code == 1
+    assert "no mailbox support in tenant globex" in wrong_tenant.error_lines[-1]
+    ambiguous = await inboxd("sync", "cancel", "--mailbox", "inbox")
+    assert ambiguous.code == 2
+    assert "acme, globex" in ambiguous.error_lines[-1]
+    assert "--tenant" in ambiguous.error_lines[-1]
+    no_mailbox = await inboxd("sync", "cancel")
+    assert no_mailbox.code == 2 and "--mailbox" in no_mailbox.error_lines[-1]
+    assert not await pool.fetchval("SELECT bool_or(cancel_requested) FROM mailboxes")
+
+
+# --- sync now ----------------------------------------------------------------------------
+
+async def test_sync_now_rings_the_doorbell(inboxd, db_dsn, mailboxes) -> None:
+    rung: list[str] = []
+    arrived = anyio.Event()
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        rung.append(payload)
+        arrived.set()
+
+    listener = await asyncpg.connect(db_dsn)
+    try:
+        await listener.add_listener(DOORBELL_CHANNEL, on_notify)
+        result = await inboxd("sync", "now", "--mailbox", "inbox", "--tenant", "globex",
+                              "--json")
+        assert result.code == 0, result.stderr
+        with anyio.fail_after(NOTIFY_DEADLINE_S):
+            await arrived.wait()
+    finally:
+        await listener.close()
+    assert [parse_doorbell(p) for p in rung] == [("globex", "inbox")]
+    out = result.json
+    assert (out["command"], out["tenant"], out["mailbox"], out["channel"]) == (
+        "sync now", "globex", "inbox", DOORBELL_CHANNEL)
+    assert out["throttle_until"] is not None  # it failed just now: backing off
+
+
+async def test_sync_now_for_a_missing_mailbox_rings_nothing(inboxd, db_dsn, mailboxes) -> None:
+    rung: list[str] = []
+    marker_arrived = anyio.Event()
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        rung.append(payload)
+        if payload == "marker":
+            marker_arrived.set()
+
+    listener = await asyncpg.connect(db_dsn)
+    try:
+        await listener.add_listener(DOORBELL_CHANNEL, on_notify)
+        missing = await inboxd("sync", "now", "--mailbox", "nope")
+        ambiguous = await inboxd("sync", "now", "--mailbox", "inbox")
+        # a marker rung after both commands: once it arrives, theirs would have too
+        await listener.execute("SELECT pg_notify($1, 'marker')", DOORBELL_CHANNEL)
+        with anyio.fail_after(NOTIFY_DEADLINE_S):
+            await marker_arrived.wait()
+    finally:
+        await listener.close()
+    assert (missing.code, ambiguous.code) == (1, 2)
+    assert rung == ["marker"]

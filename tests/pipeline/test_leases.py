@@ -1,0 +1,453 @@
+"""Mailbox leases, fenced cursors, cancel flag, throttle and poll claims, on a real server.
+
+Lease expiry is waited for by polling the database clock with a deadline
+(`wait_for_db`), never by sleeping a guessed amount.
+"""
+
+from __future__ import annotations
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+from inboxd.pipeline import leases
+from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
+from inboxd.pipeline.leases import MailboxNotFound, MailboxRow
+from inboxd.pipeline.outbox import NOTIFY_CHANNEL
+
+T, M = "acme", "inbox"
+# A lease short enough to expire during a test; waits for it are bounded below.
+SHORT_TTL_S = 0.2
+LONG_TTL_S = 60.0
+# Longest a test waits for a database-clock condition (a 0.2 s lease to expire).
+DB_WAIT_DEADLINE_S = 10.0
+DB_POLL_S = 0.02
+NOTIFY_DEADLINE_S = 10.0
+
+
+@pytest.fixture
+async def inbox(make_mailbox) -> tuple[str, str]:
+    return await make_mailbox(T, M)
+
+
+async def wait_for_db(pool: asyncpg.Pool, condition_sql: str, *args: object) -> None:
+    """Poll a boolean SQL expression (database clock) until true; fail after the deadline."""
+    with anyio.fail_after(DB_WAIT_DEADLINE_S):
+        while True:
+            if await pool.fetchval(f"SELECT ({condition_sql})", *args):
+                return
+            await anyio.sleep(DB_POLL_S)  # polling interval of a condition with a deadline
+
+
+async def wait_lease_expired(pool: asyncpg.Pool, tenant: str = T, mailbox: str = M) -> None:
+    await wait_for_db(
+        pool, "SELECT lease_expires_at <= now() FROM mailboxes "
+              "WHERE tenant_id = $1 AND mailbox_id = $2", tenant, mailbox)
+
+
+async def row(pool: asyncpg.Pool, tenant: str = T, mailbox: str = M) -> asyncpg.Record:
+    return await pool.fetchrow(
+        "SELECT * FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2", tenant, mailbox)
+
+
+# --- leases ------------------------------------------------------------------------------
+
+async def test_tokens_increase_on_every_acquisition(pool, inbox) -> None:
+    first = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    again = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)  # same owner, still valid
+    assert first == 1 and again == 2
+    await leases.release_lease(pool, T, M, "a", again)
+    assert (await row(pool))["lease_owner"] is None
+    after_release = await leases.acquire_lease(pool, T, M, "b", SHORT_TTL_S)
+    assert after_release == 3
+    await wait_lease_expired(pool)
+    # the same owner re-acquiring after expiry still gets a new token
+    assert await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S) == 4
+    # the superseded token of that same owner is stale
+    assert not await leases.renew_lease(pool, T, M, "b", 3, LONG_TTL_S)
+    assert not await leases.commit_cursor(pool, T, M, 3, "c-old")
+
+
+async def test_second_owner_refused_while_valid_then_takes_over(pool, inbox) -> None:
+    token_a = await leases.acquire_lease(pool, T, M, "a", SHORT_TTL_S)
+    assert token_a is not None
+    assert await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S) is None
+    assert await leases.commit_cursor(pool, T, M, token_a, "100")
+    await wait_lease_expired(pool)
+    # expired: renewing is too late, and the owner's cursor write is refused
+    assert not await leases.renew_lease(pool, T, M, "a", token_a, LONG_TTL_S)
+    assert not await leases.commit_cursor(pool, T, M, token_a, "150")
+    token_b = await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S)
+    assert token_b == token_a + 1
+    assert await leases.commit_cursor(pool, T, M, token_b, "200")
+    # the stalled owner wakes up: every fenced write is rejected, nothing changes
+    assert not await leases.commit_cursor(pool, T, M, token_a, "101")
+    assert not await leases.reset_cursor(pool, T, M, token_a, "stale")
+    assert not await leases.set_sync_state(pool, T, M, "syncing", token=token_a)
+    await leases.release_lease(pool, T, M, "a", token_a)  # no-op for a stale holder
+    state = await row(pool)
+    assert (state["cursor"], state["lease_owner"], state["lease_token"]) == ("200", "b", token_b)
+    assert await pool.fetchval("SELECT count(*) FROM events") == 0
+
+
+async def test_renew_extends_and_release_frees(pool, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", 5.0)
+    before = (await row(pool))["lease_expires_at"]
+    assert await leases.renew_lease(pool, T, M, "a", token, LONG_TTL_S)
+    assert (await row(pool))["lease_expires_at"] > before
+    assert not await leases.renew_lease(pool, T, M, "b", token, LONG_TTL_S)  # wrong owner
+    await leases.release_lease(pool, T, M, "a", token)
+    assert not await leases.commit_cursor(pool, T, M, token, "1")  # released: not held
+    assert await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S) == token + 1
+
+
+async def test_concurrent_acquire_gives_exactly_one_token(pool, db_dsn, inbox) -> None:
+    contenders = 10
+    connected: list[str] = []
+    all_connected, go = anyio.Event(), anyio.Event()
+    results: dict[str, int | None] = {}
+
+    async def contender(owner: str) -> None:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            connected.append(owner)
+            if len(connected) == contenders:
+                all_connected.set()
+            await go.wait()  # all ten race from open connections
+            results[owner] = await leases.acquire_lease(conn, T, M, owner, LONG_TTL_S)
+        finally:
+            await conn.close()
+
+    with anyio.fail_after(DB_WAIT_DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            for i in range(contenders):
+                tg.start_soon(contender, f"owner-{i}")
+            await all_connected.wait()
+            go.set()
+    winners = {owner: token for owner, token in results.items() if token is not None}
+    assert len(results) == contenders
+    assert list(winners.values()) == [1]
+    assert (await row(pool))["lease_owner"] == next(iter(winners))
+
+
+async def test_missing_mailbox_and_bad_arguments(pool, inbox) -> None:
+    with pytest.raises(MailboxNotFound):
+        await leases.acquire_lease(pool, T, "nope", "a", LONG_TTL_S)
+    with pytest.raises(MailboxNotFound):
+        await leases.acquire_lease(pool, "other", M, "a", LONG_TTL_S)  # scoped by tenant
+    with pytest.raises(ValueError, match="ttl_s"):
+        await leases.acquire_lease(pool, T, M, "a", 0)
+    with pytest.raises(ValueError, match="owner"):
+        await leases.acquire_lease(pool, T, M, "", LONG_TTL_S)
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    with pytest.raises(ValueError, match="cursor"):
+        await leases.commit_cursor(pool, T, M, token, "")
+    with pytest.raises(MailboxNotFound):
+        await leases.record_failure(pool, T, "nope", "x")
+    with pytest.raises(MailboxNotFound):
+        await leases.record_success(pool, T, "nope")
+    with pytest.raises(ValueError, match="sync state"):
+        await leases.set_sync_state(pool, T, M, "busy")  # type: ignore[arg-type]
+
+
+# --- cursor ------------------------------------------------------------------------------
+
+async def test_commit_cursor_only_stamps_a_moved_cursor(pool, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, T, M, token, "uidv1:10")
+    stamped = (await row(pool))["cursor_updated_at"]
+    await wait_for_db(pool, "now() > $1", stamped)
+    assert await leases.commit_cursor(pool, T, M, token, "uidv1:10")
+    assert (await row(pool))["cursor_updated_at"] == stamped
+    assert await leases.commit_cursor(pool, T, M, token, "uidv1:11")
+    moved = await row(pool)
+    assert moved["cursor"] == "uidv1:11" and moved["cursor_updated_at"] > stamped
+
+
+async def test_commit_cursor_inside_the_callers_transaction(pool, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        assert await leases.commit_cursor(conn, T, M, token, "42")
+        await tx.rollback()
+    assert (await row(pool))["cursor"] is None
+
+
+async def test_reset_cursor_clears_it_and_writes_an_event(pool, db_dsn, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, T, M, token, "history-900")
+    notified = anyio.Event()
+    payloads: list[str] = []
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        payloads.append(payload)
+        notified.set()
+
+    listener = await asyncpg.connect(db_dsn)
+    try:
+        await listener.add_listener(NOTIFY_CHANNEL, on_notify)
+        assert await leases.reset_cursor(
+            pool, T, M, token, "Gmail history 404:\nstartHistoryId too old")
+        with anyio.fail_after(NOTIFY_DEADLINE_S):
+            await notified.wait()
+    finally:
+        await listener.close()
+    state = await row(pool)
+    assert state["cursor"] is None and state["cursor_updated_at"] is not None
+    event = await pool.fetchrow("SELECT * FROM events")
+    assert (event["tenant_id"], event["mailbox_id"], event["kind"]) == (
+        T, M, "mailbox.cursor_reset")
+    assert orjson.loads(event["payload"]) == {
+        "reason": "Gmail history 404: startHistoryId too old"}
+    assert orjson.loads(payloads[0]) == {"tenant": T, "last_event_id": event["event_id"]}
+
+
+async def test_reset_cursor_rolls_back_with_the_callers_transaction(pool, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, T, M, token, "7")
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        assert await leases.reset_cursor(conn, T, M, token, "uidvalidity changed")
+        await tx.rollback()
+    assert (await row(pool))["cursor"] == "7"
+    assert await pool.fetchval("SELECT count(*) FROM events") == 0
+
+
+# --- cancel flag -------------------------------------------------------------------------
+
+async def test_cancel_flag_round_trip(pool, inbox) -> None:
+    assert not await leases.cancel_requested(pool, T, M)
+    assert await leases.request_cancel(pool, T, M)
+    assert await leases.cancel_requested(pool, T, M)
+    await leases.clear_cancel(pool, T, M)
+    assert not await leases.cancel_requested(pool, T, M)
+    assert await leases.request_cancel(pool, T, M)
+    assert await leases.take_cancel(pool, T, M)  # seen and cleared at once
+    assert not await leases.take_cancel(pool, T, M)
+    assert not await leases.cancel_requested(pool, T, M)
+    assert not await leases.request_cancel(pool, T, "nope")
+    assert not await leases.request_cancel(pool, "other", M)
+    assert not await leases.cancel_requested(pool, T, "nope")
+
+
+# --- throttle and health -----------------------------------------------------------------
+
+async def throttle_left_s(pool: asyncpg.Pool) -> float:
+    return await pool.fetchval(
+        "SELECT extract(epoch FROM throttle_until - now())::float8 FROM mailboxes "
+        "WHERE tenant_id = $1 AND mailbox_id = $2", T, M)
+
+
+async def test_backoff_doubles_to_one_hour_and_one_success_resets_it(pool, inbox) -> None:
+    steps = []
+    for _ in range(10):
+        until = await leases.record_failure(pool, T, M, "HTTP 503 from provider")
+        state = await row(pool)
+        assert state["throttle_until"] == until
+        steps.append(state["throttle_backoff_s"])
+        assert state["throttle_backoff_s"] - 5 < await throttle_left_s(pool) <= steps[-1]
+    assert steps == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
+    await leases.record_success(pool, T, M)
+    state = await row(pool)
+    assert (state["throttle_backoff_s"], state["throttle_until"], state["sync_state"]) == (
+        0, None, "idle")
+    assert state["last_success_at"] is not None
+    assert state["last_error"] == "HTTP 503 from provider"  # kept for the operator
+    await leases.record_failure(pool, T, M, "again")
+    assert (await row(pool))["throttle_backoff_s"] == 30
+
+
+async def test_retry_after_wins_when_larger(pool, inbox) -> None:
+    await leases.record_failure(pool, T, M, "429", retry_after_s=600)
+    state = await row(pool)
+    assert state["throttle_backoff_s"] == 30
+    assert 590 < await throttle_left_s(pool) <= 600
+    await leases.record_success(pool, T, M)
+    await leases.record_failure(pool, T, M, "429", retry_after_s=5)  # smaller: backoff wins
+    assert 25 < await throttle_left_s(pool) <= 30
+    # a later, shorter backoff never moves an existing throttle earlier
+    await leases.record_failure(pool, T, M, "429", retry_after_s=900)
+    await leases.record_failure(pool, T, M, "503")
+    assert 890 < await throttle_left_s(pool) <= 900
+    assert (await row(pool))["throttle_backoff_s"] == 120
+    with pytest.raises(ValueError, match="retry_after_s"):
+        await leases.record_failure(pool, T, M, "x", retry_after_s=-1)
+
+
+async def test_attention_state_and_error_line(pool, inbox) -> None:
+    long_error = "invalid_grant:\n  Token has been expired or revoked. " + "x" * 400
+    await leases.record_failure(pool, T, M, long_error, attention=True)
+    state = await row(pool)
+    assert state["sync_state"] == "needs_attention"
+    assert "\n" not in state["last_error"] and len(state["last_error"]) == 300
+    assert state["last_error"].startswith("invalid_grant: Token has been expired")
+    assert state["last_error_at"] is not None
+    await leases.record_failure(pool, T, M, "timeout")  # not attention: state stays
+    assert (await row(pool))["sync_state"] == "needs_attention"
+    assert await leases.set_sync_state(pool, T, M, "idle")
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert await leases.set_sync_state(pool, T, M, "backfilling", token=token)
+    assert (await row(pool))["sync_state"] == "backfilling"
+    await leases.record_success(pool, T, M)
+    assert (await row(pool))["sync_state"] == "idle"
+
+
+# --- poll scheduling ---------------------------------------------------------------------
+
+async def test_claim_due_rules(pool, make_mailbox) -> None:
+    names = ["fresh", "throttled", "leased", "mine", "unlisted"]
+    for name in names:
+        await make_mailbox(T, name)
+    await leases.record_failure(pool, T, "throttled", "503")
+    assert await leases.acquire_lease(pool, T, "leased", "other", LONG_TTL_S)
+    assert await leases.acquire_lease(pool, T, "mine", "me", LONG_TTL_S)
+    listed = [(T, n) for n in names if n != "unlisted"] + [(T, "no-such-mailbox")]
+    claimed = await leases.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10)
+    assert claimed == [(T, "fresh"), (T, "mine")]
+    # claimed: neither the cooldown nor the interval (300 s default) has passed
+    assert await leases.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10) == []
+    assert await leases.claim_due(pool, "me", mailboxes=[], cooldown_s=60, limit=10) == []
+
+
+async def test_claim_due_honours_interval_cooldown_and_recent_success(pool, make_mailbox) -> None:
+    await leases.upsert_configured_mailboxes(pool, [
+        MailboxRow(T, "fast", "imap", poll_interval_s=0.2),
+        MailboxRow(T, "pushed", "gmail", sync_mode="auto", poll_interval_s=0.2),
+    ])
+    fast, pushed = [(T, "fast")], [(T, "pushed")]
+    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == fast
+    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == []
+    await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
+                            "WHERE mailbox_id = 'fast'")
+    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == fast
+    await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
+                            "WHERE mailbox_id = 'fast'")
+    # interval passed, but the 60 s claim cooldown has not
+    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == []
+    # a sync that just succeeded (push) counts as a poll
+    await leases.record_success(pool, T, "pushed")
+    assert await leases.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == []
+    await wait_for_db(pool, "SELECT last_success_at + interval '0.2 s' <= now() FROM mailboxes "
+                            "WHERE mailbox_id = 'pushed'")
+    assert await leases.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
+
+
+async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> None:
+    for name in ("a", "b", "c"):
+        await make_mailbox(T, name)
+    every = [(T, "a"), (T, "b"), (T, "c")]
+    await pool.execute("UPDATE mailboxes SET last_polled_at = now() - interval '1 hour' "
+                       "WHERE mailbox_id = 'a'")
+    # b and c were never polled: they come first, in key order
+    assert await leases.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
+        (T, "b"), (T, "c")]
+    assert await leases.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
+        (T, "a")]
+
+
+async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, make_mailbox
+                                                                 ) -> None:
+    rows = [MailboxRow(t, f"mb-{i:03d}", "imap") for t in ("acme", "globex") for i in range(60)]
+    await leases.upsert_configured_mailboxes(pool, rows)
+    every = [(r.tenant_id, r.mailbox_id) for r in rows]
+    claims: dict[str, list[tuple[str, str]]] = {"s1": [], "s2": []}
+    go = anyio.Event()
+
+    async def scanner(name: str) -> None:
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            await go.wait()
+            while got := await leases.claim_due(
+                    conn, name, mailboxes=every, cooldown_s=60, limit=7):
+                claims[name].extend(got)
+        finally:
+            await conn.close()
+
+    with anyio.fail_after(DB_WAIT_DEADLINE_S * 3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scanner, "s1")
+            tg.start_soon(scanner, "s2")
+            go.set()
+    together = claims["s1"] + claims["s2"]
+    assert len(together) == len(set(together))  # never the same mailbox twice
+    assert sorted(together) == sorted(every)     # and every due mailbox claimed once
+
+
+# --- configuration and status ------------------------------------------------------------
+
+async def test_upsert_configured_mailboxes_keeps_sync_state(pool) -> None:
+    rows = [MailboxRow("acme", "support", "gmail", "support@acme.test", "push", 120),
+            MailboxRow("globex", "inbox", "imap", "in@globex.test", "poll", 60)]
+    assert await leases.upsert_configured_mailboxes(pool, rows) == 2
+    token = await leases.acquire_lease(pool, "acme", "support", "a", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, "acme", "support", token, "h-1")
+    await leases.record_failure(pool, "acme", "support", "503")
+    assert await leases.upsert_configured_mailboxes(pool, rows) == 0  # unchanged: no writes
+    changed = [MailboxRow("acme", "support", "gmail", "help@acme.test", "auto", 30)]
+    assert await leases.upsert_configured_mailboxes(pool, changed) == 1
+    state = await row(pool, "acme", "support")
+    assert (state["address"], state["sync_mode"], state["poll_interval_s"]) == (
+        "help@acme.test", "auto", 30.0)
+    assert (state["cursor"], state["lease_owner"], state["lease_token"]) == ("h-1", "a", token)
+    assert state["throttle_backoff_s"] == 30
+    assert await pool.fetchval("SELECT count(*) FROM tenants") == 2
+    with pytest.raises(ValueError, match="twice"):
+        await leases.upsert_configured_mailboxes(pool, rows + rows[:1])
+    with pytest.raises(ValueError, match="sync_mode"):
+        MailboxRow("acme", "x", "imap", sync_mode="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="poll_interval_s"):
+        MailboxRow("acme", "x", "imap", poll_interval_s=0)
+    with pytest.raises(ValueError, match="invalid mailbox id"):
+        MailboxRow("acme", "Bad Id", "imap")
+
+
+async def test_mailbox_status(pool, make_mailbox) -> None:
+    await make_mailbox("acme", "support", provider="gmail")
+    await make_mailbox("globex", "inbox", provider="imap")
+    token = await leases.acquire_lease(pool, "acme", "support", "host:1", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, "acme", "support", token, "h-77")
+    await leases.record_success(pool, "acme", "support")
+    await leases.record_failure(pool, "globex", "inbox", "auth failed", attention=True)
+    every = await leases.mailbox_status(pool)
+    assert [(s.tenant_id, s.mailbox_id) for s in every] == [
+        ("acme", "support"), ("globex", "inbox")]
+    support, inbox = every
+    assert (support.provider, support.sync_mode, support.cursor) == ("gmail", "auto", "h-77")
+    assert support.lag_s is not None and 0 <= support.lag_s < 60
+    assert (support.leased, support.lease_owner, support.throttled) == (True, "host:1", False)
+    assert (inbox.lag_s, inbox.last_success_at, inbox.cursor) == (None, None, None)
+    assert (inbox.throttled, inbox.sync_state, inbox.last_error) == (
+        True, "needs_attention", "auth failed")
+    only = await leases.mailbox_status(pool, "globex")
+    assert [s.mailbox_id for s in only] == ["inbox"]
+    assert await leases.mailbox_status(pool, "acme", mailbox_id="inbox") == []
+    assert await leases.tenants_of_mailbox(pool, "inbox") == ["globex"]
+
+
+# --- doorbell ----------------------------------------------------------------------------
+
+async def test_doorbell_ring_and_parse(pool, db_dsn) -> None:
+    got: list[str] = []
+    arrived = anyio.Event()
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        got.append(payload)
+        arrived.set()
+
+    listener = await asyncpg.connect(db_dsn)
+    try:
+        await listener.add_listener(DOORBELL_CHANNEL, on_notify)
+        await ring(pool, "acme", "support")
+        with anyio.fail_after(NOTIFY_DEADLINE_S):
+            await arrived.wait()
+    finally:
+        await listener.close()
+    assert parse_doorbell(got[0]) == ("acme", "support")
+    for junk in ("", "not json", "[]", '{"tenant": "acme"}', '{"tenant": 1, "mailbox": "x"}',
+                 '{"tenant": "ACME!", "mailbox": "x"}'):
+        assert parse_doorbell(junk) is None
+    with pytest.raises(ValueError):
+        await ring(pool, "acme", "Bad Id")
