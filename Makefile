@@ -14,7 +14,7 @@ export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif
 CORPUS ?= $(CURDIR)/../shared/corpus/mime
 
-.PHONY: run test lint bench venv clean
+.PHONY: run import-demo test lint bench venv clean
 
 $(BIN)/inboxd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,18 @@ $(BIN)/inboxd: pyproject.toml
 
 venv: $(BIN)/inboxd
 
-# The main job: apply the schema and import a mail folder (default: the shared
-# corpus) into tenant "demo", on the embedded PostgreSQL unless INBOXD_DSN is set.
+# The main job: the daemon with config.example.toml, on the embedded PostgreSQL
+# (unless INBOXD_DSN is set), a local object store in ./var/objects and a Maildir
+# door in ./var/maildir/demo: drop a message into its new/ and it becomes rows.
 run: venv
 	@mkdir -p $(INBOXD_DATA_DIR) && chmod 0755 $(INBOXD_DATA_DIR)
-	$(BIN)/inboxd migrate
-	$(BIN)/inboxd import --tenant demo --mailbox corpus $(CORPUS)
+	$(BIN)/inboxd check-config config.example.toml
+	$(BIN)/inboxd run --config config.example.toml --log-level info
+
+# One-shot import of a mail folder (default: the shared corpus) into tenant "demo".
+import-demo: venv
+	@mkdir -p $(INBOXD_DATA_DIR) && chmod 0755 $(INBOXD_DATA_DIR)
+	$(BIN)/inboxd import --config config.example.toml --tenant demo --mailbox corpus $(CORPUS)
 
 test: venv
 	bash scripts/ensure-postgres.sh
