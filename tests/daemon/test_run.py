@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import asyncpg
+import orjson
 import pytest
 from harness import (
     DaemonProcess,
@@ -229,3 +230,59 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path) -> None:
         capture_output=True, timeout=60, text=True)
     assert result.returncode == 2
     assert "acme.toml" in result.stderr and "poll_interval_s" in result.stderr
+
+
+async def test_oversized_request_gets_413_without_the_body_being_read(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        with anyio.fail_after(10):
+            stream = await anyio.connect_tcp("127.0.0.1", daemon.port)
+            async with stream:
+                # announce 10 GB, send 3 bytes: a server that reads bodies would hang here
+                await stream.send(b"POST /v1/outbound HTTP/1.1\r\nHost: t\r\n"
+                                  b"Content-Type: application/json\r\n"
+                                  b"Content-Length: 10000000000\r\n\r\n{\"a")
+                head = await stream.receive()
+        assert head.startswith(b"HTTP/1.1 413")
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_sse_client_receives_events_of_its_tenant_only(tmp_path, db_dsn) -> None:
+    import aiohttp
+
+    config = write_config(tmp_path, tenants={})
+    write_tenant(tmp_path, "acme", ["inbox"], token="ACME_TOKEN")
+    write_tenant(tmp_path, "globex", ["sales"], token="GLOBEX_TOKEN")
+    acme, globex = maildir(tmp_path, "acme", "inbox"), maildir(tmp_path, "globex", "sales")
+    env = {"ACME_TOKEN": "acme-secret-token-1", "GLOBEX_TOKEN": "globex-secret-token-2"}
+    daemon = DaemonProcess(config, db_dsn, tmp_path / "daemon.log", env=env)
+    daemon.wait_ready()
+    received: list[dict] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"http://127.0.0.1:{daemon.port}/v1/events?last_event_id=0",
+                headers={"Authorization": "Bearer acme-secret-token-1"},
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as response:
+                assert response.status == 200
+                deliver(globex, generated_messages(2, tag="g"))
+                deliver(acme, generated_messages(2, tag="a"))
+                with anyio.fail_after(45):
+                    async for raw in response.content:
+                        line = raw.decode().strip()
+                        if line.startswith("data:"):
+                            received.append(orjson.loads(line[5:]))
+                        created = [e for e in received if e["kind"] == "message.created"]
+                        if len(created) == 2:
+                            break
+        assert {e["mailbox_id"] for e in received} == {"inbox"}
+        assert [e["event_id"] for e in received] == sorted(e["event_id"] for e in received)
+        assert "acme-secret-token-1" not in daemon.log_path.read_text()
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
