@@ -160,6 +160,8 @@ class MailboxRunner:
                 tg.cancel_scope.cancel()
             async with pool.acquire() as conn:
                 await leases.record_success(conn, tenant, mailbox)
+            # caught up with the source: nothing left behind the cursor
+            self.deps.metrics.set_cursor_lag(tenant, mailbox, 0.0)
         finally:
             self._running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):

@@ -286,3 +286,23 @@ async def test_sse_client_receives_events_of_its_tenant_only(tmp_path, db_dsn) -
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
+
+
+async def test_second_signal_exits_at_once_without_acknowledging_unstored_mail(
+    tmp_path, db_dsn
+) -> None:
+    config = write_config(tmp_path, shutdown_deadline_s=120)
+    box = maildir(tmp_path, "acme", "inbox")
+    deliver(box, generated_messages(5000, tag="two"))
+    daemon = start(tmp_path, config, db_dsn)
+
+    async def started() -> bool:
+        return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
+
+    await eventually(started, 60, what="backfill running", daemon=daemon)
+    daemon.signal(signal.SIGTERM)
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait_exit(20) == 0  # far below the 120 s drain deadline
+    in_db = await count(db_dsn, "SELECT count(*) FROM messages")
+    assert len(list((box / "cur").iterdir())) <= in_db
+    assert await count(db_dsn, "SELECT count(*) FROM message_copies") == in_db
