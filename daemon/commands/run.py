@@ -71,4 +71,4 @@ async def run(args: argparse.Namespace) -> int:
 
 def _print_problems(error: ConfigError) -> None:
     for problem in error.problems:
-        print(f"inboxd: config: {problem}", file=sys.stderr)
+        print(problem, file=sys.stderr)  # the same lines as `inboxd check-config`
