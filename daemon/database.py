@@ -26,12 +26,13 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import asyncpg
+
+from inboxd.daemon.secrets import Secret, SecretError
 
 DsnSource = Literal["cli", "env", "config", "embedded"]
 
@@ -293,21 +294,10 @@ def _config_dsn(config: Mapping[str, Any] | None) -> str | None:
 
 
 def _dereference(value: str, where: str, environ: Mapping[str, str]) -> str:
-    if value.startswith("env:"):
-        name = value[len("env:") :].strip()
-        if not name:
-            raise DsnError(f"{where} = {value!r}: env: needs a variable name, e.g. env:PG_DSN")
-        resolved = environ.get(name, "").strip()
-        if not resolved:
-            raise DsnError(f"{where} = {value!r}: environment variable {name} is not set or empty")
-        return resolved
-    if value.startswith("file:"):
-        path = Path(value[len("file:") :].strip()).expanduser()
-        try:
-            resolved = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DsnError(f"{where} = {value!r}: cannot read {path}: {exc}") from exc
-        if not resolved:
-            raise DsnError(f"{where} = {value!r}: {path} is empty")
-        return resolved
-    return value
+    """A DSN given directly, or read through an env:/file: reference (daemon.secrets)."""
+    if not value.startswith(("env:", "file:")):
+        return value
+    try:
+        return Secret(value).reveal(environ)
+    except SecretError as exc:
+        raise DsnError(f"{where}: {exc}") from None

@@ -10,8 +10,8 @@ DESIGN.md §5: secrets are references, never inline, never logged. A reference i
 Values are read when `Secret.reveal()` is called, not when the config is
 loaded, so a rotated file is picked up by the next use, and nothing holds the
 value longer than its caller. Surrounding whitespace is stripped (so
-`echo … > file` and `KEY=value ` work) and an empty value is an error. These
-are the same rules as `database._dereference` for DSNs.
+`echo … > file` and `KEY=value ` work) and an empty value is an error. DSN
+references (`database._dereference`) are resolved here too.
 
 A `Secret` only ever shows its reference: `repr`, `str` and f-strings give
 ``Secret('env:NAME')``. Error messages here name the reference, the variable or

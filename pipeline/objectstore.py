@@ -500,20 +500,8 @@ def _makedirs_durable(directory: Path) -> None:
     A rename is only durable once every directory on the way has its entry on
     disk; ``Path.mkdir(parents=True)`` alone leaves new entries in the page cache.
     """
-    if directory.is_dir():
-        return
-    missing: list[Path] = []
-    current = directory
-    while not current.is_dir():
-        missing.append(current)
-        if current == current.parent:
-            break
-        current = current.parent
-    for new_dir in reversed(missing):
-        try:
-            new_dir.mkdir(mode=_DIR_MODE)
-        except FileExistsError:
-            continue  # a concurrent writer created it; it fsyncs its parent
+    # a directory a concurrent writer created is fsynced by that writer
+    for new_dir in _makedirs(directory):
         _fsync_dir(new_dir.parent)
 
 
