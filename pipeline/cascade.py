@@ -30,7 +30,9 @@ from datetime import timedelta
 
 import asyncpg
 
+from inboxd.pipeline.identity import normalise_body
 from inboxd.pipeline.message import MessageData
+from inboxd.pipeline.mime import html_to_text
 from inboxd.pipeline.outcomes import Outcome
 
 # Tier 3 window (DESIGN.md §3): clocks of two relays rarely differ by more.
@@ -53,7 +55,7 @@ SELECT b.idx, c.message_id,
 
 _CLASSIFY = """
 SELECT b.idx,
-       (SELECT m.message_id FROM messages m
+       (SELECT ARRAY[m.message_id, (m.mailbox_id = $2)::int] FROM messages m
          WHERE b.mid IS NOT NULL AND m.tenant_id = $1 AND m.message_id_norm = b.mid
            AND m.send_status IN ('pending', 'sent')
          ORDER BY m.message_id LIMIT 1) AS outbound_hit,
@@ -74,7 +76,7 @@ SELECT b.idx,
          ORDER BY m.message_id LIMIT 1) AS heuristic_hit,
        (SELECT CASE WHEN count(*) = 1 THEN min(m.message_id) END FROM messages m
          WHERE b.subj <> '' AND b.sender <> '' AND b.sent_at IS NOT NULL
-           AND m.tenant_id = $1 AND m.send_status IN ('pending', 'sent')
+           AND m.tenant_id = $1 AND m.mailbox_id = $2 AND m.send_status IN ('pending', 'sent')
            AND m.from_address = b.sender AND m.subject_norm = b.subj
            AND (m.external_id ~ $12 OR m.external_id ~* $13)
            AND m.sent_at BETWEEN b.sent_at - $11::interval AND b.sent_at + $11::interval
@@ -111,7 +113,8 @@ def group_in_batch(items: list[MessageData]) -> tuple[list[int], dict[int, tuple
     for i, item in enumerate(items):
         lead = by_ext.get(item.external_id)
         if lead is not None:
-            followers[i] = (lead, Outcome.DUPLICATE)
+            # the first holder of this external id may itself follow a leader
+            followers[i] = (followers.get(lead, (lead,))[0], Outcome.DUPLICATE)
             continue
         by_ext[item.external_id] = i
         key_mid = (item.message_id_norm, item.content_fingerprint) if item.message_id_norm else None
@@ -175,10 +178,20 @@ async def classify(
         _PLACEHOLDER_PREFIX_RE,
         _PLACEHOLDER_UUID_RE,
     )
+    fallbacks: dict[int, int] = {}
     for idx, outbound, agree, any_mid, heuristic, fallback in rows:
         if outbound is not None:
-            decisions[idx] = Decision(Outcome.MERGED, outbound, promote=True)
-        elif fallback is not None and agree is None:
+            # Our own Message-ID: one message, no content check. Only the sending
+            # mailbox's copy replaces the placeholders; a CC'd colleague's copy in
+            # another mailbox is another sighting of it.
+            outbound_id, same_mailbox = outbound
+            decisions[idx] = Decision(Outcome.MERGED, outbound_id, promote=bool(same_mailbox))
+        elif fallback is not None and any_mid is None:
+            # No Message-ID of ours matched and the item's own id is unknown too:
+            # the provider rewrote ours (SES, Exchange). Exactly one placeholder of
+            # this mailbox, same sender and subject, ±5 min, and its recorded body
+            # (if any) is the item's body verbatim.
+            fallbacks[idx] = fallback
             decisions[idx] = Decision(Outcome.MERGED, fallback, promote=True)
         elif agree is not None:
             decisions[idx] = Decision(Outcome.MERGED, agree)
@@ -188,8 +201,32 @@ async def classify(
             decisions[idx] = Decision(Outcome.MERGED, heuristic)
         else:
             decisions[idx] = Decision(Outcome.NEW)
+    if fallbacks:
+        await _confirm_fallbacks(conn, tenant_id, items, fallbacks, decisions)
     _mark_in_batch_conflicts(items, rest, decisions)
     return decisions, followers
+
+
+async def _confirm_fallbacks(
+    conn: asyncpg.Connection, tenant_id: str, items: list[MessageData],
+    fallbacks: dict[int, int], decisions: dict[int, Decision],
+) -> None:
+    """A fallback match stands only if the placeholder's recorded body (if any) agrees.
+
+    Without this, another message the agent sent from the same mailbox with the
+    same subject within five minutes would be folded into the placeholder.
+    """
+    rows = await conn.fetch(
+        "SELECT message_id, text_body, html_body FROM messages "
+        "WHERE tenant_id = $1 AND message_id = ANY($2::bigint[])",
+        tenant_id, list(set(fallbacks.values())))
+    bodies = {r[0]: r[1] or html_to_text(r[2]) for r in rows}
+    for idx, placeholder in fallbacks.items():
+        recorded = normalise_body(bodies.get(placeholder))
+        item = items[idx]
+        seen = normalise_body(item.text or html_to_text(item.html))
+        if recorded and recorded != seen:
+            decisions[idx] = Decision(Outcome.NEW)
 
 
 def _mark_in_batch_conflicts(

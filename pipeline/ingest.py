@@ -36,6 +36,7 @@ from inboxd.pipeline.outcomes import ItemResult, Outcome
 from inboxd.pipeline.rows import (
     PLACEHOLDER_RE,
     clean,
+    clean_item,
     insert_attachments,
     insert_conflicts,
     insert_copies,
@@ -131,6 +132,14 @@ class IngestStage:
             return [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
                     for i in range(len(batch.items))]
         except asyncpg.PostgresError as exc:
+            if not _blames_the_data(exc):
+                # disk full, out of memory, admin action, ...: nothing to do with
+                # any one item, so nothing may become a dead item because of it
+                log.warning("ingest_batch_retriable", tenant=batch.tenant_id,
+                            mailbox=batch.mailbox_id, size=len(batch.items),
+                            sqlstate=getattr(exc, "sqlstate", None))
+                return [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
+                        for i in range(len(batch.items))]
             return await self._isolate(batch, exc)
 
     async def _isolate(self, batch: IngestBatch, exc: BaseException) -> list[ItemResult]:
@@ -161,6 +170,8 @@ class IngestStage:
         positions = [i for i, it in enumerate(batch.items) if isinstance(it, MessageData)]
         plan = _Plan(items=[batch.items[i] for i in positions], positions=positions)  # type: ignore[misc]
         deads = [(i, it) for i, it in enumerate(batch.items) if isinstance(it, DeadItem)]
+        for item in plan.items:
+            clean_item(item)
         async with self._pool.acquire() as conn, conn.transaction():
             # JIT compiles the classify query anew on every large batch (+10 % time)
             await conn.execute("SET LOCAL jit = off")
@@ -225,7 +236,9 @@ class IngestStage:
                 plan.raw_keys[k] = key
                 puts.append((key, item.raw, "message/rfc822"))
                 owners.append(("raw", k, -1))
-            if outcome not in (Outcome.NEW, Outcome.CONFLICT):
+            decision = plan.decisions.get(k)
+            promoted = decision is not None and decision.promote
+            if outcome not in (Outcome.NEW, Outcome.CONFLICT) and not promoted:
                 continue
             if item.html and len(item.html) > HTML_INLINE_MAX_BYTES:
                 data = item.html.encode("utf-8", "replace")
@@ -305,7 +318,12 @@ class IngestStage:
         tenant, mailbox = batch.tenant_id, batch.mailbox_id
         fresh = [k for k, d in plan.decisions.items()
                  if d.outcome in (Outcome.NEW, Outcome.CONFLICT) and k not in plan.failures]
-        fresh.sort()
+        # Insert in one global order (the unique keys' order), so two batches
+        # carrying the same messages in different orders lock index entries in
+        # the same order and cannot deadlock.
+        fresh.sort(key=lambda k: (plan.items[k].message_id_norm or "",
+                                  plan.items[k].content_fingerprint or "",
+                                  plan.items[k].external_id))
         thread_subjects = {}
         for k in fresh:
             thread_subjects.setdefault(plan.items[k].thread_key, clean(plan.items[k].subject))
@@ -368,6 +386,13 @@ class IngestStage:
                     for k in merged if plan.decisions[k].promote]
         touched = set(thread_ids[plan.items[k].thread_key] for k in fresh_ok)
         touched |= await promote_outbound(conn, tenant, mailbox, promoted)
+        # the application's placeholder had no participants or attachments
+        promoted_keys = [k for k in merged if plan.decisions[k].promote]
+        await insert_participants(conn, tenant, [(plan.message_ids[k], plan.items[k])
+                                                 for k in promoted_keys])
+        await insert_attachments(conn, tenant, [
+            (plan.message_ids[k], plan.items[k], plan.att_state.get(k, []))
+            for k in promoted_keys])
         self._add_item_events(batch, plan, fresh_ok, merged, thread_ids, created_threads, events)
         return touched
 
@@ -481,6 +506,19 @@ def _queue_attachments(
         puts.append((key, att.content, att.content_type or "application/octet-stream"))
         owners.append(("att", k, pos))
     plan.att_state[k] = state
+
+
+# SQLSTATE classes that can be caused by one item's content: data exception (22),
+# integrity constraint violation (23), program limit exceeded (54, e.g. a row or
+# index entry too big). Anything else says nothing about the items.
+_DATA_SQLSTATE_CLASSES = ("22", "23", "54")
+
+
+def _blames_the_data(exc: BaseException) -> bool:
+    if isinstance(exc, asyncpg.DataError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate[:2] in _DATA_SQLSTATE_CLASSES
 
 
 def _sub(batch: IngestBatch, items: list[MessageData | DeadItem]) -> IngestBatch:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from inboxd.pipeline.message import DeadItem, MessageData
+from inboxd.pipeline.message import Address, DeadItem, MessageData
 
 PLACEHOLDER_RE = (
     r"^(pending_|draft_|new_)|^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?"
@@ -29,6 +29,41 @@ def clean(value: str | None) -> str | None:
     except UnicodeEncodeError:
         value = value.encode("utf-8", "replace").decode("utf-8")
     return value
+
+
+def clean_item(item: MessageData) -> None:
+    """Clean every text field of an item in place, before it is compared or stored.
+
+    The cascade compares these values with stored ones, so they must be cleaned
+    the same way on both paths; a NUL in a subject must not turn a message into
+    a dead item.
+    """
+    item.external_id = clean(item.external_id) or ""
+    item.external_thread_id = clean(item.external_thread_id)
+    item.thread_key_derived = clean(item.thread_key_derived)
+    item.internet_message_id = clean(item.internet_message_id)
+    item.message_id_norm = clean(item.message_id_norm)
+    item.in_reply_to = clean(item.in_reply_to)
+    item.references = [clean(r) or "" for r in item.references]
+    item.subject = clean(item.subject) or ""
+    item.subject_norm = clean(item.subject_norm) or ""
+    item.text = clean(item.text)
+    item.html = clean(item.html)
+    for people in (item.to, item.cc, item.bcc, item.reply_to):
+        people[:] = [_clean_address(a) for a in people]
+    if item.from_ is not None:
+        item.from_ = _clean_address(item.from_)
+    for att in item.attachments:
+        att.filename = clean(att.filename) or ""
+        att.content_type = clean(att.content_type) or "application/octet-stream"
+        att.content_id = clean(att.content_id)
+
+
+def _clean_address(address: Address) -> Address:
+    email, name = clean(address.email) or "", clean(address.name) or ""
+    if email is address.email and name is address.name:
+        return address
+    return Address(email, name)
 
 
 _INSERT_MESSAGES = """
@@ -208,6 +243,7 @@ UPDATE messages m
        html_body = CASE WHEN coalesce(u.html_body, '') <> '' THEN u.html_body ELSE m.html_body END,
        raw_sha256 = coalesce(u.raw_sha, m.raw_sha256),
        raw_key = coalesce(u.raw_key, m.raw_key),
+       has_attachments = m.has_attachments OR u.has_att,
        content_fingerprint = CASE
            WHEN EXISTS (SELECT 1 FROM messages x
                          WHERE x.tenant_id = $1 AND x.message_id <> m.message_id
@@ -216,9 +252,10 @@ UPDATE messages m
            THEN m.content_fingerprint ELSE u.fp END,
        updated_at = now()
   FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[],
-              $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+              $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+              $14::bool[])
        AS u(id, ext, mid_raw, mid, sent_at, received_at, text_body, html_body, raw_sha, raw_key,
-            fp)
+            fp, has_att)
  WHERE m.tenant_id = $1 AND m.message_id = u.id
 """
 
@@ -268,7 +305,7 @@ async def promote_outbound(
         [m.sent_at for m in items], [m.received_at for m in items],
         [clean(m.text) for m in items], [clean(m.html) for m in items],
         [m.raw_sha256 for m in items], [key for _, _, key in promoted],
-        [m.content_fingerprint for m in items])
+        [m.content_fingerprint for m in items], [bool(m.attachments) for m in items])
     keys = [m.thread_key for m in items]
     await conn.execute(_RENAME_PLACEHOLDER_THREADS, tenant_id, mailbox_id, ids, keys,
                        PLACEHOLDER_RE)

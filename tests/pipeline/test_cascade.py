@@ -229,3 +229,29 @@ async def test_raw_bytes_not_stored_means_retriable_and_nothing_written(
     outcomes = await ingest(IngestStage(pool, store), item, ok)
     assert outcomes == [Outcome.RETRIABLE_FAILURE, Outcome.NEW]
     assert await count(pool, "SELECT count(*) FROM messages") == 1
+
+
+async def test_nul_and_lone_surrogates_in_keys_do_not_kill_a_message(stage, pool, inbox) -> None:
+    item = message(subject="Invoice\x00 42 \udcff", text="body\x00 text")
+    item.subject_norm = "invoice\x00 42 \udcff"
+    assert await ingest(stage, item) == [Outcome.NEW]
+    again = message(subject="Invoice\x00 42 \udcff", text="body\x00 text",
+                    external_id=item.external_id)
+    again.subject_norm = "invoice\x00 42 \udcff"
+    assert await ingest(stage, again) == [Outcome.DUPLICATE]
+    assert await count(pool, "SELECT count(*) FROM dead_items") == 0
+
+
+async def test_follower_of_a_follower_whose_leader_failed_is_retriable(
+    pool, tmp_path, inbox
+) -> None:
+    store = CountingStore(tmp_path / "objects", fail_prefixes=("raw/",))
+    lead = message(mid="<chain@x.org>", external_id="L", text="same")
+    lead.raw, lead.raw_sha256 = b"raw", hashlib.sha256(b"raw").hexdigest()
+    f1 = message(mid="<chain@x.org>", external_id="F1", text="same")
+    f1.content_fingerprint = lead.content_fingerprint
+    f2 = message(mid="<chain@x.org>", external_id="F1", text="same")
+    f2.content_fingerprint = lead.content_fingerprint
+    outcomes = await ingest(IngestStage(pool, store), lead, f1, f2)
+    assert outcomes == [Outcome.RETRIABLE_FAILURE] * 3
+    assert await count(pool, "SELECT count(*) FROM messages") == 0

@@ -73,10 +73,40 @@ async def test_rewritten_message_id_falls_back_to_sender_subject_window(stage, p
     # SES/Outlook replaced our Message-ID on the way out
     synced = message(mid="<0100018c@email.amazonses.com>", external_id="ses-1", thread="gt-1",
                      sender="support@acme.test", subject="Re: Your order",
-                     sent_at=T0 + timedelta(minutes=2))
+                     sent_at=T0 + timedelta(minutes=2), text="Thanks for your\r\norder.")
     assert (await stage.ingest(IngestBatch("acme", "inbox", [synced])))[0].outcome is Outcome.MERGED
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM messages") == 1
+
+
+async def test_fallback_never_folds_another_message_with_the_same_subject(
+    stage, pool, inbox
+) -> None:
+    await record(pool, message_id_header="<quote@acme.test>", subject="Your quote",
+                 text="Total: 100 EUR")
+    # the agent sends a different quote from the mail client a minute later
+    other = message(mid="<y@mail.gmail.com>", external_id="gm-7", thread="gt-3",
+                    sender="support@acme.test", subject="Your quote",
+                    sent_at=T0 + timedelta(minutes=1), text="Total: 900 EUR")
+    assert (await stage.ingest(IngestBatch("acme", "inbox", [other])))[0].outcome is Outcome.NEW
+    async with pool.acquire() as conn:
+        placeholder = await conn.fetchrow(
+            "SELECT external_id, text_body FROM messages WHERE message_id_norm = 'quote@acme.test'")
+    assert tuple(placeholder) == ("pending_abc", "Total: 100 EUR")
+
+
+async def test_colleagues_copy_of_our_message_merges_without_taking_it_over(
+    stage, pool, make_mailbox, inbox
+) -> None:
+    await make_mailbox("acme", "teammate")
+    await record(pool)
+    cc_copy = message(mid="<out-1@acme.test>", external_id="tm-1", thread="tm-thread",
+                      mailbox="teammate", sender="support@acme.test", subject="Your order")
+    results = await stage.ingest(IngestBatch("acme", "teammate", [cc_copy]))
+    assert results[0].outcome is Outcome.MERGED
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT mailbox_id, external_id, send_status FROM messages")
+    assert tuple(row) == ("inbox", "pending_abc", "pending")  # still waiting for our own copy
 
 
 async def test_fallback_never_matches_another_sender_or_outside_the_window(
@@ -114,7 +144,8 @@ async def test_poison_item_is_isolated_and_neighbours_commit(stage, pool, inbox)
     async with pool.acquire() as conn:
         await conn.execute("""
             CREATE FUNCTION reject_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN IF NEW.address = 'poison@x.org' THEN RAISE EXCEPTION 'bad row'; END IF;
+            BEGIN IF NEW.address = 'poison@x.org' THEN
+                RAISE EXCEPTION 'bad row' USING ERRCODE = '22023'; END IF;
             RETURN NEW; END $$;
             CREATE TRIGGER reject_poison BEFORE INSERT ON message_participants
                 FOR EACH ROW EXECUTE FUNCTION reject_poison();""")
@@ -128,6 +159,21 @@ async def test_poison_item_is_isolated_and_neighbours_commit(stage, pool, inbox)
         assert await conn.fetchval(created) == 2
         dead = await conn.fetchrow("SELECT external_id, reason FROM dead_items")
     assert tuple(dead) == (items[1].external_id, "rejected")
+
+
+async def test_server_trouble_is_never_blamed_on_an_item(stage, pool, inbox) -> None:
+    # disk full (53100) fails the big insert but not a tiny dead-item insert: it
+    # must not turn good mail into dead items
+    async with pool.acquire() as conn:
+        await conn.execute("""
+            CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = '53100'; END $$;
+            CREATE TRIGGER disk_full BEFORE INSERT ON message_participants
+                FOR EACH STATEMENT EXECUTE FUNCTION disk_full();""")
+    results = await stage.ingest(IngestBatch("acme", "inbox", [message(), message()]))
+    assert {r.outcome for r in results} == {Outcome.RETRIABLE_FAILURE}
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM dead_items") == 0
 
 
 async def test_events_are_notified_after_commit(stage, pool, db_dsn, inbox) -> None:
