@@ -8,6 +8,14 @@
 -- sharded PostgreSQL (Citus) without a code change (DESIGN.md §3). Every query
 -- inboxd issues filters by tenant_id.
 
+CREATE TABLE IF NOT EXISTS inboxd_schema_version (
+    schema_sha256  text PRIMARY KEY,
+    applied_at     timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE inboxd_schema_version IS 'Which schema.sql texts were applied (sha256), so an unchanged start takes no locks. Operational metadata: the one table without tenant_id.';
+COMMENT ON COLUMN inboxd_schema_version.schema_sha256 IS 'sha256 of the schema.sql text that was applied.';
+COMMENT ON COLUMN inboxd_schema_version.applied_at IS 'When it was (last) applied.';
+
 CREATE TABLE IF NOT EXISTS tenants (
     tenant_id   text PRIMARY KEY CHECK (tenant_id ~ '^[a-z0-9][a-z0-9._-]{0,62}$'),
     name        text NOT NULL DEFAULT '',

@@ -33,6 +33,7 @@ class _Job:
     batch: IngestBatch
     done: anyio.Event = field(default_factory=anyio.Event)
     results: list[ItemResult] | None = None
+    taken: bool = False  # a worker owns it (and its share of the depth gauge)
 
 
 class IngestQueue:
@@ -55,7 +56,8 @@ class IngestQueue:
             await self._send.send(job)
             await job.done.wait()
         except BaseException:
-            if job.results is None:
+            if not job.taken:
+                job.taken = True  # a worker that receives it later skips it
                 self._queued_items -= len(batch.items)
                 self._metrics.set_queue(self._queued_items)
             raise
@@ -73,8 +75,14 @@ class IngestQueue:
         task_status.started()
         async with self._receive.clone() as jobs:
             async for job in jobs:
+                if job.taken:  # its producer gave up before we got to it
+                    continue
+                job.taken = True
                 try:
                     job.results = await self._stage.ingest(job.batch)
+                except Exception:  # a bug must not take every mailbox down with it
+                    log.exception("ingest_worker_batch_crashed", tenant=job.batch.tenant_id,
+                                  mailbox=job.batch.mailbox_id, size=len(job.batch.items))
                 finally:
                     if job.results is None:  # cancelled mid-batch: the transaction rolled back
                         job.results = [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail="shutdown")

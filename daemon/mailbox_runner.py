@@ -25,6 +25,8 @@ State machine of a runner:
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
@@ -32,7 +34,7 @@ import asyncpg
 import structlog
 from anyio.abc import TaskStatus
 
-from inboxd.adapters.base import Source
+from inboxd.adapters.base import Page, Source
 from inboxd.daemon.ingest_queue import IngestQueue
 from inboxd.daemon.metrics import Metrics
 from inboxd.pipeline import leases
@@ -75,6 +77,7 @@ class MailboxRunner:
         self._wake = anyio.Event()
         self._pending = False
         self._running = False
+        self._finished = False
         self._life = anyio.CancelScope()
         self._run_scope: anyio.CancelScope | None = None
         self._log = log.bind(tenant=source.tenant_id, mailbox=source.mailbox_id)
@@ -92,17 +95,25 @@ class MailboxRunner:
     def stop(self) -> None:
         self._life.cancel()
 
+    @property
+    def finished(self) -> bool:
+        """True once the runner returned (its mailbox needs an operator)."""
+        return self._finished
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with self._life:
-            task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._pending:
-                    self._pending = False
-                    attention = await self._one_run()
-                    if attention:
-                        return
+        try:
+            with self._life:
+                task_status.started()
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    while self._pending:
+                        self._pending = False
+                        attention = await self._one_run()
+                        if attention:
+                            return
+        finally:
+            self._finished = True
 
     async def _one_run(self) -> bool:
         """One guarded sync run; returns True when the mailbox needs an operator."""
@@ -118,6 +129,10 @@ class MailboxRunner:
                 await self._sync()
             if scope.cancelled_caught:
                 self._log.info("sync_cancelled")
+            return False
+        except LeaseLost as exc:
+            # the new owner carries on; a failure recorded now would throttle it
+            self._log.warning("sync_lease_lost", error=str(exc))
             return False
         except AttentionError as exc:
             failed = True
@@ -154,28 +169,42 @@ class MailboxRunner:
             return
         self._running = True
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._renew, token)
-                await self._pages(token)
-                tg.cancel_scope.cancel()
-            async with pool.acquire() as conn:
-                await leases.record_success(conn, tenant, mailbox)
-            # caught up with the source: nothing left behind the cursor
-            self.deps.metrics.set_cursor_lag(tenant, mailbox, 0.0)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._renew, token)
+                    completed = await self._pages(token)
+                    tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # anyio wraps what the sync raised; the handlers in _one_run
+                # (attention vs retriable vs crash) need the error itself
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+            if completed:
+                async with pool.acquire() as conn:
+                    await leases.record_success(conn, tenant, mailbox)
+                # caught up with the source: nothing left behind the cursor
+                self.deps.metrics.set_cursor_lag(tenant, mailbox, 0.0)
         finally:
             self._running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
                 async with pool.acquire() as conn:
                     await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
 
-    async def _pages(self, token: int) -> None:
+    async def _pages(self, token: int) -> bool:
+        """Sync every page; True when the source is exhausted, False when stopped early."""
         tenant, mailbox = self.key
         pool = self.deps.pool
         async with pool.acquire() as conn:
             cursor = await conn.fetchval(
                 "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
                 tenant, mailbox)
-        pages = self.source.pages(cursor)
+        async with aclosing(self.source.pages(cursor)) as pages:
+            return await self._each_page(token, pages)
+
+    async def _each_page(self, token: int, pages: AsyncIterator[Page]) -> bool:
+        tenant, mailbox = self.key
+        pool = self.deps.pool
         async for page in pages:
             batch = IngestBatch(tenant, mailbox, page.items, backfill=page.backfill,
                                 fetch_attachment=getattr(self.source, "fetch_attachment", None)
@@ -192,8 +221,9 @@ class MailboxRunner:
                     raise LeaseLost("the mailbox lease moved to another process")
                 if await leases.take_cancel(conn, tenant, mailbox):
                     self._log.info("sync_cancel_flag_honoured")
-                    return
+                    return False
             self._log.info("sync_page_committed", items=len(page.items))
+        return True
 
     async def _renew(self, token: int) -> None:
         tenant, mailbox = self.key

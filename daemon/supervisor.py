@@ -139,7 +139,10 @@ class Daemon:
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     self.request_stop()
                 elif signum == signal.SIGHUP:
-                    await self.reload()
+                    try:
+                        await self.reload()
+                    except Exception:  # a reload problem must not stop a running daemon
+                        self._log.exception("config_reload_failed")
                 elif signum == signal.SIGUSR1:
                     self._log.info("syncs_cancel_requested", running=len(self.state.runners))
                     for runner in self.state.runners.values():
@@ -163,7 +166,9 @@ class Daemon:
         await self._sync_mailbox_rows(merged)
         wanted = {(m.tenant_id, m.mailbox_id): m for m in _mailboxes(merged)}
         for key, runner in list(self.state.runners.items()):
-            if key not in wanted or runner.fingerprint != wanted[key]:
+            if runner.finished:  # stopped for attention: a reload gives it another chance
+                del self.state.runners[key]
+            elif key not in wanted or runner.fingerprint != wanted[key]:
                 runner.stop()
                 del self.state.runners[key]
         for key, mailbox in wanted.items():
@@ -184,9 +189,12 @@ class Daemon:
         except Exception as exc:
             self._log.error("mailbox_not_started", tenant=mailbox.tenant_id,
                             mailbox=mailbox.mailbox_id, error=str(exc))
-            async with self.pool.acquire() as conn:
-                await leases.record_failure(conn, mailbox.tenant_id, mailbox.mailbox_id,
-                                            str(exc), attention=True)
+            try:
+                async with self.pool.acquire() as conn:
+                    await leases.record_failure(conn, mailbox.tenant_id, mailbox.mailbox_id,
+                                                str(exc), attention=True)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as db_exc:
+                self._log.warning("failure_not_recorded", error=str(db_exc))
             return
         runner = MailboxRunner(source, self._deps, fingerprint=mailbox)
         self.state.runners[runner.key] = runner

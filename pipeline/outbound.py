@@ -6,7 +6,10 @@ provider has it: its own Message-ID, placeholder thread/message ids (`pending_�
 copy syncs back, cascade tier 0 matches it by Message-ID (no content check: we
 generated that id) and promotes the placeholders to the provider's ids.
 
-The same contract as plain SQL, for applications that write directly:
+The same contract as plain SQL, for applications that write directly (in one
+transaction; if you also write `events` rows yourself, take
+`SELECT pg_advisory_xact_lock(110798, hashtext(<tenant_id>))` first, as
+pipeline/outbox.py does, so a tenant's events commit in id order):
   INSERT INTO threads (tenant_id, mailbox_id, external_thread_id) VALUES (…, 'pending_…')
   INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction,
       send_status, internet_message_id, message_id_norm, from_address, subject,

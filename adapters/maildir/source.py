@@ -110,7 +110,10 @@ class MaildirSource:
             except FileNotFoundError:
                 continue  # taken by another consumer between listing and reading
             except OSError as exc:
-                raise MaildirUnavailable(f"reading {name}: {exc.strerror}") from exc
+                # one unreadable file must not block the files sorted after it; it
+                # stays in new/ and is tried again on the next run
+                log.warning("maildir_file_unreadable", file=name, error=exc.strerror)
+                continue
             items.append(parse_raw(raw, tenant_id=self.tenant_id, mailbox_id=self.mailbox_id,
                                    source="maildir"))
             kept.append(name)
