@@ -25,7 +25,6 @@ State machine of a runner:
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ import anyio
 import asyncpg
 import structlog
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from inboxd.adapters.base import Page, Source
 from inboxd.daemon.ingest_queue import IngestQueue
@@ -44,6 +44,9 @@ from inboxd.pipeline.outcomes import page_is_clean
 
 log = structlog.get_logger(__name__)
 
+# Pages read ahead of the one being ingested: one overlaps reading and parsing
+# with the database work; more would only hold more parsed mail in memory.
+PAGE_PREFETCH = 1
 # Cleanup that must finish (lease release, failure record) gets this long even
 # when the runner is being cancelled.
 CLEANUP_DEADLINE_S = 5.0
@@ -175,11 +178,14 @@ class MailboxRunner:
                     completed = await self._pages(token)
                     tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
-                # anyio wraps what the sync raised; the handlers in _one_run
-                # (attention vs retriable vs crash) need the error itself
-                if len(group.exceptions) == 1:
-                    raise group.exceptions[0] from None
-                raise
+                # anyio wraps what the sync raised (twice: renew + page reader
+                # groups); the handlers in _one_run need the error itself
+                inner: BaseException = group
+                while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+                    inner = inner.exceptions[0]
+                if inner is group:
+                    raise
+                raise inner from None
             if completed:
                 async with pool.acquire() as conn:
                     await leases.record_success(conn, tenant, mailbox)
@@ -199,10 +205,20 @@ class MailboxRunner:
             cursor = await conn.fetchval(
                 "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
                 tenant, mailbox)
-        async with aclosing(self.source.pages(cursor)) as pages:
-            return await self._each_page(token, pages)
+        send, receive = anyio.create_memory_object_stream[Page](max_buffer_size=PAGE_PREFETCH)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read_pages, cursor, send)
+            completed = await self._each_page(token, receive)
+            tg.cancel_scope.cancel()  # stopped early: the reader may be parsing ahead
+        return completed
 
-    async def _each_page(self, token: int, pages: AsyncIterator[Page]) -> bool:
+    async def _read_pages(self, cursor: str | None, send: MemoryObjectSendStream[Page]) -> None:
+        """Read (and parse) the next page while the current one is being ingested."""
+        async with send, aclosing(self.source.pages(cursor)) as pages:
+            async for page in pages:
+                await send.send(page)
+
+    async def _each_page(self, token: int, pages: MemoryObjectReceiveStream[Page]) -> bool:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async for page in pages:

@@ -306,3 +306,35 @@ async def test_second_signal_exits_at_once_without_acknowledging_unstored_mail(
     in_db = await count(db_dsn, "SELECT count(*) FROM messages")
     assert len(list((box / "cur").iterdir())) <= in_db
     assert await count(db_dsn, "SELECT count(*) FROM message_copies") == in_db
+
+
+async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_runs(
+    tmp_path, db_dsn
+) -> None:
+    import shutil
+
+    config = write_config(tmp_path, tenants={"acme": ["gone", "fine"]})
+    gone, fine = maildir(tmp_path, "acme", "gone"), maildir(tmp_path, "acme", "fine")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        shutil.rmtree(gone)
+        state_sql = ("SELECT sync_state FROM mailboxes WHERE tenant_id = 'acme' "
+                     "AND mailbox_id = 'gone'")
+
+        async def flagged() -> bool:
+            conn = await asyncpg.connect(db_dsn)
+            try:
+                return await conn.fetchval(state_sql) == "needs_attention"
+            finally:
+                await conn.close()
+
+        await eventually(flagged, 30, what="needs_attention", daemon=daemon)
+        deliver(fine, generated_messages(2, tag="fine"))
+
+        async def arrived() -> bool:
+            return await count(db_dsn, "SELECT count(*) FROM messages") == 2
+
+        await eventually(arrived, 30, what="other mailbox still syncing", daemon=daemon)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
