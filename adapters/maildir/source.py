@@ -33,9 +33,9 @@ import structlog
 from inboxd.adapters.base import Page
 from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.adapters.maildir.errors import MaildirMissing, MaildirUnavailable
-from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
-from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.message import AttachmentData, MessageData
 from inboxd.pipeline.outcomes import ItemResult, Outcome
+from inboxd.pipeline.parsing import parse_in_workers
 
 log = structlog.get_logger(__name__)
 
@@ -77,8 +77,9 @@ class MaildirSource:
         names = await anyio.to_thread.run_sync(self._list_new)
         for start in range(0, len(names), self.page_size):
             chunk = names[start:start + self.page_size]
-            items, kept = await anyio.to_thread.run_sync(self._read_and_parse, chunk)
-            if items:
+            raws, kept = await anyio.to_thread.run_sync(self._read, chunk)
+            if raws:
+                items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id, "maildir")
                 yield Page(items=items, context=_PageFiles(kept))
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
@@ -101,8 +102,8 @@ class MaildirSource:
         except OSError as exc:
             raise MaildirUnavailable(f"listing {self.root / 'new'}: {exc.strerror}") from exc
 
-    def _read_and_parse(self, names: list[str]) -> tuple[list[MessageData | DeadItem], list[str]]:
-        items: list[MessageData | DeadItem] = []
+    def _read(self, names: list[str]) -> tuple[list[bytes], list[str]]:
+        raws: list[bytes] = []
         kept: list[str] = []
         for name in names:
             try:
@@ -114,10 +115,9 @@ class MaildirSource:
                 # stays in new/ and is tried again on the next run
                 log.warning("maildir_file_unreadable", file=name, error=exc.strerror)
                 continue
-            items.append(parse_raw(raw, tenant_id=self.tenant_id, mailbox_id=self.mailbox_id,
-                                   source="maildir"))
+            raws.append(raw)
             kept.append(name)
-        return items, kept
+        return raws, kept
 
     def _move_to_cur(self, names: list[str]) -> None:
         for name in names:

@@ -27,7 +27,6 @@ States and stopping:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import time
@@ -69,8 +68,8 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.mime import parse_raw
 from inboxd.pipeline.outcomes import ItemResult, Outcome
+from inboxd.pipeline.parsing import parse_many, parse_many_in_worker, with_raw
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
 
 log = structlog.get_logger(__name__)
@@ -150,31 +149,15 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 def parse_chunk(
     raws: Sequence[bytes], tenant_id: str, mailbox_id: str, keep_raw: bool
 ) -> list[Item]:
-    """parse_raw each message; without `keep_raw` the raw bytes are left out of the
-    result (a worker process need not send back what the parent already has)."""
-    items: list[Item] = []
-    for raw in raws:
-        item = parse_raw(raw, tenant_id=tenant_id, mailbox_id=mailbox_id, source="import")
-        if not keep_raw:
-            if isinstance(item, DeadItem):
-                item = dataclasses.replace(item, raw=None)
-            else:
-                item.raw = None
-        items.append(item)
-    return items
+    """parse_raw each message of the import door (pipeline.parsing.parse_many)."""
+    return parse_many(raws, tenant_id, mailbox_id, "import", keep_raw=keep_raw)
 
 
 def parse_chunk_in_worker(
     raws: Sequence[bytes], tenant_id: str, mailbox_id: str
 ) -> list[Item]:
-    """parse_chunk in a worker process, which leaves Ctrl-C to the parent.
-
-    A terminal's Ctrl-C reaches the whole foreground process group; a worker that
-    died of it mid-chunk would turn a graceful stop into a crash. (Only possible
-    here: signal handlers can be set from a process's main thread only.)
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return parse_chunk(raws, tenant_id, mailbox_id, keep_raw=False)
+    """parse_chunk in a worker process, which leaves Ctrl-C to the parent."""
+    return parse_many_in_worker(raws, tenant_id, mailbox_id, "import")
 
 
 def _take(messages: Iterator[RawMessage]) -> list[RawMessage]:
@@ -353,7 +336,7 @@ class _Importer:
                     tg.start_soon(one, i)
         items = [item for chunk in parsed for item in chunk]
         if not keep_raw:
-            items = [_with_raw(item, raw) for item, raw in zip(items, raws, strict=True)]
+            items = [with_raw(item, raw) for item, raw in zip(items, raws, strict=True)]
         return items
 
     # consumer --------------------------------------------------------------------------
@@ -562,13 +545,6 @@ async def _explain(pool: asyncpg.Pool, target: str, detail: str | None) -> str:
 
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _with_raw(item: Item, raw: bytes) -> Item:
-    if isinstance(item, DeadItem):
-        return dataclasses.replace(item, raw=raw)
-    item.raw = raw
-    return item
 
 
 async def run(args: argparse.Namespace) -> int:
