@@ -4,6 +4,13 @@
     .venv/bin/python bench/daemon_backfill.py [--messages N] [--dsn ADMIN_DSN]
         [--batch-size B] [--rounds R] [--only daemon,import] [--interval S]
         [--gen-workers W] [--seed S] [--workdir DIR] [--keep]
+        [--daemon-env KEY=VALUE ...] [--daemon-python-args ARGS] [--import-args ARGS]
+        [--before-stop CMD]
+
+Defaults: N=100,000, batch 500, one round (daemon, then import), ~5 min on 2 cores
+including ~1 min of generation. The last four options are for investigations
+(e.g. `--daemon-env MALLOC_ARENA_MAX=8`, `--before-stop 'py-spy dump --pid {pid}'`,
+`--import-args '--parse-in thread'`); leave them out for the recorded figures.
 
 Data (generated once, not timed): N distinct RFC 5322 messages of 1-8 KB (target
 size uniform over 1-8 KB): plain text (UTF-8 as quoted-printable, base64 or 8bit),
@@ -30,17 +37,23 @@ themselves) on the admin DSN's server, after a CHECKPOINT:
           kind, its own directory), timed from the spawn to its exit.
 
 Every --interval s the script samples VmRSS (/proc/PID/status) of the command
-and of its child processes (the import's parse workers), the row count, and the
+and of its child processes (parse workers), the row count, and the
 CPU seconds of the command's processes and of the PostgreSQL backends serving its
 database (/proc/PID/stat; n/a when the server is not local). The daemon's RSS is
-reported at its peak and at 10 %, 50 % and 90 % of the rows: flat means memory
-does not depend on the backlog.
+reported at its peak and at every 10 % of the rows: flat means memory does not
+depend on the backlog (the summary says "flat" when RSS at 90 % is within 10 MB of
+RSS at 10 %).
 
 Targets: daemon/import messages/s ≥ 0.70; daemon peak RSS < 200 MB, and flat.
 The machine is shared and noisy: compare the ratio of one run, and use --rounds
 (daemon and import alternate) to see the spread. Databases are named
 bench_daemon_<pid>_<x> and dropped at the end, and the work directory is removed
-(unless --keep).
+(unless --keep; with --workdir the generated messages stay there and the next run
+with the same N and seed reuses them). Ctrl-C stops the command being measured
+and drops the databases too.
+
+The first line printed names the commit of the code measured (it is printed again
+at the end: other work lands while a benchmark runs).
 """
 
 from __future__ import annotations
@@ -85,6 +98,8 @@ STOP_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 PROGRESS_POINTS = (0.10, 0.50, 0.90)
+# Daemon log events after which the backfill will not finish at full speed.
+FATAL_EVENTS = (b"sync_crashed", b"sync_needs_attention", b"ingest_worker_batch_crashed")
 GEN_CHUNK = 2_000
 MAX_SIZE = 8 * 1024
 MIN_SIZE = 1024
@@ -489,6 +504,7 @@ class Watch:
     async def sample(self) -> Sample:
         if self.monitor_pid is None:
             self.monitor_pid = await self.monitor.fetchval("SELECT pg_backend_pid()")
+            self.monitor_cpu0 = cpu_s(self.monitor_pid) if self.server_local else None
         pids = tree(self.proc.pid) if self.proc.returncode is None else []
         rss = [rss_kb(p) for p in pids]
         for p in pids:
@@ -517,6 +533,16 @@ class Watch:
             self._schema_seen = bool(await self.monitor.fetchval(
                 "SELECT to_regclass('public.messages') IS NOT NULL"))
         return self._schema_seen
+
+    monitor_cpu0: float | None = None
+
+    @property
+    def monitor_cpu(self) -> float | None:
+        """CPU seconds the polling itself cost the server (count(*) grows with the table)."""
+        if self.monitor_pid is None or self.monitor_cpu0 is None:
+            return None
+        now = cpu_s(self.monitor_pid)
+        return None if now is None else now - self.monitor_cpu0
 
     @property
     def client_cpu(self) -> float:
@@ -634,13 +660,18 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
             try:
                 while True:
                     s = await watch.sample()
-                    if res.ready_s is None:
-                        with log_path.open("rb") as fh:
-                            fh.seek(log_pos)
-                            chunk = fh.read()
-                        if b'"daemon_ready"' in chunk:
-                            res.ready_s = s.t
-                        log_pos += chunk.rfind(b"\n") + 1
+                    with log_path.open("rb") as fh:
+                        fh.seek(log_pos)
+                        chunk = fh.read()
+                    chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only
+                    log_pos += len(chunk)
+                    if res.ready_s is None and b'"daemon_ready"' in chunk:
+                        res.ready_s = s.t
+                    fatal = [e.decode() for e in FATAL_EVENTS if b'"' + e + b'"' in chunk]
+                    if fatal:  # a crashed sync backs off for 30 s or more: not a throughput
+                        res.problems.append(f"{', '.join(fatal)} in the daemon log (see "
+                                            f"{log_path}); stopped waiting")
+                        break
                     if proc.returncode is not None:
                         res.problems.append(f"daemon exited early with {proc.returncode}")
                         break
@@ -670,6 +701,7 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
                 res.extra["rss_idle_kb"] = watch.samples[-1].rss_tree_kb
                 res.client_cpu_s = watch.client_cpu
                 res.server_cpu_s = watch.server_cpu
+                res.extra["monitor_cpu_s"] = watch.monitor_cpu
                 res.samples = watch.samples
                 if args.before_stop and proc.returncode is None:
                     hook = await asyncio.create_subprocess_exec(
@@ -696,8 +728,7 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
         for e in _events(log_path):
             kinds[e.get("event", "?")] = kinds.get(e.get("event", "?"), 0) + 1
         res.extra["log_events"] = kinds
-        for bad in ("sync_failed", "sync_crashed", "sync_needs_attention",
-                    "daemon_drain_abandoned"):
+        for bad in ("sync_failed", "daemon_drain_abandoned"):
             if kinds.get(bad):
                 res.problems.append(f"{kinds[bad]} × {bad} in the daemon log")
     finally:
@@ -764,6 +795,7 @@ async def run_import(args: argparse.Namespace, server: Server, work: Path, eml_d
             res.samples = watch.samples
             res.client_cpu_s = watch.client_cpu
             res.server_cpu_s = watch.server_cpu
+            res.extra["monitor_cpu_s"] = watch.monitor_cpu
         if res.exit_code != 0:
             res.problems.append(f"import exit code {res.exit_code}")
         try:
@@ -813,6 +845,9 @@ def describe(res: Result) -> list[str]:
     if res.files_in_cur is not None:
         details.append(f"{res.files_in_cur:,} files in cur/")
     details.append(f"rows {res.rows:,}, copies {res.copies:,}, dead {res.dead}")
+    if res.extra.get("monitor_cpu_s") is not None:
+        details.append(f"polling cost the server {res.extra['monitor_cpu_s']:.1f} s CPU "
+                       "(not in 'server CPU')")
     if res.outcomes:
         counted = ", ".join(f"{k}: {v}" for k, v in res.outcomes.items() if v)
         details.append(f"outcomes {{{counted}}}")
@@ -838,14 +873,28 @@ def curve_table(res: Result, steps: int = 10) -> list[str]:
 # --------------------------------------------------------------------------- main
 
 
+def code_version() -> str:
+    """The commit the measured code is at (other work lands while benchmarks run)."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "daemon", "adapters",
+             "pipeline", "schema.sql"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return head + (" + uncommitted changes" if dirty.strip() else "")
+
+
 async def main(args: argparse.Namespace) -> int:
     only = set(args.only.split(","))
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_daemon_"))
     work.mkdir(parents=True, exist_ok=True)
     server = Server(args.dsn, args.keep)
     spool = work / "spool"
-    print(f"work directory {work}; {os.cpu_count()} CPUs; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(f"inboxd at {code_version()}; work directory {work}; {os.cpu_count()} CPUs; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     results: list[Result] = []
     try:
         t0 = time.monotonic()
@@ -895,6 +944,7 @@ async def main(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     print()
+    print(f"inboxd at {code_version()} (at the end of the run)")
     print(f"Maildir backfill of {args.messages:,} messages, [workers] batch_size "
           f"{args.batch_size}; every run on a fresh database; RSS sampled every "
           f"{args.interval:g} s (process tree = command + its child processes)")
