@@ -122,6 +122,12 @@ def content_fingerprint(
     (DESIGN.md §3 compares plain text only, falling back to HTML): corpus
     fixtures that reuse a Message-ID differ by an added HTML part, a different
     enclosed message or display name, and must not merge.
+
+    Consequence for provider doors: to agree with a raw-MIME copy they must
+    fingerprint what raw MIME gives (fetch it: Gmail format=raw, Graph
+    $value), or supply both body forms and the attachment bytes; a door that
+    has only one rendering of the body would turn a cross-provider copy into a
+    conflict row instead of a merge.
     """
     minute = sent_at.strftime("%Y%m%d%H%M") if sent_at else ""
     people = ",".join(sorted({r.strip().lower() for r in recipients if r and r.strip()}))
