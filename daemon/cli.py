@@ -17,20 +17,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import anyio
-import structlog
-
-from inboxd.daemon.commands import check_config, importer, migrate, run, status, sync
-from inboxd.daemon.commands.common import (
-    EXIT_FAILURE,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    CommandError,
-    global_options,
-)
-from inboxd.daemon.logging import configure_logging
 
 PROG = "inboxd"
-COMMANDS = (migrate, importer, check_config, run, status, sync)
+# Exit codes, repeated from commands.common so this module imports nothing heavy:
+# anyio's worker processes (MIME parsing) re-run the parent's main module, and
+# importing every command here cost each worker ~40 MB (bench/README.md).
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,15 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "exactly once.",
         epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
                "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.")
+    from inboxd.daemon.commands import check_config, importer, migrate, run, status, sync
+    from inboxd.daemon.commands.common import global_options
+
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = global_options()
-    for command in COMMANDS:
+    for command in (migrate, importer, check_config, run, status, sync):
         command.register(subparsers, parent)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (the console script exits with it)."""
+    import structlog
+
+    from inboxd.daemon.commands.common import CommandError
+    from inboxd.daemon.logging import configure_logging
+
     args = build_parser().parse_args(argv)
     configure_logging(None, level=args.log_level)
     try:
