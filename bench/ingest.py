@@ -96,33 +96,7 @@ TARGET_E = 3_000.0
 
 # --------------------------------------------------------------------------- data
 
-_WORDS = (
-    "the order invoice shipment delivery account password reset please thanks hello "
-    "we you our your team support ticket issue problem question answer update today "
-    "tomorrow week month payment refund credit card bank transfer received sent attached "
-    "document report contract renewal subscription plan upgrade downgrade cancel confirm "
-    "meeting call schedule available time zone morning afternoon evening office remote "
-    "customer product feature request bug error crash login server database backup "
-    "restore migration release version notes change log review approve reject escalate "
-    "priority urgent normal low high status pending resolved closed open reopened "
-    "warehouse pallet carrier tracking number address street city country postal code "
-    "price quote discount tax total amount due overdue reminder statement balance "
-    "could would should will can may might must need want like know think see look "
-    "find give take make get send call write read check confirm follow forward reply "
-    "about after again also always because before below between both during each few "
-    "from into just more most much never now only other over same some such than then "
-    "there these they this those through under until very what when where which while "
-    "who why with without yes no not and but or if so as at by for in of on to up"
-).split()
-_FIRST = ("anna ben carla david emma felix greta hans ines jonas karin lars maria nina "
-          "oskar paula quentin rosa stefan tina ulrich vera walter xenia yusuf zoe "
-          "li wei sofia mateo chloe noah amelia liam olivia lucas mia ethan").split()
-_LAST = ("miller schmidt garcia rossi dubois novak kowalski jensen silva tanaka kim "
-         "nguyen patel smith brown wilson taylor anderson thomas moore martin lee "
-         "walker young king wright scott green baker adams nelson hill").split()
-_DOMAINS = ("gmail.com outlook.com yahoo.co.uk example.org contoso.example "
-            "fabrikam.example northwind.example globex.example initech.example "
-            "umbrella.example hooli.example stark-industries.example").split()
+from vocabulary import _DOMAINS, _FIRST, _LAST, _WORDS  # noqa: E402 - bench/ is sys.path[0]
 
 
 def _sentence(rng: random.Random, lo: int = 6, hi: int = 18) -> str:
