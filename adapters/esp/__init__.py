@@ -1,0 +1,1 @@
+"""Delivery-event webhooks of sending providers: one module per signing scheme."""

@@ -1,0 +1,1 @@
+"""Delivery events: persistence, processing into evidence and suppressions."""
