@@ -46,7 +46,8 @@ class EventBuffer:
         self.message_ids.append(message_id)
         self.payloads.append(orjson.dumps(payload or {}).decode())
 
-    async def flush(self, conn: asyncpg.Connection, tenant_id: str, mailbox_id: str) -> None:
+    async def flush(self, conn: asyncpg.Connection, tenant_id: str, mailbox_id: str | None
+                    ) -> None:
         """Insert the events and queue the NOTIFY (sent by PostgreSQL at commit)."""
         if not self.kinds:
             return

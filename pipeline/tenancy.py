@@ -31,3 +31,12 @@ async def ensure_mailbox(
     await conn.execute(
         "INSERT INTO mailboxes (tenant_id, mailbox_id, provider, address) VALUES ($1, $2, $3, $4) "
         "ON CONFLICT DO NOTHING", tenant_id, mailbox_id, provider, address)
+
+
+async def ensure_tenants(conn: asyncpg.Connection, tenant_ids: list[str]) -> None:
+    """Create missing tenant rows (tenants with delivery sources but no mailboxes)."""
+    for tenant_id in tenant_ids:
+        validate_id("tenant", tenant_id)
+    await conn.execute(
+        "INSERT INTO tenants (tenant_id) SELECT unnest($1::text[]) ORDER BY 1 "
+        "ON CONFLICT DO NOTHING", sorted(set(tenant_ids)))

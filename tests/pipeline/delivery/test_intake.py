@@ -1,0 +1,103 @@
+"""Persist first: one row per provider event, one transaction per request."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import anyio
+import asyncpg
+import pytest
+from delivery_helpers import POLICY, event, store_events
+
+from inboxd.pipeline.delivery.intake import DeliveryIntake, IntakeUnavailable, ReplayedToken
+from inboxd.pipeline.delivery.model import DeliveryEvent, EventType
+from inboxd.pipeline.tenancy import ensure_tenants
+
+
+async def count(pool: asyncpg.Pool, table: str = "delivery_events") -> int:
+    async with pool.acquire() as conn:
+        return await conn.fetchval(f"SELECT count(*) FROM {table}")
+
+
+async def test_batch_with_one_duplicate_keeps_the_new_event(pool: asyncpg.Pool) -> None:
+    first = event(EventType.DELIVERED, eid="sg-1")
+    assert (await store_events(pool, [first])).new == 1
+    stored = await store_events(pool, [first, event(EventType.OPENED, eid="sg-2", minute=3)])
+    assert (stored.new, stored.duplicates) == (1, 1)
+    assert await count(pool) == 2
+
+
+async def test_row_holds_the_minimised_payload_and_hashed_key(pool: asyncpg.Pool) -> None:
+    await store_events(pool, [event(EventType.BOUNCED, eid="b-1", mid="<ABC@Mail.Example>")])
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT * FROM delivery_events")
+    assert row["payload"] == '{"kind": "bounced"}'  # secret_body was not allowlisted
+    assert row["dedup_key"] == "id:b-1"
+    assert row["state"] == "pending"
+    assert row["message_id_norm"] == "ABC@mail.example"
+    assert row["recipient_hash"] == hashlib.sha256(b"ann@example.com").hexdigest()
+    assert row["bounce_type"] == "permanent"
+
+
+async def test_events_without_ids_are_fingerprinted(pool: asyncpg.Pool) -> None:
+    a = DeliveryEvent(provider_event_id=None, provider_type="Open", event_type=EventType.OPENED,
+                      occurred_at=None, payload={"MessageID": "m1", "ReceivedAt": "t1"})
+    b = DeliveryEvent(provider_event_id=None, provider_type="Open", event_type=EventType.OPENED,
+                      occurred_at=None, payload={"MessageID": "m1", "ReceivedAt": "t2"})
+    assert (await store_events(pool, [a, b])).new == 2
+    assert (await store_events(pool, [a])).new == 0  # the provider's retry
+    assert await count(pool) == 2
+
+
+async def test_same_event_concurrently_is_one_row(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await ensure_tenants(conn, ["acme"])
+    intake = DeliveryIntake(pool)
+    outcomes = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(intake.run)
+
+        async def post() -> None:
+            outcomes.append(await intake.submit(
+                "acme", "esp", "test", [event(EventType.DELIVERED, eid="same")], POLICY,
+                received_at=time.time()))
+
+        async with anyio.create_task_group() as posts:
+            for _ in range(20):
+                posts.start_soon(post)
+        tg.cancel_scope.cancel()
+    assert sorted(o.new for o in outcomes) == [0] * 19 + [1]
+    assert await count(pool) == 1
+
+
+async def test_replayed_token_is_refused_and_stores_nothing(pool: asyncpg.Pool) -> None:
+    await store_events(pool, [event(EventType.DELIVERED, eid="mg-1")], token="tok-1")
+    with pytest.raises(ReplayedToken):
+        await store_events(pool, [event(EventType.OPENED, eid="mg-2")], token="tok-1")
+    assert await count(pool) == 1
+    assert await count(pool, "webhook_replay_tokens") == 1
+
+
+async def test_nul_characters_are_stored_not_refused(pool: asyncpg.Pool) -> None:
+    bad = DeliveryEvent(provider_event_id="n\x00ul", provider_type="t\x00",
+                        event_type=EventType.UNKNOWN, occurred_at=None, payload={"kind": "a\x00b"})
+    assert (await store_events(pool, [bad])).new == 1
+
+
+async def test_lost_database_raises_unavailable(db_dsn: str) -> None:
+    pool = await asyncpg.create_pool(db_dsn, min_size=0, max_size=2)
+    async with pool.acquire() as conn:
+        await ensure_tenants(conn, ["acme"])
+    intake = DeliveryIntake(pool)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            await pool.expire_connections()
+            await pool.close()
+            with pytest.raises(IntakeUnavailable):
+                await intake.submit("acme", "esp", "test", [event(EventType.DELIVERED)], POLICY,
+                                    received_at=time.time())
+            tg.cancel_scope.cancel()
+    finally:
+        pool.terminate()
