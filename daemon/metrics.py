@@ -71,6 +71,10 @@ class Metrics:
             "inboxd_webhook_verification_failures",
             "Webhook requests rejected because their signature or token did not verify.",
             ["source"], registry=r)
+        self.delivery_events = Counter(
+            "inboxd_delivery_events",
+            "Delivery events received by webhook, by provider and whether they were new.",
+            ["provider", "result"], registry=r)
         self.dead_items = Counter(
             "inboxd_dead_items", "Items recorded as dead (permanent failures).", registry=r)
         self.http_requests = Counter(
@@ -139,8 +143,15 @@ class Metrics:
     # webhooks ----------------------------------------------------------------
 
     def webhook_verification_failed(self, source: str) -> None:
-        """A webhook request from `source` (its config name, e.g. `ses`) failed to verify."""
+        """A webhook request from `source` (`tenant/source` config ids) failed to verify."""
         self.webhook_verification_failures.labels(source=source).inc()
+
+    def delivery_events_stored(self, provider: str, new: int, duplicates: int) -> None:
+        """One webhook request's events: `new` rows stored, `duplicates` already there."""
+        if new:
+            self.delivery_events.labels(provider=provider, result="new").inc(new)
+        if duplicates:
+            self.delivery_events.labels(provider=provider, result="duplicate").inc(duplicates)
 
     # HTTP --------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ _PREFIXES = ("env:", "file:")
 # plus any key ending in one of the suffixes (`client_secret`, `refresh_token`,
 # `smtp_password`, `service_account_credentials`, ...).
 SECRET_KEY_NAMES = frozenset({
-    "password", "token", "secret", "credentials", "api_key", "private_key",
+    "password", "token", "secret", "credentials", "api_key", "private_key", "signing_key",
 })
 SECRET_KEY_SUFFIXES = ("_secret", "_password", "_token", "_credentials")
 

@@ -3,7 +3,9 @@
 Task tree (every task belongs to one of these groups; nothing is detached):
 
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
-           ├─ http listener      /healthz /readyz /metrics /v1/…
+           ├─ delivery intake    group-commits webhook events (pipeline/delivery/intake.py)
+           ├─ delivery worker    applies stored events (pipeline/delivery/worker.py)
+           ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/esp/…
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue
                              └─ intake ─┬─ mailbox runners (one per configured mailbox)
                                         ├─ poll scanner     rings due mailboxes
@@ -34,15 +36,20 @@ import structlog
 from inboxd.adapters.base import Source
 from inboxd.daemon import systemd
 from inboxd.daemon.config import MailboxConfig, MainConfig, TenantConfig, load_tenants
+from inboxd.daemon.esp_hooks import build_hook_sources, confirm_subscription
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
+from inboxd.daemon.http.hooks import HookTable, hook_routes
 from inboxd.daemon.ingest_queue import IngestQueue
 from inboxd.daemon.mailbox_runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sources import build_source
 from inboxd.pipeline import leases
+from inboxd.pipeline.delivery.intake import DeliveryIntake
+from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.tenancy import ensure_tenants
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +92,9 @@ class Daemon:
         self._intake_tg: anyio.abc.TaskGroup | None = None
         self._log = log.bind(owner=self.owner)
         self._tokens = TokenTable(_api_tokens(self.state.tenants))
+        self.intake = DeliveryIntake(pool)
+        self.hooks = HookTable()
+        self._load_hooks(self.state.tenants)
 
     # lifecycle ------------------------------------------------------------------------
 
@@ -92,6 +102,9 @@ class Daemon:
         main = self.state.main
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._signals)
+            # Started before the listener, so no webhook can arrive without a writer.
+            await outer.start(self.intake.run)
+            await outer.start(run_delivery_worker, self.pool, self.dsn)
             port = await outer.start(serve_http, main.listen_host, main.listen_port,
                                      self._http_state())
             with self._workers_scope:
@@ -175,12 +188,19 @@ class Daemon:
             if key not in self.state.runners:
                 await self._start_runner(mailbox)
         self.state.tenants = merged
+        self._load_hooks(merged)
         try:
             self._tokens.replace(_api_tokens(merged))
         except ValueError as exc:  # e.g. two tenants sharing a token: keep the old table
             self._log.error("api_tokens_not_reloaded", error=str(exc))
         self._log.info("config_reloaded", tenants=len(merged), mailboxes=len(wanted),
                        broken_files=len(broken))
+
+    def _load_hooks(self, tenants: dict[str, TenantConfig]) -> None:
+        sources, problems = build_hook_sources(tenants)
+        for problem in problems:
+            self._log.error("delivery_source_not_served", problem=problem)
+        self.hooks.replace(sources)
 
     async def _start_runner(self, mailbox: MailboxConfig) -> None:
         assert self._intake_tg is not None
@@ -206,6 +226,7 @@ class Daemon:
                                   m.poll_interval_s) for m in _mailboxes(tenants)]
         async with self.pool.acquire() as conn:
             await leases.upsert_configured_mailboxes(conn, rows)
+            await ensure_tenants(conn, list(tenants))  # webhook events need their tenant row
 
     async def _poll_scanner(self) -> None:
         interval_s = self.state.main.poll_scan_interval_s
@@ -266,7 +287,9 @@ class Daemon:
     def _http_state(self) -> HttpState:
         return HttpState(pool=self.pool, dsn=self.dsn, store=self.store, metrics=self.metrics,
                          tenant_for_token=self._tokens, ready=self._ready,
-                         max_body_bytes=self.state.main.max_body_bytes)
+                         max_body_bytes=self.state.main.max_body_bytes,
+                         extra_routes=hook_routes(self.hooks, self.intake, confirm_subscription),
+                         body_limit=self.hooks.body_limit)
 
     async def _ready(self) -> bool:
         if self.state.stopping:

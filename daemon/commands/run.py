@@ -26,8 +26,10 @@ from inboxd.daemon.commands.common import (
 )
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.config import ConfigError, load_main, load_tenants
+from inboxd.daemon.esp_hooks import build_hook_sources
 from inboxd.daemon.logging import configure_logging
 from inboxd.daemon.supervisor import Daemon
+from inboxd.pipeline.delivery.intake import WRITERS as DELIVERY_WRITERS
 
 log = structlog.get_logger(__name__)
 
@@ -36,8 +38,9 @@ MALLOC_ARENA_MAX = 2
 _M_ARENA_MAX = -8  # mallopt(3) parameter number, glibc malloc.h
 
 # Connections: one per ingest worker, one per concurrently syncing mailbox's
-# bookkeeping, a few for the listener's requests.
-POOL_EXTRA_CONNECTIONS = 6
+# bookkeeping, a few for the listener's requests, the delivery intake's writers
+# and the delivery worker.
+POOL_EXTRA_CONNECTIONS = 6 + DELIVERY_WRITERS + 1
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -78,10 +81,10 @@ async def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{len(exc.problems)} configuration problem(s); not started",
                            EXIT_USAGE) from exc
     tenant_set = load_tenants(main, check_secrets=True)
-    if tenant_set.problems:
-        _print_problems(ConfigError(tenant_set.problems))
-        raise CommandError(f"{len(tenant_set.problems)} configuration problem(s); not started",
-                           EXIT_USAGE)
+    problems = tenant_set.problems + build_hook_sources(tenant_set.tenants)[1]
+    if problems:
+        _print_problems(ConfigError(problems))
+        raise CommandError(f"{len(problems)} configuration problem(s); not started", EXIT_USAGE)
     configure_logging(None, level=args.log_level if args.log_level != "warning"
                       else main.log_level)
     choice = await resolve(args, main.raw)

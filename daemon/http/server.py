@@ -44,7 +44,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inboxd.daemon.http.api import attachment_handler, outbound_handler
 from inboxd.daemon.http.events import EVENT_HUB, EventHub, events_handler
-from inboxd.daemon.http.state import HTTP_STATE, ApiError, HttpState, json_response
+from inboxd.daemon.http.state import (
+    HTTP_STATE,
+    ApiError,
+    HttpState,
+    body_limit_for,
+    json_response,
+)
 from inboxd.daemon.metrics import HTTP_UNMATCHED_ROUTE
 
 __all__ = ["build_app", "serve_http"]
@@ -132,10 +138,12 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
 @web.middleware
 async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """413 before reading a declared-too-large body; read others up to the limit."""
-    limit = request.app[HTTP_STATE].max_body_bytes
+    limit = body_limit_for(request)
     if request.content_length is not None and request.content_length > limit:
         return _too_large(limit)
     if request.body_exists:
+        if limit < request.app[HTTP_STATE].max_body_bytes:
+            request = request.clone(client_max_size=limit + 1)
         # Application(client_max_size=limit + 1): read() raises 413 as soon as it
         # has more than `limit` bytes, whatever the framing (chunked included).
         try:
@@ -156,9 +164,10 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     Runs before the middlewares, so it counts its own 413.
     """
     state = request.app[HTTP_STATE]
-    if request.content_length is not None and request.content_length > state.max_body_bytes:
+    limit = body_limit_for(request)
+    if request.content_length is not None and request.content_length > limit:
         state.metrics.observe_http(_route_label(request), request.method, 413)
-        return _too_large(state.max_body_bytes)
+        return _too_large(limit)
     if request.version != HttpVersion11:
         return None
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":

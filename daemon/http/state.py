@@ -26,6 +26,7 @@ __all__ = [
     "HttpState",
     "TokenTable",
     "authenticate",
+    "body_limit_for",
     "json_error",
     "json_response",
 ]
@@ -46,6 +47,8 @@ class HttpState:
     of the SSE hub (a pooled connection cannot hold a LISTEN). `extra_routes`
     are `aiohttp.web.RouteDef`s (`web.post("/webhooks/ses", handler)`) added
     with the same body limit, error format and metrics as the built-in routes.
+    `body_limit(request)` may name a smaller limit for a request (a webhook
+    source's own); None or a larger value means `max_body_bytes`.
     """
 
     pool: asyncpg.Pool
@@ -56,6 +59,7 @@ class HttpState:
     ready: Callable[[], Awaitable[bool]] = field(repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     extra_routes: list[web.RouteDef] = field(default_factory=list)
+    body_limit: Callable[[web.Request], int | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -63,6 +67,13 @@ class HttpState:
 
 
 HTTP_STATE = web.AppKey("inboxd_http_state", HttpState)
+
+
+def body_limit_for(request: web.Request) -> int:
+    """The body limit of `request`: its route's own when smaller, else the listener's."""
+    state = request.app[HTTP_STATE]
+    own = state.body_limit(request) if state.body_limit is not None else None
+    return state.max_body_bytes if own is None else min(own, state.max_body_bytes)
 
 
 class TokenTable:

@@ -1,0 +1,330 @@
+"""Mailgun webhooks (JSON form): verify the HMAC of timestamp+token, normalise event-data.
+
+Protocol (Mailgun "Securing Webhooks",
+https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/securing-webhooks):
+
+    POST, Content-Type: application/json
+    {"signature": {"timestamp": "<Unix seconds>", "token": "<50 random chars>",
+                   "signature": hex(HMAC-SHA256(signing_key, timestamp + token)),
+                   "parent-signature": …only for a subaccount's domain},
+     "event-data": {…one event…}}
+
+Only the legacy multipart/form-data webhooks sign form fields instead; they
+are not supported (content type application/json only).
+
+The scheme signs two fields, not the body, so the body is parsed first. Until
+the signature is checked nothing in the body is trusted, and every way the
+body can fail to carry a usable signature — not JSON, not an object, no
+`signature` object, a field missing or of the wrong type — is
+VerificationFailed (401), exactly like a wrong signature: the answer never
+depends on whether the key is right, and a request that cannot be proven to
+come from Mailgun is not stored. After verification, an `event-data` that is
+not the documented shape is MalformedPayload (400).
+
+`accept` checks: timestamp within the tolerance of the receive time → HMAC
+(constant-time). For a subaccount's domain Mailgun adds `parent-signature`,
+the same HMAC under the primary account's key; either one matching the
+configured key verifies. The token is handed up as `Accepted.replay_token`:
+the route refuses a token it has accepted before, which is what makes a
+captured request useless within the tolerance window.
+
+Normalisation (Mailgun "Event Types",
+https://documentation.mailgun.com/docs/mailgun/user-manual/events/event-types):
+
+    accepted → ACCEPTED        delivered → DELIVERED       rejected → REJECTED
+    opened   → OPENED          clicked   → CLICKED         complained → COMPLAINED
+    unsubscribed → UNSUBSCRIBED, list_id = event-data.mailing-list.address when
+                   present (a mailing-list unsubscribe), else None (the source)
+    failed, severity temporary → DEFERRED (Mailgun retries)
+    failed, severity permanent:
+        reason suppress-bounce / suppress-unsubscribe / suppress-complaint
+            → SUPPRESSED (Mailgun did not try: the address is on its list)
+        reason old (retry limit reached after temporary failures) or espblock
+            (the receiving ESP refused the sender/content) → BOUNCED, TRANSIENT:
+            the address is not shown to be bad, and Mailgun itself does not add
+            these to its bounce list (Suppressions API: only permanent recipient
+            mailbox errors are)
+        any other reason (bounce, delayed-bounce, generic, …) → BOUNCED, PERMANENT
+    failed, other or no severity → BOUNCED, UNDETERMINED
+    anything else (stored, list_member_uploaded, …) → UNKNOWN with the raw type
+
+`bounce_subtype` is delivery-status.code (the SMTP code, e.g. "550"), else
+the reason. Ids: event-data.id is the event id; the Message-ID header
+(event-data.message.headers.message-id, without angle brackets) is both
+`message_id_header` and `provider_message_id`, because Mailgun's message id
+is that header. `payload` is `{"event-data": …}` — the signature is left out,
+so a redelivery (new token) of an event without an id fingerprints the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import orjson
+
+from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
+
+from .base import (
+    COMMON_KEYS,
+    DEFAULT_TOLERANCE_S,
+    Accepted,
+    MalformedPayload,
+    Reveal,
+    SourceConfigError,
+    VerificationFailed,
+    WebhookRequest,
+)
+
+__all__ = ["MailgunSource", "from_config"]
+
+_CONFIG_KEYS = frozenset({"signing_key", "tolerance_s"})
+
+_SIMPLE_TYPES: dict[str, EventType] = {
+    "accepted": EventType.ACCEPTED,
+    "delivered": EventType.DELIVERED,
+    "rejected": EventType.REJECTED,
+    "opened": EventType.OPENED,
+    "clicked": EventType.CLICKED,
+    "complained": EventType.COMPLAINED,
+    "unsubscribed": EventType.UNSUBSCRIBED,
+}
+
+#: Permanent-failure reasons for addresses already on a Mailgun suppression list.
+_SUPPRESSION_REASONS = frozenset({
+    "suppress-bounce", "suppress-unsubscribe", "suppress-complaint",
+})
+
+#: Permanent-failure reasons that do not show the address is bad (module docstring).
+_NOT_ADDRESS_REASONS = frozenset({"old", "espblock"})
+
+
+@dataclass(frozen=True, slots=True)
+class MailgunSource:
+    """One Mailgun webhook of a tenant, verified with its webhook signing key."""
+
+    provider: ClassVar[str] = "mailgun"
+    content_types: ClassVar[frozenset[str]] = frozenset({"application/json"})
+    #: No addresses (recipient, envelope, message headers, mailing list), no
+    #: delivery-status message/description (they quote addresses), no
+    #: user-variables (application data of unknown content).
+    default_payload_fields: ClassVar[tuple[str, ...]] = (
+        "event-data.event", "event-data.timestamp", "event-data.id",
+        "event-data.severity", "event-data.reason", "event-data.log-level",
+        "event-data.delivery-status.code", "event-data.delivery-status.attempt-no",
+        "event-data.delivery-status.retry-seconds", "event-data.tags",
+        "event-data.campaigns",
+    )
+
+    source_id: str
+    signing_key: bytes = field(repr=False)
+    tolerance_s: float = DEFAULT_TOLERANCE_S
+
+    async def accept(self, request: WebhookRequest) -> Accepted:
+        """Verify `request` and normalise its one event.
+
+        Raises VerificationFailed when the body carries no usable signature
+        object, the timestamp is out of tolerance or the HMAC does not match;
+        MalformedPayload when the verified event-data is not the documented shape.
+        Returns the event with the token as `replay_token`.
+        """
+        body = parse_body(request.body)
+        token = self._verify(body.get("signature"), request.received_at)
+        event = normalise_event(body.get("event-data"))
+        return Accepted(events=[event], replay_token=token)
+
+    def _verify(self, signature: Any, received_at: float) -> str:
+        """The token of a valid `signature` object; VerificationFailed otherwise."""
+        if not isinstance(signature, dict):
+            raise VerificationFailed("no signature object")
+        timestamp = _signed_timestamp(signature.get("timestamp"))
+        token = signature.get("token")
+        if not isinstance(token, str) or not token:
+            raise VerificationFailed("signature.token missing")
+        candidates = [signature.get("signature"), signature.get("parent-signature")]
+        offered = [value for value in candidates if isinstance(value, str) and value]
+        if not offered:
+            raise VerificationFailed("signature.signature missing")
+        check_timestamp(timestamp, received_at, self.tolerance_s)
+        expected = hmac.new(
+            self.signing_key, (timestamp + token).encode("utf-8"), hashlib.sha256,
+        ).hexdigest().encode("ascii")
+        # Compare with every offered signature (no early exit) so the time taken
+        # does not tell which one, if any, matched.
+        matches = [hmac.compare_digest(expected, value.lower().encode("utf-8"))
+                   for value in offered]
+        if not any(matches):
+            raise VerificationFailed("signature does not verify")
+        return token
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; VerificationFailed otherwise (module docstring)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise VerificationFailed("body is not JSON, no signature to check") from None
+    if not isinstance(parsed, dict):
+        raise VerificationFailed("body is not a JSON object, no signature to check")
+    return parsed
+
+
+def _signed_timestamp(value: Any) -> str:
+    """The timestamp exactly as signed: Mailgun sends a string of digits (its
+    docs also call it an int, so an integer is taken as its decimal string)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    # isascii: str.isdigit and int() also accept other scripts' digits.
+    if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+        raise VerificationFailed("signature.timestamp is not Unix seconds")
+    return value
+
+
+def check_timestamp(timestamp: str, received_at: float, tolerance_s: float) -> None:
+    """Refuse a signed timestamp more than `tolerance_s` from `received_at`, in
+    either direction (the boundary itself passes)."""
+    # Compared, not subtracted: int/float comparison is exact for any size of int.
+    signed_at = int(timestamp)
+    if not received_at - tolerance_s <= signed_at <= received_at + tolerance_s:
+        raise VerificationFailed("timestamp outside tolerance")
+
+
+def normalise_event(data: Any) -> DeliveryEvent:
+    """A verified `event-data` object as a DeliveryEvent (the module docstring has the rules)."""
+    if not isinstance(data, dict):
+        raise MalformedPayload("event-data is missing or not an object")
+    raw_type = _required_str(data, "event")
+    event_type = _SIMPLE_TYPES.get(raw_type, EventType.UNKNOWN)
+    bounce_type: BounceType | None = None
+    bounce_subtype: str | None = None
+    list_id: str | None = None
+    if raw_type == "failed":
+        event_type, bounce_type = classify_failure(
+            _optional_str(data, "severity"), _optional_str(data, "reason"))
+        if event_type is EventType.BOUNCED:
+            bounce_subtype = _status_code(data) or _optional_str(data, "reason")
+    elif raw_type == "unsubscribed":
+        list_id = _mailing_list(data)
+    message_id = _message_id(data)
+    return DeliveryEvent(
+        provider_event_id=_optional_str(data, "id"),
+        provider_type=raw_type,
+        event_type=event_type,
+        occurred_at=_occurred_at(data),
+        provider_message_id=message_id,
+        message_id_header=message_id,
+        recipient=_optional_str(data, "recipient"),
+        bounce_type=bounce_type,
+        bounce_subtype=bounce_subtype,
+        list_id=list_id,
+        payload={"event-data": data},
+    )
+
+
+def classify_failure(severity: str | None,
+                     reason: str | None) -> tuple[EventType, BounceType | None]:
+    """EventType and BounceType of a `failed` event from its severity and reason."""
+    if severity == "temporary":
+        return EventType.DEFERRED, None
+    if severity != "permanent":
+        return EventType.BOUNCED, BounceType.UNDETERMINED
+    if reason in _SUPPRESSION_REASONS:
+        return EventType.SUPPRESSED, None
+    if reason in _NOT_ADDRESS_REASONS:
+        return EventType.BOUNCED, BounceType.TRANSIENT
+    return EventType.BOUNCED, BounceType.PERMANENT
+
+
+def _status_code(data: Mapping[str, Any]) -> str | None:
+    status = data.get("delivery-status")
+    if not isinstance(status, dict):
+        return None
+    code = status.get("code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return str(code)
+    if isinstance(code, str) and code:
+        return code
+    return None
+
+
+def _mailing_list(data: Mapping[str, Any]) -> str | None:
+    mailing_list = data.get("mailing-list")
+    if not isinstance(mailing_list, dict):
+        return None
+    address = mailing_list.get("address")
+    return address if isinstance(address, str) and address else None
+
+
+def _message_id(data: Mapping[str, Any]) -> str | None:
+    message = data.get("message")
+    headers = message.get("headers") if isinstance(message, dict) else None
+    value = headers.get("message-id") if isinstance(headers, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise MalformedPayload("message.headers.message-id is not a string")
+    return value or None
+
+
+def _occurred_at(data: Mapping[str, Any]) -> datetime | None:
+    value = data.get("timestamp")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MalformedPayload("event-data.timestamp is not a number")
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise MalformedPayload("event-data.timestamp out of range") from None
+
+
+def _required_str(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise MalformedPayload(f"event-data.{key} is missing or not a string")
+    return value
+
+
+def _optional_str(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise MalformedPayload(f"event-data.{key} is not a string")
+    return value
+
+
+def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> MailgunSource:
+    """Build the source from its `[[delivery_sources]]` table.
+
+    Keys: `signing_key` (required, the HTTP webhook signing key; a secret, so
+    normally a reference revealed through `reveal`) and `tolerance_s`
+    (optional, seconds, default DEFAULT_TOLERANCE_S). COMMON_KEYS are ignored.
+    Raises SourceConfigError naming the key; the key's value never appears.
+    """
+    unknown = sorted(set(table) - COMMON_KEYS - _CONFIG_KEYS)
+    if unknown:
+        raise SourceConfigError(f"{', '.join(unknown)}: unknown key(s) for provider mailgun")
+    if "signing_key" not in table:
+        raise SourceConfigError("signing_key: required")
+    signing_key = reveal(table["signing_key"])
+    if not isinstance(signing_key, str) or not signing_key.strip():
+        raise SourceConfigError("signing_key: must be a non-empty string")
+    return MailgunSource(
+        source_id=source_id,
+        signing_key=signing_key.strip().encode("utf-8"),
+        tolerance_s=parse_tolerance(table.get("tolerance_s", DEFAULT_TOLERANCE_S)),
+    )
+
+
+def parse_tolerance(value: Any) -> float:
+    """`tolerance_s` as a positive, finite number of seconds."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value <= 0):
+        raise SourceConfigError("tolerance_s: must be a positive number of seconds")
+    return float(value)

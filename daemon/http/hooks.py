@@ -1,0 +1,210 @@
+"""`POST /hooks/esp/{tenant}/{source}`: delivery-event webhooks of sending providers.
+
+Order of checks, cheapest and least trusting first (adapters/esp/base.py has
+the provider half):
+
+    unknown tenant/source          404
+    body over the source's limit   413 (the listener's body-limit middleware,
+                                   before reading, via `body_limit`)
+    content type not the provider's 415
+    over the source's rate         429 + Retry-After
+    verification failed            401 {"error": "unauthorized"}, counted; nothing stored
+    certificate fetch failed       503 (SNS; the provider retries)
+    malformed verified content     400
+    replayed single-use token      401, counted
+    store failed / timed out       503 + Retry-After (the provider retries; nothing half-stored)
+    stored (or already stored)     200 {"stored": n, "duplicates": d} — only after COMMIT
+    SNS SubscriptionConfirmation   GET SubscribeURL after verification, then 200
+
+No event is processed inside the request: the handler verifies, persists and
+answers; the event workers apply the rows afterwards (pipeline/delivery/worker.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+from aiohttp import hdrs, web
+
+from inboxd.adapters.esp.base import (
+    EspSource,
+    MalformedPayload,
+    SourceUnavailable,
+    VerificationFailed,
+    WebhookRequest,
+)
+from inboxd.daemon.http.state import HTTP_STATE, json_error, json_response
+from inboxd.pipeline.delivery.intake import (
+    DeliveryIntake,
+    IntakeUnavailable,
+    ReplayedToken,
+    SourcePolicy,
+)
+
+__all__ = [
+    "DEFAULT_HOOK_BODY_BYTES",
+    "DEFAULT_RATE_BURST",
+    "DEFAULT_RATE_PER_S",
+    "HOOK_PATH",
+    "HookSource",
+    "HookTable",
+    "RateLimiter",
+    "hook_routes",
+]
+
+log = structlog.get_logger(__name__)
+
+HOOK_PATH = "/hooks/esp/{tenant}/{source}"
+#: Per-source body limit: SNS messages are at most 256 KiB (SNS quotas), and
+#: so are SendGrid's batches in practice; the issue's default.
+DEFAULT_HOOK_BODY_BYTES = 256 * 1024
+#: Requests per second a source may send before 429. Providers retry 429s
+#: with backoff; 2,000/s is far above what one tenant's traffic needs and keeps a
+#: runaway or hostile sender from filling the database.
+DEFAULT_RATE_PER_S = 2000.0
+DEFAULT_RATE_BURST = 4000.0
+#: Retry-After for 429 and 503 answers, seconds.
+RETRY_AFTER_S = 5
+
+Confirm = Callable[[str], Awaitable[None]]
+
+
+class RateLimiter:
+    """Token bucket: `rate` requests per second, bursts of up to `burst`."""
+
+    __slots__ = ("_burst", "_rate", "_stamp", "_tokens")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self._rate, self._burst = rate, burst
+        self._tokens, self._stamp = burst, time.monotonic()
+
+    def take(self) -> bool:
+        """Spend one token; False when the bucket is empty."""
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+@dataclass(slots=True, kw_only=True)
+class HookSource:
+    """One configured delivery source of one tenant, ready to serve."""
+
+    tenant_id: str
+    source_id: str
+    adapter: EspSource
+    policy: SourcePolicy
+    max_body_bytes: int = DEFAULT_HOOK_BODY_BYTES
+    limiter: RateLimiter = field(
+        default_factory=lambda: RateLimiter(DEFAULT_RATE_PER_S, DEFAULT_RATE_BURST))
+
+    @property
+    def label(self) -> str:
+        """Metric label: config ids only."""
+        return f"{self.tenant_id}/{self.source_id}"
+
+
+class HookTable:
+    """(tenant, source) → HookSource; `replace` swaps it whole on SIGHUP."""
+
+    __slots__ = ("_sources",)
+
+    def __init__(self, sources: Mapping[tuple[str, str], HookSource] | None = None) -> None:
+        self._sources: dict[tuple[str, str], HookSource] = dict(sources or {})
+
+    def replace(self, sources: Mapping[tuple[str, str], HookSource]) -> None:
+        """Use `sources` from now on; a source whose limiter existed keeps it."""
+        fresh = dict(sources)
+        for key, hook in fresh.items():
+            old = self._sources.get(key)
+            if old is not None:
+                hook.limiter = old.limiter
+        self._sources = fresh
+
+    def get(self, tenant_id: str, source_id: str) -> HookSource | None:
+        return self._sources.get((tenant_id, source_id))
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def body_limit(self, request: web.Request) -> int | None:
+        """`HttpState.body_limit`: the source's own limit for hook requests."""
+        info = request.match_info
+        if "source" not in info or "tenant" not in info:
+            return None
+        hook = self.get(info["tenant"], info["source"])
+        return hook.max_body_bytes if hook is not None else None
+
+
+def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> list[web.RouteDef]:
+    """The webhook route, for `HttpState.extra_routes`."""
+
+    async def handle(request: web.Request) -> web.Response:
+        hook = table.get(request.match_info["tenant"], request.match_info["source"])
+        if hook is None:
+            json_error(404, "not_found")
+        if request.content_type.lower() not in hook.adapter.content_types:
+            json_error(415, "unsupported_media_type")
+        if not hook.limiter.take():
+            json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+        body = await request.read()
+        webhook = WebhookRequest(body=body, headers=request.headers, received_at=time.time())
+        accepted = await _accept(request, hook, webhook)
+        try:
+            stored = await intake.submit(
+                hook.tenant_id, hook.source_id, hook.adapter.provider, accepted.events,
+                hook.policy, received_at=webhook.received_at,
+                replay_token=accepted.replay_token)
+        except ReplayedToken:
+            _refuse(request, hook, "replayed token")
+        except IntakeUnavailable as exc:
+            log.warning("webhook_not_stored", tenant=hook.tenant_id, source=hook.source_id,
+                        error=str(exc))
+            json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+        request.app[HTTP_STATE].metrics.delivery_events_stored(
+            hook.adapter.provider, stored.new, stored.duplicates)
+        if accepted.confirm_url is not None:
+            await _confirm(confirm, hook, accepted.confirm_url)
+        return json_response({"stored": stored.new, "duplicates": stored.duplicates})
+
+    return [web.post(HOOK_PATH, handle)]
+
+
+async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest):
+    try:
+        return await hook.adapter.accept(webhook)
+    except VerificationFailed as exc:
+        _refuse(request, hook, str(exc))
+    except SourceUnavailable as exc:
+        log.warning("webhook_verification_unavailable", tenant=hook.tenant_id,
+                    source=hook.source_id, error=str(exc))
+        json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    except MalformedPayload as exc:
+        log.info("webhook_malformed", tenant=hook.tenant_id, source=hook.source_id,
+                 error=str(exc)[:200])
+        json_error(400, "malformed_payload")
+
+
+def _refuse(request: web.Request, hook: HookSource, check: str) -> None:
+    """401 with a body that says nothing about which check failed."""
+    request.app[HTTP_STATE].metrics.webhook_verification_failed(hook.label)
+    log.info("webhook_rejected", tenant=hook.tenant_id, source=hook.source_id, check=check)
+    json_error(401, "unauthorized")
+
+
+async def _confirm(confirm: Confirm, hook: HookSource, url: str) -> None:
+    try:
+        await confirm(url)
+    except Exception as exc:  # SNS re-sends the confirmation when we do not answer 2xx
+        log.warning("subscription_confirm_failed", tenant=hook.tenant_id,
+                    source=hook.source_id, error=type(exc).__name__)
+        json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    log.info("subscription_confirmed", tenant=hook.tenant_id, source=hook.source_id)

@@ -1,0 +1,269 @@
+"""`POST /hooks/esp/{tenant}/{source}` over real sockets, with a real PostgreSQL.
+
+The listener, the group-committing intake and the delivery worker run in
+process on an ephemeral port; requests are signed here, independently of the
+adapters, by each scheme's published algorithm. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+from inboxd.adapters.esp.registry import build_esp_source
+from inboxd.daemon.http import HttpState, TokenTable, serve_http
+from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
+from inboxd.daemon.metrics import Metrics
+from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
+from inboxd.pipeline.delivery.worker import apply_due
+from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.tenancy import ensure_tenants
+
+DEADLINE_S = 15
+SW_KEY = b"inboxd-test-standard-webhooks-key"
+SW_SECRET = "whsec_" + base64.b64encode(SW_KEY).decode()
+MAILGUN_KEY = "key-inboxd-test-mailgun"
+
+
+@dataclass
+class Served:
+    base: str
+    state: HttpState
+    session: aiohttp.ClientSession
+    confirmed: list[str]
+    table: HookTable
+
+
+def hook(source_id: str, table: dict[str, Any], **kw: Any) -> HookSource:
+    adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
+    return HookSource(tenant_id="acme", source_id=source_id, adapter=adapter,
+                      policy=SourcePolicy(adapter.default_payload_fields), **kw)
+
+
+@asynccontextmanager
+async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore,
+                  **sources: HookSource) -> AsyncIterator[Served]:
+    async def ready() -> bool:
+        return True
+
+    confirmed: list[str] = []
+
+    async def confirm(url: str) -> None:
+        confirmed.append(url)
+
+    async with pool.acquire() as conn:
+        await ensure_tenants(conn, ["acme"])
+    table = HookTable({("acme", name): src for name, src in sources.items()})
+    intake = DeliveryIntake(pool)
+    state = HttpState(pool=pool, dsn=dsn, store=store, metrics=Metrics(),
+                      tenant_for_token=TokenTable({}), ready=ready,
+                      extra_routes=hook_routes(table, intake, confirm),
+                      body_limit=table.body_limit)
+    async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+        with anyio.fail_after(DEADLINE_S):
+            await tg.start(intake.run)
+            port = await tg.start(serve_http, "127.0.0.1", 0, state)
+        yield Served(f"http://127.0.0.1:{port}", state, session, confirmed, table)
+        tg.cancel_scope.cancel()
+
+
+def sign_standard(body: bytes, *, msg_id: str = "msg_1", ts: int | None = None,
+                  key: bytes = SW_KEY) -> dict[str, str]:
+    ts = int(time.time()) if ts is None else ts
+    mac = hmac.new(key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()
+    return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
+            "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+            "content-type": "application/json"}
+
+
+def resend_event(kind: str = "email.delivered", email_id: str = "em_1",
+                 to: str = "ann@example.com") -> bytes:
+    return orjson.dumps({"type": kind, "created_at": "2026-11-30T09:00:00.000Z",
+                         "data": {"email_id": email_id, "to": [to], "subject": "private",
+                                  "created_at": "2026-11-30T08:59:00.000Z"}})
+
+
+def mailgun_body(event_id: str, token: str, *, kind: str = "delivered") -> bytes:
+    ts = str(int(time.time()))
+    sig = hmac.new(MAILGUN_KEY.encode(), (ts + token).encode(), hashlib.sha256).hexdigest()
+    return orjson.dumps({
+        "signature": {"timestamp": ts, "token": token, "signature": sig},
+        "event-data": {"id": event_id, "event": kind, "timestamp": time.time(),
+                       "recipient": "bob@example.com",
+                       "message": {"headers": {"message-id": "m1@mg.example"}}}})
+
+
+async def post(served: Served, source: str, body: bytes, headers: dict[str, str],
+               tenant: str = "acme") -> tuple[int, dict]:
+    with anyio.fail_after(DEADLINE_S):
+        async with served.session.post(f"{served.base}/hooks/esp/{tenant}/{source}",
+                                       data=body, headers=headers) as response:
+            return response.status, await response.json(content_type=None)
+
+
+async def stored(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return await conn.fetch("SELECT * FROM delivery_events ORDER BY event_id")
+
+
+def failures(served: Served) -> float:
+    metric = served.state.metrics.webhook_verification_failures
+    return sum(s.value for m in metric.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
+@pytest.fixture
+def sw() -> HookSource:
+    return hook("resend", {"provider": "resend", "secret": SW_SECRET})
+
+
+async def test_signed_event_is_stored_once_and_applied(pool, db_dsn, store, sw) -> None:
+    async with serving(pool, db_dsn, store, resend=sw) as served:
+        body = resend_event()
+        assert await post(served, "resend", body, sign_standard(body)) == (
+            200, {"stored": 1, "duplicates": 0})
+        assert await post(served, "resend", body, sign_standard(body)) == (
+            200, {"stored": 0, "duplicates": 1})
+    (row,) = await stored(pool)
+    assert (row["event_type"], row["provider_message_id"]) == ("delivered", "em_1")
+    assert b"private" not in row["payload"].encode()  # the subject is not allowlisted
+    assert row["recipient"] is None and row["recipient_hash"] == hashlib.sha256(
+        b"ann@example.com").hexdigest()
+    await apply_due(pool)
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT status FROM delivery_evidence") == "delivered"
+
+
+@pytest.mark.parametrize("case", ["bad_signature", "missing_signature", "truncated",
+                                  "stale", "future", "reserialised", "other_key"])
+async def test_verification_failures_are_401_and_store_nothing(
+        pool, db_dsn, store, sw, case: str) -> None:
+    body = resend_event()
+    headers = sign_standard(body)
+    if case == "bad_signature":
+        headers["webhook-signature"] = "v1," + base64.b64encode(b"x" * 32).decode()
+    elif case == "missing_signature":
+        del headers["webhook-signature"]
+    elif case == "truncated":
+        headers["webhook-signature"] = headers["webhook-signature"][:20]
+    elif case == "stale":
+        headers = sign_standard(body, ts=int(time.time()) - 301)
+    elif case == "future":
+        headers = sign_standard(body, ts=int(time.time()) + 301)
+    elif case == "reserialised":
+        body = orjson.dumps(orjson.loads(body), option=orjson.OPT_INDENT_2)
+    elif case == "other_key":
+        headers = sign_standard(body, key=b"another key entirely")
+    async with serving(pool, db_dsn, store, resend=sw) as served:
+        assert await post(served, "resend", body, headers) == (401, {"error": "unauthorized"})
+        assert failures(served) == 1
+    assert await stored(pool) == []
+
+
+async def test_checks_before_verification(pool, db_dsn, store, sw) -> None:
+    small = hook("small", {"provider": "resend", "secret": SW_SECRET}, max_body_bytes=1024,
+                 limiter=RateLimiter(rate=0.001, burst=2))
+    async with serving(pool, db_dsn, store, resend=sw, small=small) as served:
+        body = resend_event()
+        assert (await post(served, "nope", body, sign_standard(body)))[0] == 404
+        assert (await post(served, "resend", body, sign_standard(body), tenant="other"))[0] == 404
+        headers = {**sign_standard(body), "content-type": "application/x-www-form-urlencoded"}
+        assert await post(served, "resend", body, headers) == (
+            415, {"error": "unsupported_media_type"})
+        big = b'{"pad": "' + b"x" * 2048 + b'"}'
+        status, answer = await post(served, "small", big, sign_standard(big))
+        assert (status, answer["error"]) == (413, "body_too_large")
+        assert answer["max_body_bytes"] == 1024
+        assert (await post(served, "small", body, sign_standard(body)))[0] == 200
+        assert (await post(served, "small", body, sign_standard(body, msg_id="m2")))[0] == 200
+        assert (await post(served, "small", body, sign_standard(body, msg_id="m3")))[0] == 429
+        bad = b"{not json"
+        assert await post(served, "resend", bad, sign_standard(bad)) == (
+            400, {"error": "malformed_payload"})
+        assert failures(served) == 0
+    assert len(await stored(pool)) == 2  # msg_1 and m2: webhook-id is the event id
+
+
+async def test_same_event_concurrently_is_one_row_and_one_effect(pool, db_dsn, store,
+                                                                 sw) -> None:
+    body = resend_event("email.complained")
+    async with serving(pool, db_dsn, store, resend=sw) as served:
+        results = []
+
+        async def send() -> None:
+            results.append(await post(served, "resend", body, sign_standard(body)))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(16):
+                tg.start_soon(send)
+    assert sorted(r[1]["stored"] for r in results) == [0] * 15 + [1]
+    assert len(await stored(pool)) == 1
+    await apply_due(pool)
+    async with pool.acquire() as conn:
+        kinds = await conn.fetch("SELECT kind FROM events ORDER BY event_id")
+        assert [k["kind"] for k in kinds] == ["delivery.updated", "suppression.added"]
+
+
+async def test_mailgun_replayed_token_is_refused(pool, db_dsn, store) -> None:
+    mailgun = hook("mg", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
+    async with serving(pool, db_dsn, store, mg=mailgun) as served:
+        first = mailgun_body("ev-1", "token-aaaa")
+        json_ct = {"content-type": "application/json"}
+        assert (await post(served, "mg", first, json_ct))[0] == 200
+        assert await post(served, "mg", first, json_ct) == (401, {"error": "unauthorized"})
+        replay = mailgun_body("ev-2", "token-aaaa", kind="opened")
+        assert (await post(served, "mg", replay, json_ct))[0] == 401
+        assert failures(served) == 2
+    assert [r["dedup_key"] for r in await stored(pool)] == ["id:ev-1"]
+
+
+async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:
+    postmark = hook("pm", {"provider": "postmark", "username": "hooks", "password": "s3cret"})
+    body = orjson.dumps({"RecordType": "Delivery", "MessageID": "pm-1",
+                         "Recipient": "c@example.com", "DeliveredAt": "2026-11-30T09:00:00Z",
+                         "MessageStream": "outbound"})
+
+    def auth(user: str, password: str) -> dict[str, str]:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"authorization": f"Basic {token}", "content-type": "application/json"}
+
+    async with serving(pool, db_dsn, store, pm=postmark) as served:
+        assert (await post(served, "pm", body, auth("hooks", "wrong")))[0] == 401
+        assert (await post(served, "pm", body, auth("hooks", "s3cret")))[0] == 200
+        assert (await post(served, "pm", body, auth("hooks", "s3cret")))[1]["duplicates"] == 1
+    assert len(await stored(pool)) == 1
+
+
+async def test_database_outage_is_503_and_the_retry_is_stored(
+        pool, db_dsn, server_dsn, store, sw) -> None:
+    database = db_dsn.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        async with serving(pool, db_dsn, store, resend=sw) as served:
+            body = resend_event("email.bounced")
+            await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = $1", database)
+            status, answer = await post(served, "resend", body, sign_standard(body))
+            assert (status, answer) == (503, {"error": "unavailable"})
+            await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+            # The provider retries the same delivery; the pool reconnects.
+            with anyio.fail_after(DEADLINE_S):
+                while (await post(served, "resend", body, sign_standard(body)))[0] != 200:
+                    await anyio.sleep(0.05)
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+    assert [r["event_type"] for r in await stored(pool)] == ["bounced"]
