@@ -41,12 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "exactly once.",
         epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
                "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.")
-    from inboxd.daemon.commands import check_config, importer, migrate, run, status, sync
+    from inboxd.daemon.commands import (
+        check_config,
+        events,
+        importer,
+        migrate,
+        run,
+        status,
+        sync,
+    )
     from inboxd.daemon.commands.common import global_options
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = global_options()
-    for command in (migrate, importer, check_config, run, status, sync):
+    for command in (migrate, importer, check_config, run, status, sync, events):
         command.register(subparsers, parent)
     return parser
 

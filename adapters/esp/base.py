@@ -34,12 +34,12 @@ from typing import Any, Protocol
 from inboxd.pipeline.delivery.model import DeliveryEvent
 
 __all__ = [
+    "COMMON_KEYS",
     "DEFAULT_TOLERANCE_S",
     "Accepted",
     "EspSource",
     "MalformedPayload",
     "Reveal",
-    "COMMON_KEYS",
     "SourceConfigError",
     "SourceUnavailable",
     "VerificationFailed",

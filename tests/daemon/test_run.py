@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import aiohttp
 import anyio
 import asyncpg
 import orjson
@@ -338,3 +344,62 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
+
+
+def _resend_hook(tmp_path: Path, extra: str = "") -> None:
+    tenant = tmp_path / "tenants" / "acme.toml"
+    tenant.write_text(tenant.read_text() + f"""
+[[delivery_sources]]
+id = "resend"
+provider = "resend"
+secret = "env:TEST_RESEND_SECRET"
+{extra}
+""")
+
+
+async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -> None:
+    key = b"daemon-test-key"
+    config = write_config(tmp_path)
+    maildir(tmp_path, "acme", "inbox")
+    _resend_hook(tmp_path)
+    daemon = DaemonProcess(config, db_dsn, tmp_path / "daemon.log",
+                           env={"TEST_RESEND_SECRET": "whsec_" + base64.b64encode(key).decode()})
+    try:
+        port = daemon.wait_ready()
+        body = (b'{"type": "email.bounced", "created_at": "2026-11-30T09:00:00Z", "data": '
+                b'{"email_id": "em_7", "to": ["gone@example.com"], "bounce": '
+                b'{"type": "Permanent", "subType": "General"}}}')
+        ts = str(int(time.time()))
+        mac = hmac.new(key, b"msg_7." + ts.encode() + b"." + body, hashlib.sha256).digest()
+        headers = {"webhook-id": "msg_7", "webhook-timestamp": ts,
+                   "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+                   "content-type": "application/json"}
+        async with aiohttp.ClientSession() as session, session.post(
+                f"http://127.0.0.1:{port}/hooks/esp/acme/resend", data=body,
+                headers=headers) as response:
+            assert response.status == 200
+        conn = await asyncpg.connect(db_dsn)
+        try:
+            with anyio.fail_after(20):
+                while await conn.fetchval(
+                        "SELECT count(*) FROM events WHERE kind = 'suppression.added'") == 0:
+                    await anyio.sleep(0.1)
+            assert await conn.fetchval("SELECT status FROM delivery_evidence") == "bounced"
+            assert await conn.fetchval("SELECT address_hash FROM suppressions") == (
+                hashlib.sha256(b"gone@example.com").hexdigest())
+        finally:
+            await conn.close()
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+def test_bad_delivery_source_exits_2_naming_the_key(tmp_path) -> None:
+    config = write_config(tmp_path)
+    _resend_hook(tmp_path, extra='recipients = "shout"')
+    result = subprocess.run(
+        [sys.executable, "-m", "inboxd.daemon.cli", "check-config", str(config)],
+        capture_output=True, timeout=60, text=True,
+        env={**os.environ, "TEST_RESEND_SECRET": "whsec_" + "QUFBQUFBQUFBQUFB"})
+    assert result.returncode == 2
+    assert "acme.toml: delivery_sources[0].recipients" in result.stderr

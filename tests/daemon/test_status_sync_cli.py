@@ -207,3 +207,36 @@ async def test_sync_now_for_a_missing_mailbox_rings_nothing(inboxd, db_dsn, mail
         await listener.close()
     assert (missing.code, ambiguous.code) == (1, 2)
     assert rung == ["marker"]
+
+
+# --- inboxd events replay -----------------------------------------------------------------
+
+async def _delivery_rows(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
+        await conn.execute(
+            "INSERT INTO delivery_events (tenant_id, source, dedup_key, provider, provider_type, "
+            "event_type, occurred_at, state, attempts, last_error) VALUES "
+            "('acme', 'ses', 'id:1', 'ses', 'Bounce', 'bounced', now(), 'dead', 10, 'boom'), "
+            "('acme', 'ses', 'id:2', 'ses', 'Delivery', 'delivered', now(), 'applied', 1, NULL), "
+            "('acme', 'pm', 'id:3', 'postmark', 'Open', 'opened', now(), 'dead', 10, 'boom')")
+
+
+async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) -> None:
+    await _delivery_rows(pool)
+    result = await inboxd("events", "replay", "--dead", "--source", "ses", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json == {"command": "events replay", "status": "ok", "requeued": 1}
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT dedup_key, state, attempts, last_error "
+                                "FROM delivery_events ORDER BY dedup_key")
+    assert [tuple(r) for r in rows] == [("id:1", "pending", 0, None),
+                                        ("id:2", "applied", 1, None),
+                                        ("id:3", "dead", 10, "boom")]
+    result = await inboxd("events", "replay", "--since", "2000-01-01")
+    assert result.code == 0 and "2 delivery events re-queued" in result.stdout
+
+
+async def test_events_replay_refuses_a_bad_time(inboxd) -> None:
+    result = await inboxd("events", "replay", "--since", "yesterday")
+    assert result.code == 2 and "--since" in result.stderr
