@@ -374,16 +374,18 @@ async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -
         headers = {"webhook-id": "msg_7", "webhook-timestamp": ts,
                    "webhook-signature": "v1," + base64.b64encode(mac).decode(),
                    "content-type": "application/json"}
-        async with aiohttp.ClientSession() as session, session.post(
-                f"http://127.0.0.1:{port}/hooks/esp/acme/resend", data=body,
-                headers=headers) as response:
-            assert response.status == 200
         conn = await asyncpg.connect(db_dsn)
         try:
+            announced = anyio.Event()
+            await conn.add_listener("inboxd_events", lambda *_: announced.set())
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"http://127.0.0.1:{port}/hooks/esp/acme/resend", data=body,
+                    headers=headers) as response:
+                assert response.status == 200
             with anyio.fail_after(20):
-                while await conn.fetchval(
-                        "SELECT count(*) FROM events WHERE kind = 'suppression.added'") == 0:
-                    await anyio.sleep(0.1)
+                await announced.wait()  # the worker applied it: outbox rows committed
+            kinds = await conn.fetch("SELECT kind FROM events ORDER BY event_id")
+            assert [k["kind"] for k in kinds] == ["delivery.updated", "suppression.added"]
             assert await conn.fetchval("SELECT status FROM delivery_evidence") == "bounced"
             assert await conn.fetchval("SELECT address_hash FROM suppressions") == (
                 hashlib.sha256(b"gone@example.com").hexdigest())

@@ -37,6 +37,9 @@ from inboxd.adapters.esp.sns import (
 )
 
 # --- published vectors --------------------------------------------------------------
+# Kept byte-for-byte as published (a reflowed JSON body is still valid, but the
+# point is to verify exactly what SNS sent), hence the long lines:
+# ruff: noqa: E501
 
 # aws/aws-sdk-ruby, gems/aws-sdk-sns/spec/message_verifier_spec.rb: two real
 # messages (SignatureVersion 1 and 2) and the SNS certificate that signed them.
