@@ -25,10 +25,11 @@ Everything that is wrong with the envelope is `VerificationFailed` (401), never
 `MalformedPayload`: nothing in it can be trusted until the signature checks, and
 the route's contract keeps 400 for verified content.
 
-There is deliberately no timestamp tolerance: SNS retries an HTTP delivery for
-up to about an hour under the default policy and for days under a custom one,
-with the original Timestamp and signature, so a window would refuse genuine
-retries. Replays are harmless: the SNS MessageId is the events' dedup key.
+There is deliberately no timestamp tolerance: SNS retries an HTTP(S) delivery
+with the original Timestamp and signature, under a delivery policy the topic
+owner sets (up to 3,600 s of retries — "Amazon SNS message delivery retries"),
+and throttled deliveries wait in SNS's queue, so a 5-minute window would refuse
+genuine retries. Replays are harmless: the SNS MessageId is the events' dedup key.
 
 Trust rests on the certificate URL: only an AWS-operated SNS host can serve it,
 and the default fetch verifies that host's TLS certificate. The certificate's
@@ -121,11 +122,14 @@ CERT_CACHE_MAX_ENTRIES = 64
 #: certificates rarely and publishes them at new URLs, so a day only bounds how
 #: long a withdrawn certificate stays trusted.
 CERT_CACHE_TTL_S = 24 * 3600.0
-#: Deadline for fetching one certificate, seconds (a PEM is ~2 KB; SNS itself
-#: waits 15 s for our answer, so a slow fetch should fail fast and be retried).
+#: Deadline for fetching one certificate, seconds. A PEM is ~2 KB from an AWS
+#: regional endpoint; a fetch still running after this is failing, and answering
+#: 503 promptly lets SNS retry instead of holding its connection open.
 CERT_FETCH_TIMEOUT_S = 5.0
 #: Largest certificate response read, bytes (real SNS certificates are ~2 KB).
 CERT_MAX_BYTES = 64 * 1024
+#: Read size while streaming a certificate response, bytes.
+_READ_CHUNK_BYTES = 8192
 
 #: Fetches a certificate URL (already checked) and returns the response body;
 #: raises SourceUnavailable when it cannot.
@@ -177,7 +181,7 @@ async def fetch_certificate(url: str) -> bytes:
                 if (response.content_length or 0) > CERT_MAX_BYTES:
                     raise SourceUnavailable("sns certificate: response too large")
                 body = bytearray()
-                async for chunk in response.content.iter_chunked(8192):
+                async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
                     body += chunk
                     if len(body) > CERT_MAX_BYTES:
                         raise SourceUnavailable("sns certificate: response too large")

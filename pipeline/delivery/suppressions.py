@@ -4,6 +4,9 @@ Rules (a transient or undetermined bounce never suppresses; inboxd never
 sends mail in response to an event):
 
     bounced with bounce_type permanent  → scope all, reason hard_bounce
+    suppressed with bounce_type permanent (the provider refused to send to an
+      address on its own list, e.g. SES OnAccountSuppressionList)
+                                        → scope all, reason hard_bounce
     complained                          → scope all, reason complaint
     unsubscribed with a list id         → scope list:<source>:<list id>, reason unsubscribe
     unsubscribed without one            → scope source:<source>, reason unsubscribe
@@ -30,15 +33,15 @@ WITH candidates AS (
            e.occurred_at, e.dedup_key
       FROM delivery_events e
       CROSS JOIN LATERAL (SELECT
-            CASE WHEN e.event_type IN ('bounced', 'complained') THEN 'all'
+            CASE WHEN e.event_type IN ('bounced', 'suppressed', 'complained') THEN 'all'
                  WHEN e.list_id IS NOT NULL THEN 'list:' || e.source || ':' || e.list_id
                  ELSE 'source:' || e.source END AS scope,
-            CASE e.event_type WHEN 'bounced' THEN 'hard_bounce'
-                              WHEN 'complained' THEN 'complaint'
-                              ELSE 'unsubscribe' END AS reason) r
+            CASE e.event_type WHEN 'complained' THEN 'complaint'
+                              WHEN 'unsubscribed' THEN 'unsubscribe'
+                              ELSE 'hard_bounce' END AS reason) r
      WHERE (e.tenant_id, e.event_id) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))
        AND e.recipient_hash <> ''
-       AND ((e.event_type = 'bounced' AND e.bounce_type = 'permanent')
+       AND ((e.event_type IN ('bounced', 'suppressed') AND e.bounce_type = 'permanent')
             OR e.event_type IN ('complained', 'unsubscribed'))
      ORDER BY e.tenant_id, e.recipient_hash, scope, e.occurred_at, e.source, e.dedup_key
 )

@@ -74,17 +74,20 @@ async def test_suppressions_follow_the_rules(pool: asyncpg.Pool) -> None:
         event(E.COMPLAINED, rcpt="angry@x.example"),
         event(E.UNSUBSCRIBED, rcpt="news@x.example", list_id="weekly"),
         event(E.UNSUBSCRIBED, rcpt="all@x.example"),
+        event(E.SUPPRESSED, rcpt="listed@x.example", bounce=BounceType.PERMANENT),
+        event(E.SUPPRESSED, rcpt="dropped@x.example"),
     ])
     await apply_all(pool)
     assert await suppressions(pool) == [
         ("all@x.example", "source:esp", "unsubscribe", "id:unsubscribed-0-pm-1-all@x.example"),
         ("angry@x.example", "all", "complaint", "id:complained-0-pm-1-angry@x.example"),
         ("hard@x.example", "all", "hard_bounce", "id:bounced-0-pm-1-hard@x.example"),
+        ("listed@x.example", "all", "hard_bounce", "id:suppressed-0-pm-1-listed@x.example"),
         ("news@x.example", "list:esp:weekly", "unsubscribe",
          "id:unsubscribed-0-pm-1-news@x.example"),
     ]
     kinds = [kind for kind, _ in await outbox(pool)]
-    assert kinds.count("suppression.added") == 4
+    assert kinds.count("suppression.added") == 5
 
 
 async def test_replay_changes_nothing(pool: asyncpg.Pool) -> None:

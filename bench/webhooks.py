@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Delivery-event webhooks: verified + durably persisted events per second, and latency.
+
+    .venv/bin/python bench/webhooks.py [--duration S] [--connections C]
+        [--batch B] [--dsn ADMIN_DSN] [--only sw,sg] [--keep]
+
+One run, one PostgreSQL server. A server process (this file, `_serve`) runs the
+daemon's real listener (`daemon/http/server.py` + `daemon/http/hooks.py`) with
+two sources of one tenant; a second process, wrk (Debian package `wrk`, C, one
+thread), loads it over loopback with pre-signed requests — every request a new
+event, so nothing is deduplicated away. Per scenario, two runs of the same
+server code back to back:
+
+  verify-only  the route with every check and the signature verification, but
+               an intake that answers at once (no database): the ceiling of the
+               HTTP + verification path in Python on this machine
+  persisted    the real DeliveryIntake: group-committed INSERT … ON CONFLICT DO
+               NOTHING, each request answered only after its COMMIT (fsync on)
+
+Scenarios: `sw` Standard Webhooks (Resend shape), one event per request, HMAC;
+`sg` SendGrid, `--batch` events per request, ECDSA P-256. The event workers do
+not run (they apply events after the answer and are not part of this path).
+
+Reported: requests/s and events/s from wrk's count and duration, events/s also
+from the rows really committed (persisted runs), p50/p99 latency from wrk's
+HdrHistogram, and non-2xx answers (must be 0). Ratios persisted/verify-only sit
+beside the absolute figures because the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import asyncpg
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TENANT = "bench"
+SW_KEY = b"bench-standard-webhooks-key-0001"
+LUA = Path(__file__).with_name("webhooks.lua")
+#: Requests generated per run: more than wrk sends in --duration at 25k req/s,
+#: so no request repeats (a repeat would be a cheap duplicate).
+REQUESTS_PER_S_HEADROOM = 25_000
+
+
+@dataclass
+class Result:
+    scenario: str
+    mode: str
+    requests: int
+    seconds: float
+    non_2xx: int
+    p50_ms: float
+    p99_ms: float
+    events_per_request: int
+    rows: int | None = None
+
+    @property
+    def req_s(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def events_s(self) -> float:
+        return self.req_s * self.events_per_request
+
+    @property
+    def rows_s(self) -> float | None:
+        return None if self.rows is None else self.rows / self.seconds
+
+
+# --- request generation ------------------------------------------------------------------
+
+def standard_requests(n: int) -> list[tuple[dict[str, str], bytes]]:
+    now = str(int(time.time()))
+    out = []
+    for i in range(n):
+        body = orjson.dumps({
+            "type": "email.delivered", "created_at": "2026-11-30T09:00:00.000Z",
+            "data": {"email_id": f"em_{i}", "to": [f"user{i % 5000}@example.com"],
+                     "subject": "Your invoice", "created_at": "2026-11-30T08:59:00.000Z"}})
+        msg_id = f"msg_{secrets.token_hex(8)}"
+        mac = hmac.new(SW_KEY, f"{msg_id}.{now}.".encode() + body, hashlib.sha256).digest()
+        out.append(({"webhook-id": msg_id, "webhook-timestamp": now,
+                     "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+                     "Content-Type": "application/json"}, body))
+    return out
+
+
+def sendgrid_requests(n: int, batch: int, private_key) -> list[tuple[dict[str, str], bytes]]:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    now = str(int(time.time()))
+    out = []
+    for i in range(n):
+        events = [{"email": f"user{(i * batch + j) % 5000}@example.com",
+                   "timestamp": int(time.time()), "event": "delivered",
+                   "sg_event_id": secrets.token_hex(11),
+                   "sg_message_id": f"{secrets.token_hex(11)}.filter0001.1.0",
+                   "smtp-id": f"<m{i}.{j}@app.example>", "response": "250 OK"}
+                  for j in range(batch)]
+        body = orjson.dumps(events)
+        signature = private_key.sign(now.encode() + body, ec.ECDSA(hashes.SHA256()))
+        out.append(({"X-Twilio-Email-Event-Webhook-Signature":
+                     base64.b64encode(signature).decode(),
+                     "X-Twilio-Email-Event-Webhook-Timestamp": now,
+                     "Content-Type": "application/json"}, body))
+    return out
+
+
+def write_requests(path: Path, requests: list[tuple[dict[str, str], bytes]]) -> None:
+    """One request per line: headers joined by \\x01, \\x02, the body (see webhooks.lua)."""
+    with path.open("wb") as fh:
+        for headers, body in requests:
+            fh.write("\x01".join(f"{k}: {v}" for k, v in headers.items()).encode())
+            fh.write(b"\x02" + body + b"\n")
+
+
+# --- server process ------------------------------------------------------------------------
+
+async def serve(args: argparse.Namespace) -> None:
+    """`_serve`: the daemon's listener with the two bench sources, until stdin closes."""
+    from inboxd.adapters.esp.registry import build_esp_source
+    from inboxd.daemon.http import HttpState, TokenTable, serve_http
+    from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
+    from inboxd.daemon.logging import configure_logging
+    from inboxd.daemon.metrics import Metrics
+    from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy, Stored
+    from inboxd.pipeline.objectstore import LocalDirectoryStore
+
+    configure_logging(True, level="warning")
+
+    class VerifyOnly:
+        """The intake's interface, answering at once: nothing is stored."""
+
+        async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            await anyio.sleep_forever()
+
+        async def submit(self, tenant_id, source, provider, events, policy, *, received_at,
+                         replay_token=None) -> Stored:
+            return Stored(len(events), 0)
+
+    def source(source_id: str, table: dict) -> HookSource:
+        adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
+        return HookSource(tenant_id=TENANT, source_id=source_id, adapter=adapter,
+                          policy=SourcePolicy(adapter.default_payload_fields),
+                          limiter=RateLimiter(1e9, 1e9))
+
+    table = HookTable({
+        (TENANT, "sw"): source("sw", {"provider": "resend",
+                                      "secret": "whsec_" + base64.b64encode(SW_KEY).decode()}),
+        (TENANT, "sg"): source("sg", {"provider": "sendgrid", "public_key": args.public_key}),
+    })
+    pool = await asyncpg.create_pool(args.dsn, min_size=4, max_size=8)
+    intake = DeliveryIntake(pool) if args.mode == "persisted" else VerifyOnly()
+
+    async def ready() -> bool:
+        return True
+
+    state = HttpState(pool=pool, dsn=args.dsn, store=LocalDirectoryStore(Path(args.tmp)),
+                      metrics=Metrics(), tenant_for_token=TokenTable({}), ready=ready,
+                      extra_routes=hook_routes(table, intake, _no_confirm),
+                      body_limit=table.body_limit)
+    async with anyio.create_task_group() as tg:
+        await tg.start(intake.run)
+        port = await tg.start(serve_http, "127.0.0.1", 0, state)
+        print(f"ready {port}", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)  # the parent closes stdin to stop us
+        tg.cancel_scope.cancel()
+    await pool.close()
+
+
+async def _no_confirm(_url: str) -> None:
+    raise RuntimeError("no subscription confirmations in the bench")
+
+
+# --- driver --------------------------------------------------------------------------------
+
+_LATENCY = re.compile(r"^\s+(50|99)\.000%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def run_wrk(port: int, source: str, requests_file: Path, args: argparse.Namespace
+            ) -> tuple[int, float, int, float, float]:
+    env = {**os.environ, "BENCH_REQUESTS": str(requests_file)}
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{args.connections}", f"-d{args.duration}s", "--latency",
+         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}"],
+        capture_output=True, text=True, env=env, check=True).stdout
+    match = re.search(r"(\d+) requests in ([\d.]+)(s|m)", out)
+    if match is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    requests = int(match.group(1))
+    seconds = float(match.group(2)) * (60 if match.group(3) == "m" else 1)
+    non_2xx = int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
+    errors = re.search(r"Socket errors: .*", out)
+    if errors:
+        print("   wrk:", errors.group(0))
+    lat = {p: float(v) * _UNITS_MS[u] for p, v, u in _LATENCY.findall(out)}
+    return requests, seconds, non_2xx, lat["50"], lat["99"]
+
+
+async def fresh_database(admin_dsn: str, name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    from inboxd.pipeline.schema import apply_schema
+    from inboxd.pipeline.tenancy import ensure_tenants
+
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = urlunsplit(urlsplit(admin_dsn)._replace(path="/" + name))
+    conn = await asyncpg.connect(dsn)
+    try:
+        await apply_schema(conn)
+        await ensure_tenants(conn, [TENANT])
+    finally:
+        await conn.close()
+    return dsn
+
+
+async def count_rows(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM delivery_events")
+    finally:
+        await conn.close()
+
+
+async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
+                  public_key: str, requests_file: Path, per_request: int) -> Result:
+    name = f"bench_webhooks_{os.getpid()}_{scenario}_{mode}"
+    dsn = await fresh_database(admin_dsn, name)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "_serve", "--mode", mode, "--dsn", dsn, "--tmp", str(tmp),
+         "--public-key", public_key],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("ready "):
+            raise RuntimeError(f"server did not start: {line!r}")
+        port = int(line.split()[1])
+        requests, seconds, non_2xx, p50, p99 = await anyio.to_thread.run_sync(
+            run_wrk, port, scenario, requests_file, args)
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    rows = await count_rows(dsn) if mode == "persisted" else None
+    if not args.keep:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+    return Result(scenario, mode, requests, seconds, non_2xx, p50, p99, per_request, rows)
+
+
+async def drive(args: argparse.Namespace) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk")
+    private_key = ec.generate_private_key(ec.SECP256R1())
+    public_key = base64.b64encode(private_key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="bench-webhooks-") as tmp_name:
+        tmp = Path(tmp_name)
+        n = int(REQUESTS_PER_S_HEADROOM * args.duration * 1.2)
+        for scenario in args.only.split(","):
+            per_request = 1 if scenario == "sw" else args.batch
+            for mode in ("verify-only", "persisted"):
+                # Fresh signatures per run: their timestamps must be within 5 minutes.
+                generated = (standard_requests(n) if scenario == "sw" else
+                             sendgrid_requests(max(1, n // per_request), per_request,
+                                               private_key))
+                requests_file = tmp / f"{scenario}.requests"
+                write_requests(requests_file, generated)
+                result = await one_run(args, args.dsn, scenario, mode, tmp, public_key,
+                                       requests_file, per_request)
+                results.append(result)
+                print(f"  {scenario:3} {mode:12} {result.req_s:9,.0f} req/s "
+                      f"{result.events_s:9,.0f} events/s  p50 {result.p50_ms:6.2f} ms  "
+                      f"p99 {result.p99_ms:6.2f} ms  non-2xx {result.non_2xx}"
+                      + (f"  rows {result.rows:,} = {result.rows_s:,.0f}/s"
+                         if result.rows is not None else ""), flush=True)
+    print_table(results, args)
+
+
+def print_table(results: list[Result], args: argparse.Namespace) -> None:
+    print(f"\nwrk -t1 -c{args.connections} -d{args.duration}s, loopback, "
+          f"{os.cpu_count()} cores, PostgreSQL synchronous_commit as configured\n")
+    print("| scenario | path | requests/s | events/s | committed rows/s | p50 ms | p99 ms "
+          "| non-2xx | persisted / verify-only |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    by_key = {(r.scenario, r.mode): r for r in results}
+    for r in results:
+        base = by_key.get((r.scenario, "verify-only"))
+        ratio = f"{r.events_s / base.events_s:.2f}" if r.mode == "persisted" and base else ""
+        rows = f"{r.rows_s:,.0f}" if r.rows_s is not None else ""
+        print(f"| {r.scenario} | {r.mode} | {r.req_s:,.0f} | {r.events_s:,.0f} | {rows} "
+              f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.non_2xx} | {ratio} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    serve_parser = sub.add_parser("_serve")
+    serve_parser.add_argument("--mode", choices=["verify-only", "persisted"], required=True)
+    serve_parser.add_argument("--dsn", required=True)
+    serve_parser.add_argument("--tmp", required=True)
+    serve_parser.add_argument("--public-key", required=True)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=25, help="events per SendGrid request")
+    parser.add_argument("--only", default="sw,sg", help="scenarios: sw, sg")
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                        help="admin DSN; bench databases are created and dropped")
+    parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    args = parser.parse_args()
+    if args.command == "_serve":
+        anyio.run(serve, args)
+    else:
+        anyio.run(drive, args)
+
+
+if __name__ == "__main__":
+    main()
