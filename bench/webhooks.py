@@ -59,6 +59,32 @@ LUA = Path(__file__).with_name("webhooks.lua")
 REQUESTS_PER_S_HEADROOM = 25_000
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of `pids` from /proc (Linux), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+def postgres_pids() -> list[int]:
+    """Every local postgres process (backends come and go; sampled per run)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in ("postgres", "postmaster"):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
 @dataclass
 class Result:
     scenario: str
@@ -70,6 +96,8 @@ class Result:
     p99_ms: float
     events_per_request: int
     rows: int | None = None
+    server_cpu_s: float = 0.0
+    postgres_cpu_s: float = 0.0
 
     @property
     def req_s(self) -> float:
@@ -137,6 +165,7 @@ def write_requests(path: Path, requests: list[tuple[dict[str, str], bytes]]) -> 
 async def serve(args: argparse.Namespace) -> None:
     """`_serve`: the daemon's listener with the two bench sources, until stdin closes."""
     from inboxd.adapters.esp.registry import build_esp_source
+    from inboxd.daemon.commands.run import tune_gc
     from inboxd.daemon.http import HttpState, TokenTable, serve_http
     from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
     from inboxd.daemon.logging import configure_logging
@@ -145,7 +174,6 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.pipeline.objectstore import LocalDirectoryStore
 
     configure_logging(True, level="warning")
-
     class VerifyOnly:
         """The intake's interface, answering at once: nothing is stored."""
 
@@ -178,6 +206,8 @@ async def serve(args: argparse.Namespace) -> None:
                       metrics=Metrics(), tenant_for_token=TokenTable({}), ready=ready,
                       extra_routes=hook_routes(table, intake, _no_confirm),
                       body_limit=table.body_limit)
+    if not args.default_gc:
+        tune_gc()  # as `inboxd run` does
     async with anyio.create_task_group() as tg:
         await tg.start(intake.run)
         port = await tg.start(serve_http, "127.0.0.1", 0, state)
@@ -193,15 +223,16 @@ async def _no_confirm(_url: str) -> None:
 
 # --- driver --------------------------------------------------------------------------------
 
-_LATENCY = re.compile(r"^\s+(50|99)\.000%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_LATENCY = re.compile(r"^\s+(50|99)(?:\.0+)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
 def run_wrk(port: int, source: str, requests_file: Path, args: argparse.Namespace
             ) -> tuple[int, float, int, float, float]:
     env = {**os.environ, "BENCH_REQUESTS": str(requests_file)}
+    connections = args.connections if source == "sw" else args.sg_connections
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{args.connections}", f"-d{args.duration}s", "--latency",
+        ["wrk", "-t1", f"-c{connections}", f"-d{args.duration}s", "--latency",
          "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}"],
         capture_output=True, text=True, env=env, check=True).stdout
     match = re.search(r"(\d+) requests in ([\d.]+)(s|m)", out)
@@ -214,6 +245,8 @@ def run_wrk(port: int, source: str, requests_file: Path, args: argparse.Namespac
     if errors:
         print("   wrk:", errors.group(0))
     lat = {p: float(v) * _UNITS_MS[u] for p, v, u in _LATENCY.findall(out)}
+    if "99" not in lat:
+        raise RuntimeError(f"no latency distribution in wrk output:\n{out}")
     return requests, seconds, non_2xx, lat["50"], lat["99"]
 
 
@@ -251,17 +284,34 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
                   public_key: str, requests_file: Path, per_request: int) -> Result:
     name = f"bench_webhooks_{os.getpid()}_{scenario}_{mode}"
     dsn = await fresh_database(admin_dsn, name)
-    server = subprocess.Popen(
-        [sys.executable, __file__, "_serve", "--mode", mode, "--dsn", dsn, "--tmp", str(tmp),
-         "--public-key", public_key],
+    command = [sys.executable, __file__, "_serve", "--mode", mode, "--dsn", dsn,
+               "--tmp", str(tmp), "--public-key", public_key]
+    if args.uvloop:
+        command.append("--uvloop")
+    if args.default_gc:
+        command.append("--default-gc")
+    if args.profile:
+        # py-spy (pip install py-spy): collapsed stacks of the server, one file per run
+        command = ["py-spy", "record", "--format", "raw", "--rate", "250", "-o",
+                   f"{args.profile}/{scenario}-{mode}.txt", "--", *command]
+    # A plain Popen: the driver does nothing else while a run is on.
+    server = subprocess.Popen(  # noqa: ASYNC220
+        command,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
+        while line and not line.startswith("ready "):  # py-spy's own lines come first
+            line = server.stdout.readline()
         if not line.startswith("ready "):
             raise RuntimeError(f"server did not start: {line!r}")
         port = int(line.split()[1])
+        pg = postgres_pids()
+        cpu_before = (cpu_seconds([server.pid]), cpu_seconds(pg))
         requests, seconds, non_2xx, p50, p99 = await anyio.to_thread.run_sync(
             run_wrk, port, scenario, requests_file, args)
+        pg = sorted(set(pg) | set(postgres_pids()))
+        server_cpu = cpu_seconds([server.pid]) - cpu_before[0]
+        postgres_cpu = cpu_seconds(pg) - cpu_before[1]
     finally:
         server.stdin.close()
         server.wait(timeout=30)
@@ -272,7 +322,8 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
-    return Result(scenario, mode, requests, seconds, non_2xx, p50, p99, per_request, rows)
+    return Result(scenario, mode, requests, seconds, non_2xx, p50, p99, per_request, rows,
+                  server_cpu / seconds, postgres_cpu / seconds)
 
 
 async def drive(args: argparse.Namespace) -> None:
@@ -304,23 +355,27 @@ async def drive(args: argparse.Namespace) -> None:
                       f"{result.events_s:9,.0f} events/s  p50 {result.p50_ms:6.2f} ms  "
                       f"p99 {result.p99_ms:6.2f} ms  non-2xx {result.non_2xx}"
                       + (f"  rows {result.rows:,} = {result.rows_s:,.0f}/s"
-                         if result.rows is not None else ""), flush=True)
+                         if result.rows is not None else "")
+                      + f"  cpu server {result.server_cpu_s:.2f} postgres "
+                        f"{result.postgres_cpu_s:.2f}", flush=True)
     print_table(results, args)
 
 
 def print_table(results: list[Result], args: argparse.Namespace) -> None:
-    print(f"\nwrk -t1 -c{args.connections} -d{args.duration}s, loopback, "
+    print(f"\nwrk -t1 -c{args.connections} (sw) / -c{args.sg_connections} (sg) "
+          f"-d{args.duration}s, sg batches of {args.batch}, loopback, "
           f"{os.cpu_count()} cores, PostgreSQL synchronous_commit as configured\n")
     print("| scenario | path | requests/s | events/s | committed rows/s | p50 ms | p99 ms "
-          "| non-2xx | persisted / verify-only |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| non-2xx | server CPU (cores) | PostgreSQL CPU (cores) | persisted / verify-only |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     by_key = {(r.scenario, r.mode): r for r in results}
     for r in results:
         base = by_key.get((r.scenario, "verify-only"))
         ratio = f"{r.events_s / base.events_s:.2f}" if r.mode == "persisted" and base else ""
         rows = f"{r.rows_s:,.0f}" if r.rows_s is not None else ""
         print(f"| {r.scenario} | {r.mode} | {r.req_s:,.0f} | {r.events_s:,.0f} | {rows} "
-              f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.non_2xx} | {ratio} |")
+              f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.non_2xx} | {r.server_cpu_s:.2f} "
+              f"| {r.postgres_cpu_s:.2f} | {ratio} |")
 
 
 def main() -> None:
@@ -331,16 +386,26 @@ def main() -> None:
     serve_parser.add_argument("--dsn", required=True)
     serve_parser.add_argument("--tmp", required=True)
     serve_parser.add_argument("--public-key", required=True)
+    serve_parser.add_argument("--uvloop", action="store_true")
+    serve_parser.add_argument("--default-gc", action="store_true")
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=32,
+                        help="concurrent connections for sw (one event per request)")
+    parser.add_argument("--sg-connections", type=int, default=8,
+                        help="concurrent connections for sg (batches)")
     parser.add_argument("--batch", type=int, default=25, help="events per SendGrid request")
     parser.add_argument("--only", default="sw,sg", help="scenarios: sw, sg")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres",
                         help="admin DSN; bench databases are created and dropped")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    parser.add_argument("--uvloop", action="store_true", help="serve on uvloop")
+    parser.add_argument("--default-gc", action="store_true",
+                        help="keep Python's default collector settings (no tune_gc)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="record the server with py-spy into DIR (slower runs)")
     args = parser.parse_args()
     if args.command == "_serve":
-        anyio.run(serve, args)
+        anyio.run(serve, args, backend_options={"use_uvloop": args.uvloop})
     else:
         anyio.run(drive, args)
 

@@ -331,6 +331,10 @@ def read_recipients(to: Any) -> list[str]:
     for entry in to:
         if not isinstance(entry, str) or not entry.strip():
             continue
+        if "<" not in entry and '"' not in entry and "(" not in entry:
+            # A bare address, the common case: parseaddr costs ~6 µs and finds nothing more.
+            recipients.append(entry.strip())
+            continue
         address = parseaddr(entry)[1]
         recipients.append(address or entry.strip())
     return recipients

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -36,6 +37,10 @@ log = structlog.get_logger(__name__)
 # glibc malloc arenas for the daemon process (see cap_malloc_arenas).
 MALLOC_ARENA_MAX = 2
 _M_ARENA_MAX = -8  # mallopt(3) parameter number, glibc malloc.h
+
+# Collector thresholds for the daemon (gen 0 allocations, gen 1 and gen 2 sweeps);
+# see tune_gc.
+GC_THRESHOLDS = (50_000, 50, 100)
 
 # Connections: one per ingest worker, one per concurrently syncing mailbox's
 # bookkeeping, a few for the listener's requests, the delivery intake's writers
@@ -70,6 +75,20 @@ def cap_malloc_arenas() -> None:
         return
 
 
+def tune_gc() -> None:
+    """Move everything loaded at start out of the collector's way, and collect less often.
+
+    A long-running server allocates many short-lived objects per request; with
+    the default thresholds (700, 10, 10) full collections walk every module,
+    class and config object each time, and their pauses were the p99 of webhook
+    requests: bench/webhooks.py measured p99 28 ms → 8 ms with `gc.freeze()`
+    after start, and +15 % requests/s with gen-0 threshold 50,000 (bench/README.md).
+    Cycles are still collected; memory held by garbage grows by a few MB at most.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def run(args: argparse.Namespace) -> int:
     cap_malloc_arenas()
     if args.config is None:
@@ -94,6 +113,7 @@ async def run(args: argparse.Namespace) -> int:
             await apply_with_deadline(conn)
         async with open_object_store(main.object_store) as store:
             daemon = Daemon(main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store)
+            tune_gc()  # after everything the daemon keeps for its lifetime is loaded
             await daemon.run()
     return EXIT_OK
 

@@ -147,8 +147,11 @@ async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResp
         # Application(client_max_size=limit + 1): read() raises 413 as soon as it
         # has more than `limit` bytes, whatever the framing (chunked included).
         try:
-            with anyio.fail_after(BODY_READ_TIMEOUT_S):
-                await request.read()
+            if request.content.is_eof():
+                await request.read()  # all of it is buffered already: nothing to wait for
+            else:
+                with anyio.fail_after(BODY_READ_TIMEOUT_S):
+                    await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _too_large(limit)
         except TimeoutError:

@@ -7,8 +7,8 @@ returns, i.e. after the events are committed. Between submit and commit:
     submit ── prepare rows (dedup key, minimised payload, hashed recipient)
           ── put on the intake stream, wait for the outcome
     writer ── take one submission, then every other already waiting (≤ MAX_GROUP)
-          ── one transaction: replay tokens → events (ON CONFLICT DO NOTHING)
-             → NOTIFY inboxd_delivery → COMMIT
+          ── one statement (its own transaction): replay tokens → events
+             (ON CONFLICT DO NOTHING) → NOTIFY inboxd_delivery
           ── wake every waiter with its own outcome
 
 `WRITERS` writers share the stream, so while one group commits the next one
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -69,30 +69,49 @@ WRITERS = 3
 MAX_GROUP = 256
 #: Requests waiting for a writer before submit pushes back (then 503).
 QUEUE_CAPACITY = 4096
-#: How long a request waits for its commit before answering 503; providers
-#: time out after 10–30 s (SendGrid 3 s connect, SNS 15 s), so stay below.
-SUBMIT_TIMEOUT_S = 8.0
+#: Bound on taking a connection and on each statement of a group's transaction:
+#: a request then waits at most ~3 × this for its answer (queue, its group,
+#: the group before). Providers time out after 10–30 s (SNS 15 s), so the 503
+#: comes before their timeout.
+COMMIT_TIMEOUT_S = 3.0
 
 _DATA_SQLSTATE_CLASSES = ("22", "23", "54")
 
-_INSERT_TOKENS = """
-INSERT INTO webhook_replay_tokens (tenant_id, source, token_hash)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
-ON CONFLICT DO NOTHING
-RETURNING tenant_id, source, token_hash
-"""
-
-_INSERT_EVENTS = """
-INSERT INTO delivery_events (tenant_id, source, dedup_key, provider, provider_type, event_type,
-    occurred_at, received_at, provider_message_id, message_id_norm, message_key, recipient,
-    recipient_hash, bounce_type, bounce_subtype, list_id, payload)
-SELECT t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl::jsonb
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], $11::text[],
-              $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
-       AS u(t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl)
-ON CONFLICT (tenant_id, source, dedup_key) DO NOTHING
-RETURNING tenant_id, source, dedup_key
+# One statement per group, in autocommit: a single statement is its own
+# transaction, so the group costs one round trip instead of four (BEGIN, INSERT,
+# NOTIFY, COMMIT) — each of which waits for a turn of a busy event loop
+# (bench/webhooks.py: p50 5.5 → see bench/README.md). The replay tokens go in
+# first (CTE `tok`); an event row whose request carries a token is inserted only
+# when that token was new. Every output row is an event (`e`) or token (`t`)
+# that is new; the NOTIFY runs once, as an init plan, when there is any.
+_WRITE_GROUP = """
+WITH tok AS (
+    INSERT INTO webhook_replay_tokens (tenant_id, source, token_hash)
+    SELECT * FROM unnest($18::text[], $19::text[], $20::text[])
+    ON CONFLICT DO NOTHING
+    RETURNING tenant_id, source, token_hash
+), ins AS (
+    INSERT INTO delivery_events (tenant_id, source, dedup_key, provider, provider_type,
+        event_type, occurred_at, received_at, provider_message_id, message_id_norm,
+        message_key, recipient, recipient_hash, bounce_type, bounce_subtype, list_id, payload)
+    SELECT t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl::jsonb
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                  $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], $11::text[],
+                  $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
+                  $17::text[], $21::text[])
+           AS u(t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl, th)
+     WHERE u.th IS NULL
+        OR EXISTS (SELECT 1 FROM tok
+                    WHERE tok.tenant_id = u.t AND tok.source = u.s AND tok.token_hash = u.th)
+    ON CONFLICT (tenant_id, source, dedup_key) DO NOTHING
+    RETURNING tenant_id, source, dedup_key
+), new AS (
+    SELECT 'e' AS kind, tenant_id, source, dedup_key AS key FROM ins
+    UNION ALL
+    SELECT 't', tenant_id, source, token_hash FROM tok
+)
+SELECT kind, tenant_id, source, key, (SELECT pg_notify($22, '')) IS NULL AS notified
+  FROM new
 """
 
 
@@ -189,11 +208,10 @@ class DeliveryIntake:
             raise IntakeUnavailable("intake queue is full") from None
         except anyio.ClosedResourceError:
             raise IntakeUnavailable("intake has stopped") from None
-        with anyio.move_on_after(SUBMIT_TIMEOUT_S):
-            await item.done.wait()
-        if not item.done.is_set():
-            # Its group may still commit: the provider's retry is then a duplicate.
-            raise IntakeUnavailable("commit did not finish in time")
+        # No cancel scope here (it costs ~10 µs a request): the writer finishes every
+        # item it takes, its statements bounded by COMMIT_TIMEOUT_S, and `run`
+        # finishes what is left when it stops.
+        await item.done.wait()
         if item.error is not None:
             raise item.error
         assert item.outcome is not None
@@ -237,15 +255,29 @@ class DeliveryIntake:
                 item.finish(error=outcome)
 
     async def _write(self, group: list[_Submission]) -> list[Stored | Exception]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            refused = await _claim_tokens(conn, group)
-            accepted = [item for i, item in enumerate(group) if i not in refused]
-            inserted = await _insert_events(conn, accepted)
-            if inserted:
-                await conn.execute("SELECT pg_notify($1, '')", DELIVERY_CHANNEL)
-        outcomes: list[Stored | Exception] = []
+        refused = _repeated_tokens(group)
+        columns: list[list[Any]] = [[] for _ in range(_ROW_FIELDS + 1)]
+        tokens: tuple[list[str], list[str], list[str]] = ([], [], [])
         for i, item in enumerate(group):
             if i in refused:
+                continue
+            if item.token_hash is not None:
+                tokens[0].append(item.tenant_id)
+                tokens[1].append(item.source)
+                tokens[2].append(item.token_hash)
+            for row in item.rows:
+                for column, value in zip(columns, (*row, item.token_hash), strict=True):
+                    column.append(value)
+        async with self._pool.acquire(timeout=COMMIT_TIMEOUT_S) as conn:
+            rows = await conn.fetch(_WRITE_GROUP, *columns[:_ROW_FIELDS], *tokens,
+                                    columns[_ROW_FIELDS], DELIVERY_CHANNEL,
+                                    timeout=COMMIT_TIMEOUT_S)
+        inserted = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "e"}
+        fresh = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "t"}
+        outcomes: list[Stored | Exception] = []
+        for i, item in enumerate(group):
+            if i in refused or (item.token_hash is not None and (
+                    item.tenant_id, item.source, item.token_hash) not in fresh):
                 outcomes.append(ReplayedToken("token already used"))
                 continue
             keys = {(item.tenant_id, item.source, row[2]) for row in item.rows}
@@ -263,36 +295,19 @@ class DeliveryIntake:
             item.finish(error=IntakeUnavailable("daemon stopping"))
 
 
-async def _claim_tokens(conn: asyncpg.Connection, group: list[_Submission]) -> set[int]:
-    """Insert the group's replay tokens; the positions of requests whose token was known."""
-    wanted = [(i, item) for i, item in enumerate(group) if item.token_hash is not None]
-    if not wanted:
-        return set()
-    rows = await conn.fetch(
-        _INSERT_TOKENS, [item.tenant_id for _, item in wanted],
-        [item.source for _, item in wanted], [item.token_hash for _, item in wanted])
-    fresh = {(r["tenant_id"], r["source"], r["token_hash"]) for r in rows}
-    refused: set[int] = set()
-    for i, item in wanted:
+def _repeated_tokens(group: list[_Submission]) -> set[int]:
+    """Positions of requests whose token an earlier request of the group carries:
+    only the first of them may pass."""
+    seen: set[tuple[str, str, str]] = set()
+    repeated: set[int] = set()
+    for i, item in enumerate(group):
+        if item.token_hash is None:
+            continue
         key = (item.tenant_id, item.source, item.token_hash)
-        if key in fresh:
-            fresh.discard(key)  # the same token twice in one group: only the first passes
-        else:
-            refused.add(i)
-    return refused
-
-
-async def _insert_events(conn: asyncpg.Connection, group: Iterable[_Submission]
-                         ) -> set[tuple[str, str, str]]:
-    columns: list[list[Any]] = [[] for _ in range(_ROW_FIELDS)]
-    for item in group:
-        for row in item.rows:
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-    if not columns[0]:
-        return set()
-    rows = await conn.fetch(_INSERT_EVENTS, *columns)
-    return {(r["tenant_id"], r["source"], r["dedup_key"]) for r in rows}
+        if key in seen:
+            repeated.add(i)
+        seen.add(key)
+    return repeated
 
 
 def prepare_rows(tenant_id: str, source: str, provider: str, events: Sequence[DeliveryEvent],
