@@ -42,6 +42,6 @@ def build_esp_source(source_id: str, table: Mapping[str, Any], reveal: Reveal, *
     if builder is None:
         raise SourceConfigError(
             f"provider: expected one of {', '.join(sorted(PROVIDERS))}, got {provider!r}")
-    if builder is ses.SesSource.from_config and fetch is not None:
+    if provider == "ses" and fetch is not None:
         return builder(source_id, table, reveal, fetch=fetch)
     return builder(source_id, table, reveal)

@@ -272,3 +272,117 @@ async def test_database_outage_is_503_and_the_retry_is_stored(
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
     assert [r["event_type"] for r in await stored(pool)] == ["bounced"]
+
+
+# --- SES (SNS) and SendGrid over HTTP ---------------------------------------------------------
+
+TOPIC = "arn:aws:sns:eu-west-1:123456789012:ses-events"
+CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-test.pem"
+
+
+def sns_signer():
+    """A self-signed RSA certificate and a function signing SNS messages with it (v2)."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+
+    def sign(message: dict[str, str]) -> bytes:
+        # The canonical string of "Verifying the signatures of Amazon SNS messages".
+        keys = (("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")
+                if message["Type"] == "Notification" else
+                ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn",
+                 "Type"))
+        canonical = "".join(f"{k}\n{message[k]}\n" for k in keys if k in message)
+        signature = key.sign(canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return orjson.dumps({**message, "SignatureVersion": "2",
+                             "Signature": base64.b64encode(signature).decode(),
+                             "SigningCertURL": CERT_URL})
+
+    return pem, sign
+
+
+async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, store) -> None:
+    pem, sign = sns_signer()
+    fetched: list[str] = []
+
+    async def fetch(url: str) -> bytes:
+        fetched.append(url)
+        return pem
+
+    adapter = build_esp_source("ses", {"id": "ses", "provider": "ses", "topic_arns": [TOPIC]},
+                               str, fetch=fetch)
+    ses = HookSource(tenant_id="acme", source_id="ses", adapter=adapter,
+                     policy=SourcePolicy(adapter.default_payload_fields))
+    subscribe = "https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&Token=t1"
+    confirmation = {"Type": "SubscriptionConfirmation", "MessageId": "c-1", "Token": "t1",
+                    "TopicArn": TOPIC, "Message": "You have chosen to subscribe",
+                    "SubscribeURL": subscribe, "Timestamp": "2026-11-30T09:00:00.000Z"}
+    text = {"content-type": "text/plain; charset=UTF-8"}
+    async with serving(pool, db_dsn, store, ses=ses) as served:
+        forged = orjson.loads(sign(confirmation))
+        forged["SubscribeURL"] = "https://sns.eu-west-1.amazonaws.com/?Action=Evil"
+        assert (await post(served, "ses", orjson.dumps(forged), text))[0] == 401
+        other_topic = sign({**confirmation, "TopicArn": TOPIC + "-other"})
+        assert (await post(served, "ses", other_topic, text))[0] == 401
+        assert served.confirmed == []
+        assert await post(served, "ses", sign(confirmation), text) == (
+            200, {"stored": 0, "duplicates": 0})
+        assert served.confirmed == [subscribe]
+        bounce = {"eventType": "Bounce", "mail": {
+            "messageId": "ses-1", "timestamp": "2026-11-30T09:00:00.000Z",
+            "destination": ["x@example.com"], "commonHeaders": {"messageId": "<a@app>"}},
+            "bounce": {"bounceType": "Permanent", "bounceSubType": "General",
+                       "timestamp": "2026-11-30T09:00:05.000Z",
+                       "bouncedRecipients": [{"emailAddress": "x@example.com"}]}}
+        notification = sign({"Type": "Notification", "MessageId": "n-1", "TopicArn": TOPIC,
+                             "Message": orjson.dumps(bounce).decode(),
+                             "Timestamp": "2026-11-30T09:00:06.000Z"})
+        assert (await post(served, "ses", notification, text))[1] == {
+            "stored": 1, "duplicates": 0}
+    assert fetched == [CERT_URL]  # once: the certificate is cached; never for a foreign topic
+    (row,) = await stored(pool)
+    assert (row["event_type"], row["bounce_type"], row["message_id_norm"]) == (
+        "bounced", "permanent", "a@app")
+
+
+async def test_sendgrid_batch_with_a_duplicate_keeps_the_new_event(pool, db_dsn, store) -> None:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = base64.b64encode(key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    sendgrid = hook("sg", {"provider": "sendgrid", "public_key": public})
+
+    def signed(events: list[dict]) -> tuple[bytes, dict[str, str]]:
+        body = orjson.dumps(events)
+        ts = str(int(time.time()))
+        signature = key.sign(ts.encode() + body, ec.ECDSA(hashes.SHA256()))
+        return body, {"X-Twilio-Email-Event-Webhook-Signature":
+                      base64.b64encode(signature).decode(),
+                      "X-Twilio-Email-Event-Webhook-Timestamp": ts,
+                      "content-type": "application/json"}
+
+    def sg_event(event_id: str, kind: str) -> dict:
+        return {"email": "d@example.com", "timestamp": int(time.time()), "event": kind,
+                "sg_event_id": event_id, "sg_message_id": "abc.filter1.1", "smtp-id": "<s@a>"}
+
+    async with serving(pool, db_dsn, store, sg=sendgrid) as served:
+        assert (await post(served, "sg", *signed([sg_event("e1", "delivered")])))[0] == 200
+        body, headers = signed([sg_event("e1", "delivered"), sg_event("e2", "open")])
+        assert await post(served, "sg", body, headers) == (200, {"stored": 1, "duplicates": 1})
+        tampered = body.replace(b'"open"', b'"click"')
+        assert (await post(served, "sg", tampered, headers))[0] == 401
+    assert [r["dedup_key"] for r in await stored(pool)] == ["id:e1", "id:e2"]
