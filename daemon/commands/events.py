@@ -1,4 +1,11 @@
-"""`inboxd events replay [--dead] [--since T] [--source S] [--tenant T]`: re-queue delivery events.
+"""`inboxd events status|replay`: look at and re-queue stored delivery events.
+
+`inboxd events status [--tenant T] [--json]` counts events per tenant, source
+and state (pending / applied / dead), with the oldest pending event's receive
+time and the latest error of a dead one: what an operator checks before a
+replay.
+
+`inboxd events replay [--dead] [--since T] [--source S] [--tenant T]`:
 
 Puts stored delivery events back to pending (`pipeline.delivery.worker.replay_events`)
 so the event workers of any running replica apply them again — after fixing
@@ -26,7 +33,7 @@ from inboxd.daemon.commands.common import (
     open_pool,
     resolve,
 )
-from inboxd.daemon.commands.status import database_call, valid_id_option
+from inboxd.daemon.commands.status import database_call, format_time, valid_id_option
 from inboxd.pipeline.delivery.worker import replay_events
 
 
@@ -46,6 +53,51 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
     replay.add_argument("--source", metavar="S", help="only this delivery source id")
     replay.add_argument("--tenant", metavar="T", help="only this tenant")
     replay.set_defaults(handler=run_replay)
+    status = actions.add_parser(
+        "status", parents=[parent], help="count stored events by source and state",
+        description="Count stored delivery events per tenant, source and state.")
+    status.add_argument("--tenant", metavar="T", help="only this tenant")
+    status.set_defaults(handler=run_status)
+
+
+_STATUS = """
+SELECT tenant_id, source,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'applied') AS applied,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       min(received_at) FILTER (WHERE state = 'pending') AS oldest_pending,
+       (array_agg(last_error ORDER BY received_at DESC) FILTER (WHERE state = 'dead'))[1]
+           AS last_dead_error
+  FROM delivery_events
+ WHERE $1::text IS NULL OR tenant_id = $1
+ GROUP BY tenant_id, source
+ ORDER BY tenant_id, source
+"""
+
+
+async def run_status(args: argparse.Namespace) -> int:
+    tenant = valid_id_option("tenant", args.tenant)
+    choice = await resolve(args, load_config(args.config))
+    async with open_pool(choice, max_size=1) as pool, pool.acquire() as conn:
+        with database_call(choice):
+            rows = [dict(r) for r in await conn.fetch(_STATUS, tenant)]
+    if args.json:
+        for row in rows:
+            if row["oldest_pending"] is not None:
+                row["oldest_pending"] = row["oldest_pending"].isoformat()
+        emit_json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no delivery events")
+        return EXIT_OK
+    print(f"{'TENANT':16} {'SOURCE':16} {'PENDING':>8} {'APPLIED':>9} {'DEAD':>6}  "
+          "OLDEST PENDING        LAST DEAD ERROR")
+    for row in rows:
+        oldest = format_time(row["oldest_pending"]) if row["oldest_pending"] else "-"
+        error = (row["last_dead_error"] or "-")[:60]
+        print(f"{row['tenant_id']:16} {row['source']:16} {row['pending']:>8} "
+              f"{row['applied']:>9} {row['dead']:>6}  {oldest:21} {error}")
+    return EXIT_OK
 
 
 def parse_since(text: str | None) -> datetime | None:

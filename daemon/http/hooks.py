@@ -30,6 +30,7 @@ import structlog
 from aiohttp import hdrs, web
 
 from inboxd.adapters.esp.base import (
+    Accepted,
     EspSource,
     MalformedPayload,
     SourceUnavailable,
@@ -178,7 +179,8 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
     return [web.post(HOOK_PATH, handle)]
 
 
-async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest):
+async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest
+                  ) -> Accepted:
     try:
         return await hook.adapter.accept(webhook)
     except VerificationFailed as exc:

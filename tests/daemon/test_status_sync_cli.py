@@ -240,3 +240,14 @@ async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) ->
 async def test_events_replay_refuses_a_bad_time(inboxd) -> None:
     result = await inboxd("events", "replay", "--since", "yesterday")
     assert result.code == 2 and "--since" in result.stderr
+
+
+async def test_events_status_counts_by_source_and_state(inboxd, pool: asyncpg.Pool) -> None:
+    await _delivery_rows(pool)
+    result = await inboxd("events", "status", "--json")
+    assert result.code == 0, result.stderr
+    counts = {(r["source"], r["pending"], r["applied"], r["dead"], r["last_dead_error"])
+              for r in result.json}
+    assert counts == {("ses", 0, 1, 1, "boom"), ("pm", 0, 0, 1, "boom")}
+    plain = await inboxd("events", "status")
+    assert plain.code == 0 and "boom" in plain.stdout and "ses" in plain.stdout
