@@ -1,9 +1,11 @@
 """The contract of a delivery-event source: verify a webhook request, normalise its events.
 
 One module per provider scheme implements `EspSource` (the class) and a
-`from_config(table, reveal)` constructor; `adapters/esp/registry.py` maps the
-`provider` key of a tenant's `[[delivery_sources]]` table to it. The daemon's
-route (`POST /hooks/esp/{tenant}/{source}`) does, in this order:
+`from_config(source_id, table, reveal)` constructor; `adapters/esp/registry.py`
+maps the `provider` key of a tenant's `[[delivery_sources]]` table to it. The
+rules they share live in `config.py` (unknown keys, `tolerance_s`) and
+`fields.py` (JSON bodies, typed fields, event times, signed timestamps). The
+daemon's route (`POST /hooks/esp/{tenant}/{source}`) does, in this order:
 
     size limit (413) → content type (415) → rate limit (429)
     → await source.accept(request)
@@ -22,7 +24,9 @@ parse first and verify those fields; Postmark has no signature and is
 verified by HTTP Basic credentials. Comparisons are constant-time. Secrets
 come in revealed through `reveal` and never appear in reprs, logs or errors.
 An event type the adapter does not know becomes `EventType.UNKNOWN` with its
-raw type — never an error.
+raw type — never an error. In a batch of independent events (SendGrid), an
+event object that cannot be normalised becomes UNKNOWN too (`malformed:<type>`)
+instead of failing the request, which would lose the rest of the batch.
 """
 
 from __future__ import annotations

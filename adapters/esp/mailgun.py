@@ -49,7 +49,17 @@ https://documentation.mailgun.com/docs/mailgun/user-manual/events/event-types):
     anything else (stored, list_member_uploaded, …) → UNKNOWN with the raw type
 
 `bounce_subtype` is delivery-status.code (the SMTP code, e.g. "550"), else
-the reason. Ids: event-data.id is the event id; the Message-ID header
+the reason. Ids: the event id is `{event-data.id}:{timestamp}`. Mailgun's
+event id is unique only within about a day (Mailgun "Event Structure";
+django-anymail's Mailgun notes), so the id alone would deduplicate two
+different events that happen to share it on different days. `timestamp` is
+`repr(float(event-data.timestamp))`, e.g. "1403645210.123": the shortest
+round-trip form depends only on the number, so a redelivery of the same event
+gets the same id even if it is serialised differently (`1521472262.5` vs
+`1.5214722625e9`, or an integer). The text as sent is not kept by orjson, and
+a second parse just to recover it would cost more than it buys. An event
+without an id or a timestamp has no event id and is fingerprinted. The
+Message-ID header
 (event-data.message.headers.message-id, without angle brackets) is both
 `message_id_header` and `provider_message_id`, because Mailgun's message id
 is that header. `payload` is `{"event-data": …}` — the signature is left out,
@@ -60,18 +70,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, ClassVar
-
-import orjson
 
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 from .base import (
-    COMMON_KEYS,
     DEFAULT_TOLERANCE_S,
     Accepted,
     MalformedPayload,
@@ -80,10 +85,22 @@ from .base import (
     VerificationFailed,
     WebhookRequest,
 )
+from .config import read_tolerance, refuse_unknown_keys
+from .fields import (
+    check_timestamp,
+    optional_str,
+    parse_json_object,
+    read_unix_time,
+    required_str,
+)
 
 __all__ = ["MailgunSource", "from_config"]
 
 _CONFIG_KEYS = frozenset({"signing_key", "tolerance_s"})
+
+#: Prefix of MalformedPayload messages about the event object.
+_WHERE = "event-data."
+_TIMESTAMP = "event-data.timestamp"
 
 _SIMPLE_TYPES: dict[str, EventType] = {
     "accepted": EventType.ACCEPTED,
@@ -133,7 +150,9 @@ class MailgunSource:
         MalformedPayload when the verified event-data is not the documented shape.
         Returns the event with the token as `replay_token`.
         """
-        body = parse_body(request.body)
+        # Parsed before verification (the scheme signs fields, not the body):
+        # an unparsable body is VerificationFailed (module docstring).
+        body = parse_json_object(request.body, error=VerificationFailed)
         token = self._verify(body.get("signature"), request.received_at)
         event = normalise_event(body.get("event-data"))
         return Accepted(events=[event], replay_token=token)
@@ -163,67 +182,61 @@ class MailgunSource:
         return token
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object; VerificationFailed otherwise (module docstring)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise VerificationFailed("body is not JSON, no signature to check") from None
-    if not isinstance(parsed, dict):
-        raise VerificationFailed("body is not a JSON object, no signature to check")
-    return parsed
-
-
 def _signed_timestamp(value: Any) -> str:
     """The timestamp exactly as signed: Mailgun sends a string of digits (its
-    docs also call it an int, so an integer is taken as its decimal string)."""
+    docs also call it an int, so an integer is taken as its decimal string).
+    That it is digits only is checked with the tolerance (check_timestamp)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    # isascii: str.isdigit and int() also accept other scripts' digits.
-    if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+        return str(value)
+    if not isinstance(value, str):
         raise VerificationFailed("signature.timestamp is not Unix seconds")
     return value
-
-
-def check_timestamp(timestamp: str, received_at: float, tolerance_s: float) -> None:
-    """Refuse a signed timestamp more than `tolerance_s` from `received_at`, in
-    either direction (the boundary itself passes)."""
-    # Compared, not subtracted: int/float comparison is exact for any size of int.
-    signed_at = int(timestamp)
-    if not received_at - tolerance_s <= signed_at <= received_at + tolerance_s:
-        raise VerificationFailed("timestamp outside tolerance")
 
 
 def normalise_event(data: Any) -> DeliveryEvent:
     """A verified `event-data` object as a DeliveryEvent (the module docstring has the rules)."""
     if not isinstance(data, dict):
         raise MalformedPayload("event-data is missing or not an object")
-    raw_type = _required_str(data, "event")
+    raw_type = required_str(data, "event", where=_WHERE)
     event_type = _SIMPLE_TYPES.get(raw_type, EventType.UNKNOWN)
     bounce_type: BounceType | None = None
     bounce_subtype: str | None = None
     list_id: str | None = None
     if raw_type == "failed":
         event_type, bounce_type = classify_failure(
-            _optional_str(data, "severity"), _optional_str(data, "reason"))
+            optional_str(data, "severity", where=_WHERE),
+            optional_str(data, "reason", where=_WHERE))
         if event_type is EventType.BOUNCED:
-            bounce_subtype = _status_code(data) or _optional_str(data, "reason")
+            bounce_subtype = _status_code(data) or optional_str(data, "reason", where=_WHERE)
     elif raw_type == "unsubscribed":
         list_id = _mailing_list(data)
     message_id = _message_id(data)
     return DeliveryEvent(
-        provider_event_id=_optional_str(data, "id"),
+        provider_event_id=event_id(data),
         provider_type=raw_type,
         event_type=event_type,
-        occurred_at=_occurred_at(data),
+        occurred_at=read_unix_time(data.get("timestamp"), what=_TIMESTAMP),
         provider_message_id=message_id,
         message_id_header=message_id,
-        recipient=_optional_str(data, "recipient"),
+        recipient=optional_str(data, "recipient", where=_WHERE),
         bounce_type=bounce_type,
         bounce_subtype=bounce_subtype,
         list_id=list_id,
         payload={"event-data": data},
     )
+
+
+def event_id(data: Mapping[str, Any]) -> str | None:
+    """`{id}:{repr(float(timestamp))}` of an event-data object; None without an
+    id or a timestamp (module docstring: why the timestamp, why this form of
+    it). MalformedPayload when either is of the wrong type."""
+    mailgun_id = optional_str(data, "id", where=_WHERE)
+    timestamp = data.get("timestamp")
+    # read_unix_time refuses what is not a number in datetime's range, so
+    # float() below cannot overflow.
+    if not mailgun_id or read_unix_time(timestamp, what=_TIMESTAMP) is None:
+        return None
+    return f"{mailgun_id}:{float(timestamp)!r}"
 
 
 def classify_failure(severity: str | None,
@@ -271,34 +284,6 @@ def _message_id(data: Mapping[str, Any]) -> str | None:
     return value or None
 
 
-def _occurred_at(data: Mapping[str, Any]) -> datetime | None:
-    value = data.get("timestamp")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise MalformedPayload("event-data.timestamp is not a number")
-    try:
-        return datetime.fromtimestamp(value, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        raise MalformedPayload("event-data.timestamp out of range") from None
-
-
-def _required_str(data: Mapping[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise MalformedPayload(f"event-data.{key} is missing or not a string")
-    return value
-
-
-def _optional_str(data: Mapping[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise MalformedPayload(f"event-data.{key} is not a string")
-    return value
-
-
 def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> MailgunSource:
     """Build the source from its `[[delivery_sources]]` table.
 
@@ -307,9 +292,7 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Mai
     (optional, seconds, default DEFAULT_TOLERANCE_S). COMMON_KEYS are ignored.
     Raises SourceConfigError naming the key; the key's value never appears.
     """
-    unknown = sorted(set(table) - COMMON_KEYS - _CONFIG_KEYS)
-    if unknown:
-        raise SourceConfigError(f"{', '.join(unknown)}: unknown key(s) for provider mailgun")
+    refuse_unknown_keys(table, _CONFIG_KEYS, MailgunSource.provider)
     if "signing_key" not in table:
         raise SourceConfigError("signing_key: required")
     signing_key = reveal(table["signing_key"])
@@ -318,13 +301,6 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Mai
     return MailgunSource(
         source_id=source_id,
         signing_key=signing_key.strip().encode("utf-8"),
-        tolerance_s=parse_tolerance(table.get("tolerance_s", DEFAULT_TOLERANCE_S)),
+        tolerance_s=read_tolerance(table),
     )
 
-
-def parse_tolerance(value: Any) -> float:
-    """`tolerance_s` as a positive, finite number of seconds."""
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value <= 0):
-        raise SourceConfigError("tolerance_s: must be a positive number of seconds")
-    return float(value)

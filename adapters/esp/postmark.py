@@ -29,15 +29,11 @@ import binascii
 import hashlib
 import hmac
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
-
-import orjson
 
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 from .base import (
-    COMMON_KEYS,
     Accepted,
     MalformedPayload,
     Reveal,
@@ -45,6 +41,8 @@ from .base import (
     VerificationFailed,
     WebhookRequest,
 )
+from .config import refuse_unknown_keys
+from .fields import parse_json_object, read_iso_time
 
 __all__ = ["BOUNCE_TYPES", "PostmarkSource"]
 
@@ -176,9 +174,7 @@ class PostmarkSource:
         reference), both required and passed through `reveal`. `COMMON_KEYS` are
         ignored. Raises SourceConfigError naming the key, never a value.
         """
-        unknown = sorted(set(table) - COMMON_KEYS - _CONFIG_KEYS)
-        if unknown:
-            raise SourceConfigError(f"{unknown[0]}: unknown key for provider postmark")
+        refuse_unknown_keys(table, _CONFIG_KEYS, cls.provider)
         for key in ("username", "password"):
             if table.get(key) is None:
                 raise SourceConfigError(f"{key}: required")
@@ -195,7 +191,7 @@ class PostmarkSource:
         """
         check_credentials(
             request.headers.get("authorization"), self._username_digest, self._password_digest)
-        return Accepted(events=[normalise(parse_body(request.body))])
+        return Accepted(events=[normalise(parse_json_object(request.body))])
 
 
 def _digest(value: bytes) -> bytes:
@@ -229,17 +225,6 @@ def check_credentials(header: str | None, username_digest: bytes, password_diges
         raise VerificationFailed("wrong Basic credentials")
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object; MalformedPayload otherwise."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise MalformedPayload("body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise MalformedPayload("body is not a JSON object")
-    return payload
-
-
 def normalise(payload: dict[str, Any]) -> DeliveryEvent:
     """The DeliveryEvent of one Postmark webhook object."""
     record_type = payload.get("RecordType")
@@ -252,7 +237,7 @@ def normalise(payload: dict[str, Any]) -> DeliveryEvent:
         provider_event_id=bounce_event_id(record_type, payload),
         provider_type=provider_type,
         event_type=event_type,
-        occurred_at=parse_time(payload.get(time_field)) if time_field else None,
+        occurred_at=read_iso_time(payload.get(time_field)) if time_field else None,
         provider_message_id=_text(payload.get("MessageID")),
         recipient=_text(payload.get("Recipient")) or _text(payload.get("Email")),
         bounce_type=bounce_type,
@@ -303,20 +288,6 @@ def bounce_event_id(record_type: str, payload: Mapping[str, Any]) -> str | None:
         return None
     text = str(bounce_id).strip()
     return f"bounce:{text}" if text else None
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An ISO-8601 event time, tz-aware (UTC when it has no offset); None when
-    absent. MalformedPayload when present but not a time."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise MalformedPayload("event time is not a string")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise MalformedPayload("event time is not an ISO-8601 time") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _text(value: Any) -> str | None:

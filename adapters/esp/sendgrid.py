@@ -16,6 +16,17 @@ both headers present → timestamp within the tolerance of the receive time
 Only then is the body parsed, so a body re-serialised by anything in between
 fails verification, and MalformedPayload is never raised for unverified input.
 
+One bad event does not cost the batch. A body that is not a JSON array, or an
+element that is not an object, is MalformedPayload (400): the request is not
+an Event Webhook post at all. But an event object that cannot be normalised
+(a field of the wrong type, a group_unsubscribe without asm_group_id) becomes
+an UNKNOWN event with `provider_type` "malformed:<event or ?>", the
+`sg_event_id` when it is a string (else None, so the pipeline fingerprints
+it), no time, and the raw object as payload; the rest of the batch is
+normalised as usual. Refusing the batch instead would lose its good events:
+SendGrid retries any non-2xx answer for up to 24 hours ("Troubleshooting the
+Event Webhook"), every retry fails the same way, and then the batch is dropped.
+
 Normalisation (Event Webhook Reference,
 https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/event):
 
@@ -59,13 +70,10 @@ SendGrid sends it, with angle brackets); `email` the recipient.
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-import orjson
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -77,7 +85,6 @@ from cryptography.hazmat.primitives.serialization import (
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 from .base import (
-    COMMON_KEYS,
     DEFAULT_TOLERANCE_S,
     Accepted,
     MalformedPayload,
@@ -86,6 +93,8 @@ from .base import (
     VerificationFailed,
     WebhookRequest,
 )
+from .config import read_tolerance, refuse_unknown_keys
+from .fields import check_timestamp, load_json, optional_str, read_unix_time, required_str
 
 __all__ = ["SendGridSource", "from_config"]
 
@@ -93,6 +102,9 @@ SIGNATURE_HEADER = "x-twilio-email-event-webhook-signature"
 TIMESTAMP_HEADER = "x-twilio-email-event-webhook-timestamp"
 
 _CONFIG_KEYS = frozenset({"public_key", "tolerance_s"})
+
+#: `provider_type` prefix of an event object that could not be normalised.
+MALFORMED_PREFIX = "malformed:"
 _SIGNATURE_ALGORITHM = ec.ECDSA(hashes.SHA256())
 
 _SIMPLE_TYPES: dict[str, EventType] = {
@@ -144,9 +156,11 @@ class SendGridSource:
         Raises VerificationFailed (missing or malformed headers, timestamp out of
         tolerance, bad signature) before looking at the body, then
         MalformedPayload when the verified body is not an array of event objects.
+        An event object that cannot be normalised does not fail the batch
+        (module docstring).
         """
         self._verify(request)
-        return Accepted(events=[normalise_event(item) for item in parse_batch(request.body)])
+        return Accepted(events=normalise_batch(parse_batch(request.body)))
 
     def _verify(self, request: WebhookRequest) -> None:
         signature_b64 = request.headers.get(SIGNATURE_HEADER)
@@ -168,24 +182,9 @@ class SendGridSource:
             raise VerificationFailed("signature does not verify") from None
 
 
-def check_timestamp(timestamp: str, received_at: float, tolerance_s: float) -> None:
-    """Refuse a timestamp header that is not Unix seconds within `tolerance_s` of
-    `received_at`, in either direction (the boundary itself passes)."""
-    # isascii: str.isdigit and int() also accept other scripts' digits.
-    if not (timestamp.isascii() and timestamp.isdigit()):
-        raise VerificationFailed("timestamp header is not Unix seconds")
-    # Compared, not subtracted: int/float comparison is exact for any size of int.
-    signed_at = int(timestamp)
-    if not received_at - tolerance_s <= signed_at <= received_at + tolerance_s:
-        raise VerificationFailed("timestamp outside tolerance")
-
-
 def parse_batch(body: bytes) -> list[Mapping[str, Any]]:
     """The events of a verified body; MalformedPayload unless a JSON array of objects."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise MalformedPayload("body is not JSON") from None
+    parsed = load_json(body)
     if not isinstance(parsed, list):
         raise MalformedPayload("body is not a JSON array")
     for index, item in enumerate(parsed):
@@ -194,32 +193,65 @@ def parse_batch(body: bytes) -> list[Mapping[str, Any]]:
     return parsed
 
 
+def normalise_batch(items: list[Mapping[str, Any]]) -> list[DeliveryEvent]:
+    """The events of a parsed batch, in order; one that cannot be normalised is
+    kept as a malformed UNKNOWN event (module docstring) instead of failing all."""
+    events = []
+    for item in items:
+        try:
+            events.append(normalise_event(item))
+        except MalformedPayload:
+            events.append(malformed_event(item))
+    return events
+
+
+def malformed_event(item: Mapping[str, Any]) -> DeliveryEvent:
+    """The UNKNOWN stand-in for an event object `normalise_event` refused.
+
+    Only what cannot be wrong is read: the raw `event` and `sg_event_id`, each
+    when it is a non-empty string. Recipient and message ids stay None, so it
+    can neither suppress an address nor change a message's delivery evidence.
+    """
+    raw_type = item.get("event")
+    sg_event_id = item.get("sg_event_id")
+    return DeliveryEvent(
+        provider_event_id=sg_event_id if isinstance(sg_event_id, str) and sg_event_id else None,
+        provider_type=MALFORMED_PREFIX + (raw_type if isinstance(raw_type, str) and raw_type
+                                          else "?"),
+        event_type=EventType.UNKNOWN,
+        occurred_at=None,
+        payload=item,
+    )
+
+
 def normalise_event(item: Mapping[str, Any]) -> DeliveryEvent:
-    """One SendGrid event object as a DeliveryEvent (the module docstring has the rules)."""
-    raw_type = _required_str(item, "event")
+    """One SendGrid event object as a DeliveryEvent (the module docstring has the
+    rules); MalformedPayload when a field has the wrong type or a group event
+    has no group."""
+    raw_type = required_str(item, "event")
     event_type = _SIMPLE_TYPES.get(raw_type, EventType.UNKNOWN)
     bounce_type: BounceType | None = None
     bounce_subtype: str | None = None
     list_id: str | None = None
     if raw_type == "bounce":
         event_type = EventType.BOUNCED
-        bounce_type = classify_bounce(_optional_str(item, "type"),
-                                      _optional_str(item, "bounce_classification"))
-        bounce_subtype = (_optional_str(item, "bounce_classification")
-                          or _optional_str(item, "status"))
+        bounce_type = classify_bounce(optional_str(item, "type"),
+                                      optional_str(item, "bounce_classification"))
+        bounce_subtype = (optional_str(item, "bounce_classification")
+                          or optional_str(item, "status"))
     elif raw_type == "dropped":
-        event_type = classify_drop(_optional_str(item, "reason"))
+        event_type = classify_drop(optional_str(item, "reason"))
     elif raw_type == "group_unsubscribe":
         event_type = EventType.UNSUBSCRIBED
         list_id = f"asm:{_asm_group_id(item)}"
     return DeliveryEvent(
-        provider_event_id=_optional_str(item, "sg_event_id"),
+        provider_event_id=optional_str(item, "sg_event_id"),
         provider_type=raw_type,
         event_type=event_type,
-        occurred_at=_occurred_at(item),
-        provider_message_id=x_message_id(_optional_str(item, "sg_message_id")),
-        message_id_header=_optional_str(item, "smtp-id"),
-        recipient=_optional_str(item, "email"),
+        occurred_at=read_unix_time(item.get("timestamp")),
+        provider_message_id=x_message_id(optional_str(item, "sg_message_id")),
+        message_id_header=optional_str(item, "smtp-id"),
+        recipient=optional_str(item, "email"),
         bounce_type=bounce_type,
         bounce_subtype=bounce_subtype,
         list_id=list_id,
@@ -259,36 +291,9 @@ def _asm_group_id(item: Mapping[str, Any]) -> str:
     if isinstance(value, str) and value:
         return value
     # A group event without its group cannot be scoped; widening it to the
-    # whole source would over-suppress, so the shape is refused instead.
+    # whole source would over-suppress, so the event is refused instead (and
+    # kept as a malformed UNKNOWN event, module docstring).
     raise MalformedPayload("group_unsubscribe without asm_group_id")
-
-
-def _occurred_at(item: Mapping[str, Any]) -> datetime | None:
-    value = item.get("timestamp")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise MalformedPayload("timestamp is not a number")
-    try:
-        return datetime.fromtimestamp(value, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        raise MalformedPayload("timestamp out of range") from None
-
-
-def _required_str(item: Mapping[str, Any], key: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise MalformedPayload(f"{key} is missing or not a string")
-    return value
-
-
-def _optional_str(item: Mapping[str, Any], key: str) -> str | None:
-    value = item.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise MalformedPayload(f"{key} is not a string")
-    return value
 
 
 def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> SendGridSource:
@@ -300,15 +305,13 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Sen
     SourceConfigError naming the key for an unknown key, a missing key, or a
     key that is not an EC P-256 public key.
     """
-    unknown = sorted(set(table) - COMMON_KEYS - _CONFIG_KEYS)
-    if unknown:
-        raise SourceConfigError(f"{', '.join(unknown)}: unknown key(s) for provider sendgrid")
+    refuse_unknown_keys(table, _CONFIG_KEYS, SendGridSource.provider)
     if "public_key" not in table:
         raise SourceConfigError("public_key: required")
     return SendGridSource(
         source_id=source_id,
         public_key=load_public_key(reveal(table["public_key"])),
-        tolerance_s=parse_tolerance(table.get("tolerance_s", DEFAULT_TOLERANCE_S)),
+        tolerance_s=read_tolerance(table),
     )
 
 
@@ -329,10 +332,3 @@ def load_public_key(text: str) -> ec.EllipticCurvePublicKey:
         raise SourceConfigError("public_key: must be an EC P-256 (prime256v1) public key")
     return key
 
-
-def parse_tolerance(value: Any) -> float:
-    """`tolerance_s` as a positive, finite number of seconds."""
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value <= 0):
-        raise SourceConfigError("tolerance_s: must be a positive number of seconds")
-    return float(value)

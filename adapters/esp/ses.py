@@ -46,19 +46,18 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-import orjson
-
 from inboxd.adapters.esp.base import (
-    COMMON_KEYS,
     Accepted,
     MalformedPayload,
     Reveal,
     SourceConfigError,
     WebhookRequest,
 )
+from inboxd.adapters.esp.config import refuse_unknown_keys
+from inboxd.adapters.esp.fields import optional_str, parse_iso_time, parse_json_object
 from inboxd.adapters.esp.sns import (
     SUBSCRIPTION_CONFIRMATION,
     UNSUBSCRIBE_CONFIRMATION,
@@ -173,10 +172,7 @@ class SesSource:
         request. SES has no secret to reveal (`reveal` is unused). `fetch`
         replaces the certificate download (tests). Raises SourceConfigError.
         """
-        unknown = sorted(set(table) - COMMON_KEYS - CONFIG_KEYS)
-        if unknown:
-            raise SourceConfigError(f"{unknown[0]}: unknown key for provider ses "
-                                    f"(known: {', '.join(sorted(CONFIG_KEYS))})")
+        refuse_unknown_keys(table, CONFIG_KEYS, cls.provider)
         return cls(source_id, topic_arns=_topic_arns(table.get("topic_arns")),
                    certificates=CertificateCache(fetch))
 
@@ -193,7 +189,8 @@ class SesSource:
             return Accepted(confirm_url=message.subscribe_url)
         if message.type == UNSUBSCRIBE_CONFIRMATION:
             return Accepted()
-        return Accepted(events=normalise(parse_ses_event(message.message), message))
+        event = parse_json_object(message.message, what="ses: Message")
+        return Accepted(events=normalise(event, message))
 
 
 from_config = SesSource.from_config
@@ -206,17 +203,6 @@ def _topic_arns(value: Any) -> frozenset[str]:
         if not isinstance(arn, str) or not _TOPIC_ARN.fullmatch(arn):
             raise SourceConfigError(f"topic_arns: {arn!r} is not an SNS topic ARN")
     return frozenset(value)
-
-
-def parse_ses_event(text: str) -> dict[str, Any]:
-    """The SES event object in an SNS Message. Raises MalformedPayload."""
-    try:
-        event = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedPayload("ses: Message is not JSON") from exc
-    if not isinstance(event, dict):
-        raise MalformedPayload("ses: Message is not a JSON object")
-    return event
 
 
 def normalise(event: Mapping[str, Any], message: SnsMessage) -> list[DeliveryEvent]:
@@ -371,12 +357,8 @@ def _object(parent: Mapping[str, Any], key: str, *, required: bool = False) -> M
 
 
 def _optional_str(parent: Mapping[str, Any], key: str) -> str | None:
-    value = parent.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise MalformedPayload(f"ses: {key} is not a string")
-    return value or None
+    # An empty string is absent too: SES fields are never meaningfully empty.
+    return optional_str(parent, key, where="ses: ") or None
 
 
 def _strings(parent: Mapping[str, Any], key: str) -> list[str]:
@@ -402,11 +384,4 @@ def _addresses(parent: Mapping[str, Any], key: str) -> list[str]:
 
 def _timestamp(parent: Mapping[str, Any], key: str) -> datetime | None:
     text = _optional_str(parent, key)
-    if text is None:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise MalformedPayload(f"ses: {key} is not ISO 8601") from exc
-    # SES writes UTC with a Z; a naive value is read as UTC, never local time.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return None if text is None else parse_iso_time(text, what=f"ses: {key}")

@@ -48,12 +48,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import aiohttp
 import anyio
-import orjson
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -61,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
 from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
+from inboxd.adapters.esp.fields import parse_iso_time, parse_json_object
 
 __all__ = [
     "CERT_CACHE_MAX_ENTRIES",
@@ -298,7 +298,7 @@ async def verify_sns_message(
     (the certificate could not be fetched). All checks that need no network run
     before the certificate is fetched.
     """
-    envelope = _parse_envelope(body)
+    envelope = parse_json_object(body, what="sns: body", error=VerificationFailed)
     message_type = _required(envelope, "Type")
     signed_keys = _SIGNED_KEYS.get(message_type)
     if signed_keys is None:
@@ -316,7 +316,8 @@ async def verify_sns_message(
     if subscribe_url is not None and not is_subscribe_url(subscribe_url):
         raise VerificationFailed("sns: SubscribeURL is not an SNS address")
     signature = _decode_signature(_required(envelope, "Signature"))
-    timestamp = _parse_timestamp(fields["Timestamp"])
+    timestamp = parse_iso_time(fields["Timestamp"], what="sns: Timestamp",
+                               error=VerificationFailed)
 
     key = await certificates.public_key(cert_url)
     try:
@@ -344,16 +345,6 @@ def canonical_string(fields: Mapping[str, str], signed_keys: tuple[str, ...]) ->
         if key in fields:
             parts.append(f"{key}\n{fields[key]}\n")
     return "".join(parts).encode("utf-8")
-
-
-def _parse_envelope(body: bytes) -> dict[str, Any]:
-    try:
-        envelope = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise VerificationFailed("sns: body is not JSON") from exc
-    if not isinstance(envelope, dict):
-        raise VerificationFailed("sns: body is not a JSON object")
-    return envelope
 
 
 def _required(envelope: Mapping[str, Any], key: str) -> str:
@@ -385,12 +376,3 @@ def _decode_signature(text: str) -> bytes:
     if not signature:
         raise VerificationFailed("sns: Signature is empty")
     return signature
-
-
-def _parse_timestamp(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise VerificationFailed("sns: Timestamp is not ISO 8601") from exc
-    # SNS always writes UTC with a Z; a naive value is read as UTC, not local time.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

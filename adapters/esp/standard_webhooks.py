@@ -34,18 +34,13 @@ import binascii
 import hashlib
 import hmac
 import math
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from email.utils import parseaddr
 from typing import Any
-
-import orjson
 
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 from .base import (
-    COMMON_KEYS,
     DEFAULT_TOLERANCE_S,
     Accepted,
     MalformedPayload,
@@ -54,6 +49,8 @@ from .base import (
     VerificationFailed,
     WebhookRequest,
 )
+from .config import read_tolerance, refuse_unknown_keys
+from .fields import check_timestamp, parse_json_object, read_iso_time
 
 __all__ = ["EVENT_TYPES", "StandardWebhooksSource"]
 
@@ -70,12 +67,6 @@ HEADER_SETS: tuple[tuple[str, str, str], ...] = (
 #: The signature version this module verifies (HMAC-SHA256). `v1a` (Ed25519) and
 #: any future version are skipped.
 SIGNATURE_VERSION = "v1"
-
-#: Upper bound on the timestamp header's digits: Unix seconds stay 10 digits until
-#: the year 2286; anything longer is not a timestamp, and int() of it is wasted work.
-MAX_TIMESTAMP_DIGITS = 12
-
-_DIGITS = re.compile(r"[0-9]+")
 
 #: Resend event type → our event type (https://resend.com/docs/webhooks/event-types).
 #: `email.scheduled`, `email.received` (inbound mail) and `contact.*`/`domain.*`
@@ -156,18 +147,13 @@ class StandardWebhooksSource:
         `DEFAULT_TOLERANCE_S`). `COMMON_KEYS` are ignored. Raises SourceConfigError
         naming the key; a secret's value is never part of the message.
         """
-        unknown = sorted(set(table) - COMMON_KEYS - _CONFIG_KEYS)
-        if unknown:
-            raise SourceConfigError(f"{unknown[0]}: unknown key for provider standard_webhooks")
+        refuse_unknown_keys(table, _CONFIG_KEYS, cls.provider)
         if table.get("secret") is None:
             raise SourceConfigError("secret: required")
         keys = [decode_secret("secret", reveal(table["secret"]))]
         if table.get("next_secret") is not None:
             keys.append(decode_secret("next_secret", reveal(table["next_secret"])))
-        tolerance_s = table.get("tolerance_s", DEFAULT_TOLERANCE_S)
-        if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, int | float):
-            raise SourceConfigError("tolerance_s: must be a finite number > 0")
-        return cls(source_id, tuple(keys), float(tolerance_s))
+        return cls(source_id, tuple(keys), read_tolerance(table))
 
     def __repr__(self) -> str:
         return (f"StandardWebhooksSource(source_id={self.source_id!r}, "
@@ -180,7 +166,7 @@ class StandardWebhooksSource:
         MalformedPayload (verified but not a JSON object of Resend's shape).
         """
         webhook_id = verify_request(request, self._keys, self.tolerance_s)
-        return Accepted(events=normalise(webhook_id, parse_body(request.body)))
+        return Accepted(events=normalise(webhook_id, parse_json_object(request.body)))
 
 
 def decode_secret(key: str, value: str) -> bytes:
@@ -234,17 +220,6 @@ def read_headers(headers: Mapping[str, str]) -> tuple[str, str, str]:
     return values[0], values[1], values[2]
 
 
-def check_timestamp(timestamp: str, received_at: float, tolerance_s: float) -> None:
-    """Refuse a non-integer timestamp or one more than `tolerance_s` from `received_at`."""
-    if len(timestamp) > MAX_TIMESTAMP_DIGITS or not _DIGITS.fullmatch(timestamp):
-        raise VerificationFailed("timestamp is not an integer")
-    skew_s = received_at - int(timestamp)
-    if skew_s > tolerance_s:
-        raise VerificationFailed("timestamp too old")
-    if skew_s < -tolerance_s:
-        raise VerificationFailed("timestamp too new")
-
-
 def signature_candidates(header: str) -> list[bytes]:
     """The decoded `v1` signatures of a signature header; undecodable entries are skipped."""
     candidates = []
@@ -257,17 +232,6 @@ def signature_candidates(header: str) -> list[bytes]:
         except (binascii.Error, ValueError):
             continue
     return candidates
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The verified body as a JSON object; MalformedPayload otherwise."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise MalformedPayload("body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise MalformedPayload("body is not a JSON object")
-    return payload
 
 
 def normalise(webhook_id: str, payload: dict[str, Any]) -> list[DeliveryEvent]:
@@ -286,7 +250,7 @@ def normalise(webhook_id: str, payload: dict[str, Any]) -> list[DeliveryEvent]:
     bounce_type, bounce_subtype = None, None
     if event_type is EventType.BOUNCED:
         bounce_type, bounce_subtype = classify_bounce(data.get("bounce"))
-    occurred_at = parse_time(payload.get("created_at", payload.get("timestamp")))
+    occurred_at = read_iso_time(payload.get("created_at", payload.get("timestamp")))
     message_id = data.get("email_id")
     common: dict[str, Any] = {
         "provider_type": provider_type,
@@ -356,17 +320,3 @@ def find_message_id_header(data: Mapping[str, Any]) -> str | None:
         if isinstance(name, str) and name.lower() == "message-id" and isinstance(value, str):
             return value.strip() or None
     return None
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An ISO-8601 event time, tz-aware (UTC assumed when it has no offset); None when
-    absent. MalformedPayload when present but not a time."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise MalformedPayload("event time is not a string")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise MalformedPayload("event time is not an ISO-8601 time") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)

@@ -226,7 +226,8 @@ async def test_mailgun_replayed_token_is_refused(pool, db_dsn, store) -> None:
         replay = mailgun_body("ev-2", "token-aaaa", kind="opened")
         assert (await post(served, "mg", replay, json_ct))[0] == 401
         assert failures(served) == 2
-    assert [r["dedup_key"] for r in await stored(pool)] == ["id:ev-1"]
+    (row,) = await stored(pool)
+    assert row["dedup_key"].startswith("id:ev-1:")  # Mailgun ids repeat across days: id + time
 
 
 async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:

@@ -101,7 +101,8 @@ async def test_published_vector_verifies_and_returns_token() -> None:
     assert isinstance(accepted, Accepted)
     assert accepted.replay_token == MG_TOKEN
     [event] = accepted.events
-    assert event.provider_event_id == "CPgfbmQMTCKtHW6uIWtuVe"
+    # Mailgun's id is unique only within about a day: the event time makes it ours.
+    assert event.provider_event_id == "CPgfbmQMTCKtHW6uIWtuVe:1403645210.123"
     assert event.provider_type == "delivered"
     assert event.event_type is EventType.DELIVERED
     assert event.occurred_at == datetime.fromtimestamp(EVENT_TS, tz=UTC)
@@ -293,6 +294,31 @@ async def test_unknown_event_keeps_raw_type() -> None:
     assert event.provider_type == "something_new"
     assert event.occurred_at is None and event.message_id_header is None
     assert event.provider_message_id is None and event.recipient is None
+
+
+async def test_same_id_on_another_day_is_another_event() -> None:
+    today = await one(event_data(id="dup-id", timestamp=EVENT_TS))
+    next_day = await one(event_data(id="dup-id", timestamp=EVENT_TS + 86_400))
+    assert today.provider_event_id == "dup-id:1403645210.123"
+    assert next_day.provider_event_id == "dup-id:1403731610.123"
+
+
+async def test_redelivery_keeps_the_event_id() -> None:
+    # A redelivery has a new token and signature but the same event-data; the
+    # number, not its spelling, makes the id (1403645210 == 1403645210.0).
+    first = (await source().accept(signed(event_data(timestamp=1403645210), token="a" * 50)))
+    again = (await source().accept(signed(event_data(timestamp=1403645210.0),
+                                          token="b" * 50)))
+    [first_event], [again_event] = first.events, again.events
+    assert first_event.provider_event_id == again_event.provider_event_id
+    assert first_event.provider_event_id == "CPgfbmQMTCKtHW6uIWtuVe:1403645210.0"
+
+
+@pytest.mark.parametrize("missing", ["id", "timestamp"])
+async def test_no_event_id_without_id_and_timestamp(missing: str) -> None:
+    data = event_data()
+    del data[missing]
+    assert (await one(data)).provider_event_id is None
 
 
 async def test_each_token_is_handed_up() -> None:

@@ -32,7 +32,7 @@ from inboxd.adapters.esp.base import (
     WebhookRequest,
 )
 from inboxd.adapters.esp.sendgrid import SendGridSource, from_config
-from inboxd.pipeline.delivery.model import BounceType, EventType
+from inboxd.pipeline.delivery.model import BounceType, EventType, dedup_key
 
 # --- sendgrid-python test/unit/test_eventwebhook.py ---------------------------------
 PY_PUBLIC_KEY = (
@@ -298,19 +298,49 @@ async def test_malformed_body_after_valid_signature(signer: Signer, body: bytes)
         await signer.source().accept(signer.request(body))
 
 
-@pytest.mark.parametrize("event", [
-    {"timestamp": NOW},                                    # no event type
-    {"event": 7},
-    {"event": "open", "timestamp": "yesterday"},
-    {"event": "open", "timestamp": True},
-    {"event": "open", "timestamp": 1e300},
-    {"event": "open", "email": ["a@example.com"]},
-    {"event": "group_unsubscribe", "email": "a@example.com"},  # no asm_group_id
+@pytest.mark.parametrize(("event", "provider_type"), [
+    ({"timestamp": NOW}, "malformed:?"),                       # no event type
+    ({"event": 7}, "malformed:?"),
+    ({"event": "open", "timestamp": "yesterday"}, "malformed:open"),
+    ({"event": "open", "timestamp": True}, "malformed:open"),
+    ({"event": "open", "timestamp": 1e300}, "malformed:open"),
+    ({"event": "open", "email": ["a@example.com"]}, "malformed:open"),
+    ({"event": "bounce", "type": 5}, "malformed:bounce"),
+    ({"event": "group_unsubscribe", "email": "a@example.com"},  # no asm_group_id
+     "malformed:group_unsubscribe"),
 ])
-async def test_malformed_event_after_valid_signature(signer: Signer,
-                                                     event: dict[str, Any]) -> None:
-    with pytest.raises(MalformedPayload):
-        await signer.source().accept(signer.batch(event))
+async def test_malformed_event_is_kept_as_unknown(signer: Signer, event: dict[str, Any],
+                                                  provider_type: str) -> None:
+    [kept] = (await signer.source().accept(signer.batch(event))).events
+    assert (kept.event_type, kept.provider_type) == (EventType.UNKNOWN, provider_type)
+    assert kept.occurred_at is None and kept.recipient is None and kept.list_id is None
+    assert kept.provider_message_id is None and kept.message_id_header is None
+    assert kept.bounce_type is None and kept.payload == event
+
+
+async def test_one_malformed_event_does_not_cost_the_batch(signer: Signer) -> None:
+    # SendGrid retries a refused batch for 24 hours and then drops it: refusing
+    # it for one bad event would lose the good ones.
+    bad = sg_event("group_unsubscribe", 2)                     # no asm_group_id
+    batch = [sg_event("delivered", 1), bad, sg_event("bounce", 3, type="bounce")]
+    events = (await signer.source().accept(signer.batch(*batch))).events
+
+    assert [(e.provider_event_id, e.provider_type, e.event_type) for e in events] == [
+        ("evt-1", "delivered", EventType.DELIVERED),
+        ("evt-2", "malformed:group_unsubscribe", EventType.UNKNOWN),
+        ("evt-3", "bounce", EventType.BOUNCED),
+    ]
+    assert events[1].payload == bad and events[1].recipient is None
+    assert events[2].recipient == "user3@example.com"
+
+
+@pytest.mark.parametrize("sg_event_id", [None, 42, "", ["evt-1"]])
+async def test_malformed_event_without_a_string_id_is_fingerprinted(
+        signer: Signer, sg_event_id: Any) -> None:
+    event = {"event": "open", "timestamp": "yesterday", "sg_event_id": sg_event_id}
+    [kept] = (await signer.source().accept(signer.batch(event))).events
+    assert kept.provider_event_id is None
+    assert dedup_key(kept).startswith("fp:")
 
 
 async def test_empty_batch_is_accepted(signer: Signer) -> None:
