@@ -59,17 +59,22 @@ LUA = Path(__file__).with_name("webhooks.lua")
 REQUESTS_PER_S_HEADROOM = 25_000
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of `pids` from /proc (Linux), in seconds."""
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """utime + stime of each of `pids` still alive, from /proc (Linux), in seconds."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    out = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / ticks
+        out[pid] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two samples by the processes alive at the second."""
+    return sum(spent - before.get(pid, 0.0) for pid, spent in after.items())
 
 
 def postgres_pids() -> list[int]:
@@ -305,13 +310,11 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
         if not line.startswith("ready "):
             raise RuntimeError(f"server did not start: {line!r}")
         port = int(line.split()[1])
-        pg = postgres_pids()
-        cpu_before = (cpu_seconds([server.pid]), cpu_seconds(pg))
+        cpu_before = (cpu_seconds([server.pid]), cpu_seconds(postgres_pids()))
         requests, seconds, non_2xx, p50, p99 = await anyio.to_thread.run_sync(
             run_wrk, port, scenario, requests_file, args)
-        pg = sorted(set(pg) | set(postgres_pids()))
-        server_cpu = cpu_seconds([server.pid]) - cpu_before[0]
-        postgres_cpu = cpu_seconds(pg) - cpu_before[1]
+        server_cpu = cpu_used(cpu_before[0], cpu_seconds([server.pid]))
+        postgres_cpu = cpu_used(cpu_before[1], cpu_seconds(postgres_pids()))
     finally:
         server.stdin.close()
         server.wait(timeout=30)
