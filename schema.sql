@@ -459,7 +459,7 @@ CREATE TABLE IF NOT EXISTS suppressions (
     FOREIGN KEY (tenant_id, event_id) REFERENCES delivery_events (tenant_id, event_id)
 );
 COMMENT ON TABLE suppressions IS 'Addresses the application must not send to, with the event that caused it. inboxd itself never sends mail in response to an event.';
-COMMENT ON COLUMN suppressions.address_hash IS 'sha256 hex of the trimmed lower-cased address (check with encode(sha256(lower(btrim(addr))::bytea), ''hex'')).';
+COMMENT ON COLUMN suppressions.address_hash IS 'sha256 hex of the UTF-8 of the space-trimmed lower-cased address (check with encode(sha256(convert_to(lower(btrim(addr)), ''UTF8'')), ''hex'')).';
 COMMENT ON COLUMN suppressions.scope IS 'all (hard bounce, complaint: every mail), list:<source>:<list id> or source:<source> (unsubscribe: only that list or purpose).';
 COMMENT ON COLUMN suppressions.address IS 'The address, when the source keeps addresses.';
 COMMENT ON COLUMN suppressions.reason IS 'hard_bounce, complaint or unsubscribe.';

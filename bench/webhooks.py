@@ -210,7 +210,7 @@ async def serve(args: argparse.Namespace) -> None:
     state = HttpState(pool=pool, dsn=args.dsn, store=LocalDirectoryStore(Path(args.tmp)),
                       metrics=Metrics(), tenant_for_token=TokenTable({}), ready=ready,
                       extra_routes=hook_routes(table, intake, _no_confirm),
-                      body_limit=table.body_limit)
+                      body_limit=table.body_limit, before_body=table.check_before_body)
     if not args.default_gc:
         tune_gc()  # as `inboxd run` does
     async with anyio.create_task_group() as tg:

@@ -2,9 +2,10 @@
 
 Task tree (every task belongs to one of these groups; nothing is detached):
 
+    delivery ─┬─ intake          group-commits webhook events (pipeline/delivery/intake.py)
+              ├─ worker          applies stored events (pipeline/delivery/worker.py)
+              └─ outer (below)   ends first, so in-flight webhooks still commit
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
-           ├─ delivery intake    group-commits webhook events (pipeline/delivery/intake.py)
-           ├─ delivery worker    applies stored events (pipeline/delivery/worker.py)
            ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/esp/…
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue
                              └─ intake ─┬─ mailbox runners (one per configured mailbox)
@@ -100,11 +101,21 @@ class Daemon:
 
     async def run(self) -> None:
         main = self.state.main
+        # Tenant rows first: a webhook of a new tenant must find its row.
+        await self._sync_mailbox_rows(self.state.tenants)
+        # The delivery group outlives `outer`: at shutdown the listener finishes
+        # its in-flight requests (SHUTDOWN_GRACE_S) while the intake still
+        # commits their events, so verified events are answered 200, not 503.
+        async with anyio.create_task_group() as delivery:
+            await delivery.start(self.intake.run)
+            await delivery.start(run_delivery_worker, self.pool, self.dsn)
+            await self._serve(main)
+            delivery.cancel_scope.cancel()
+        self._log.info("daemon_stopped")
+
+    async def _serve(self, main: MainConfig) -> None:
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._signals)
-            # Started before the listener, so no webhook can arrive without a writer.
-            await outer.start(self.intake.run)
-            await outer.start(run_delivery_worker, self.pool, self.dsn)
             port = await outer.start(serve_http, main.listen_host, main.listen_port,
                                      self._http_state())
             with self._workers_scope:
@@ -113,7 +124,6 @@ class Daemon:
                         await workers.start(self.queue.run_worker)
                     async with anyio.create_task_group() as intake:
                         self._intake_tg = intake
-                        await self._sync_mailbox_rows(self.state.tenants)
                         for mailbox in _mailboxes(self.state.tenants):
                             await self._start_runner(mailbox)
                         intake.start_soon(self._poll_scanner)
@@ -131,7 +141,6 @@ class Daemon:
             if self._workers_scope.cancelled_caught:
                 self._log.warning("daemon_drain_abandoned")
             outer.cancel_scope.cancel()
-        self._log.info("daemon_stopped")
 
     def request_stop(self, *, immediate: bool = False) -> None:
         if immediate or self.state.stopping:
@@ -289,7 +298,8 @@ class Daemon:
                          tenant_for_token=self._tokens, ready=self._ready,
                          max_body_bytes=self.state.main.max_body_bytes,
                          extra_routes=hook_routes(self.hooks, self.intake, confirm_subscription),
-                         body_limit=self.hooks.body_limit)
+                         body_limit=self.hooks.body_limit,
+                         before_body=self.hooks.check_before_body)
 
     async def _ready(self) -> bool:
         if self.state.stopping:

@@ -40,6 +40,7 @@ from inboxd.pipeline.delivery.model import DeliveryEvent
 __all__ = [
     "COMMON_KEYS",
     "DEFAULT_TOLERANCE_S",
+    "MAX_TOLERANCE_S",
     "Accepted",
     "EspSource",
     "MalformedPayload",
@@ -53,6 +54,10 @@ __all__ = [
 #: Signed timestamps older or newer than this are refused (Standard Webhooks
 #: spec and the Svix/SendGrid/Mailgun guides all recommend 5 minutes).
 DEFAULT_TOLERANCE_S = 300.0
+#: The widest tolerance a source may configure. Single-use tokens (Mailgun) are
+#: remembered for 2 × this (pipeline/delivery/worker.py REPLAY_TOKEN_KEEP_S), so
+#: a token can never be forgotten while its timestamp would still pass.
+MAX_TOLERANCE_S = 1800.0
 
 #: Keys of a `[[delivery_sources]]` table that the daemon reads for every
 #: provider; a provider's `from_config` ignores these and refuses other keys it

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .base import COMMON_KEYS, DEFAULT_TOLERANCE_S, SourceConfigError
+from .base import COMMON_KEYS, DEFAULT_TOLERANCE_S, MAX_TOLERANCE_S, SourceConfigError
 
 __all__ = ["read_tolerance", "refuse_unknown_keys"]
 
@@ -31,11 +31,13 @@ def refuse_unknown_keys(table: Mapping[str, Any], known: frozenset[str], provide
 def read_tolerance(table: Mapping[str, Any]) -> float:
     """`tolerance_s` of `table` in seconds, DEFAULT_TOLERANCE_S when absent.
 
-    SourceConfigError unless a positive, finite int or float (a bool is not a
-    number here; NaN would make every skew comparison false and pass everything).
+    SourceConfigError unless a positive, finite int or float of at most
+    MAX_TOLERANCE_S (a bool is not a number here; NaN would make every skew
+    comparison false and pass everything).
     """
     value = table.get("tolerance_s", DEFAULT_TOLERANCE_S)
     if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value <= 0):
-        raise SourceConfigError("tolerance_s: must be a positive, finite number of seconds")
+            or not math.isfinite(value) or not 0 < value <= MAX_TOLERANCE_S):
+        raise SourceConfigError(
+            f"tolerance_s: must be a number of seconds above 0 and at most {MAX_TOLERANCE_S:g}")
     return float(value)

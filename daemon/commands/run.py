@@ -85,6 +85,7 @@ def tune_gc() -> None:
     after start, and +15 % requests/s with gen-0 threshold 50,000 (bench/README.md).
     Cycles are still collected; memory held by garbage grows by a few MB at most.
     """
+    gc.collect()  # garbage of the start-up must not be frozen in for the process's life
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

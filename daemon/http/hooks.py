@@ -3,11 +3,11 @@
 Order of checks, cheapest and least trusting first (adapters/esp/base.py has
 the provider half):
 
-    unknown tenant/source          404
     body over the source's limit   413 (the listener's body-limit middleware,
                                    before reading, via `body_limit`)
-    content type not the provider's 415
-    over the source's rate         429 + Retry-After
+    unknown tenant/source          404   ┐ before the body is read
+    content type not the provider's 415  │ (`check_before_body`)
+    over the source's rate         429 + Retry-After ┘
     verification failed            401 {"error": "unauthorized"}, counted; nothing stored
     certificate fetch failed       503 (SNS; the provider retries)
     malformed verified content     400
@@ -84,6 +84,11 @@ class RateLimiter:
         self._rate, self._burst = rate, burst
         self._tokens, self._stamp = burst, time.monotonic()
 
+    @property
+    def settings(self) -> tuple[float, float]:
+        """(rate per second, burst)."""
+        return self._rate, self._burst
+
     def take(self) -> bool:
         """Spend one token; False when the bucket is empty."""
         now = time.monotonic()
@@ -122,11 +127,12 @@ class HookTable:
         self._sources: dict[tuple[str, str], HookSource] = dict(sources or {})
 
     def replace(self, sources: Mapping[tuple[str, str], HookSource]) -> None:
-        """Use `sources` from now on; a source whose limiter existed keeps it."""
+        """Use `sources` from now on; a source whose rate settings did not change
+        keeps its bucket (a reload must not hand a flooding sender a fresh burst)."""
         fresh = dict(sources)
         for key, hook in fresh.items():
             old = self._sources.get(key)
-            if old is not None:
+            if old is not None and old.limiter.settings == hook.limiter.settings:
                 hook.limiter = old.limiter
         self._sources = fresh
 
@@ -135,6 +141,19 @@ class HookTable:
 
     def __len__(self) -> int:
         return len(self._sources)
+
+    def check_before_body(self, request: web.Request) -> None:
+        """`HttpState.before_body`: 404, 415 and 429 of hook requests, before the body
+        is read (size first, then type, then rate, as the provider sees them)."""
+        if "source" not in request.match_info or "tenant" not in request.match_info:
+            return
+        hook = self.get(request.match_info["tenant"], request.match_info["source"])
+        if hook is None:
+            json_error(404, "not_found")
+        if request.content_type.lower() not in hook.adapter.content_types:
+            json_error(415, "unsupported_media_type")
+        if not hook.limiter.take():
+            json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
 
     def body_limit(self, request: web.Request) -> int | None:
         """`HttpState.body_limit`: the source's own limit for hook requests."""
@@ -146,16 +165,15 @@ class HookTable:
 
 
 def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> list[web.RouteDef]:
-    """The webhook route, for `HttpState.extra_routes`."""
+    """The webhook route, for `HttpState.extra_routes`; give the listener
+    `body_limit=table.body_limit, before_body=table.check_before_body` too."""
 
     async def handle(request: web.Request) -> web.Response:
+        # 404/415/429 were answered before the body was read (check_before_body);
+        # a reload between then and now can still have removed the source.
         hook = table.get(request.match_info["tenant"], request.match_info["source"])
         if hook is None:
             json_error(404, "not_found")
-        if request.content_type.lower() not in hook.adapter.content_types:
-            json_error(415, "unsupported_media_type")
-        if not hook.limiter.take():
-            json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
         body = await request.read()
         webhook = WebhookRequest(body=body, headers=request.headers, received_at=time.time())
         accepted = await _accept(request, hook, webhook)

@@ -141,6 +141,9 @@ async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResp
     limit = body_limit_for(request)
     if request.content_length is not None and request.content_length > limit:
         return _too_large(limit)
+    before_body = request.app[HTTP_STATE].before_body
+    if before_body is not None:
+        before_body(request)
     if request.body_exists:
         if limit < request.app[HTTP_STATE].max_body_bytes:
             request = request.clone(client_max_size=limit + 1)

@@ -49,6 +49,9 @@ class HttpState:
     with the same body limit, error format and metrics as the built-in routes.
     `body_limit(request)` may name a smaller limit for a request (a webhook
     source's own); None or a larger value means `max_body_bytes`.
+    `before_body(request)` runs after the size check and before a byte of the
+    body is read; it may raise `ApiError` (a webhook's 404/415/429) so that a
+    request refused anyway costs no body read.
     """
 
     pool: asyncpg.Pool
@@ -60,6 +63,7 @@ class HttpState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     extra_routes: list[web.RouteDef] = field(default_factory=list)
     body_limit: Callable[[web.Request], int | None] | None = field(default=None, repr=False)
+    before_body: Callable[[web.Request], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:

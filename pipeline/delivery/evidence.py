@@ -1,6 +1,7 @@
 """Delivery evidence: one row per (source, message, recipient), derived from the event log.
 
-The row is recomputed from *all* applied events of its key, never patched
+The row is recomputed from *all* applied events of its key (applied once:
+a replay that re-queues them does not take their effect away), never patched
 with the one event at hand, so the result depends only on the set of events,
 not on the order they arrived or were applied in. The rules, by occurred_at:
 
@@ -74,7 +75,9 @@ WITH keys AS (
            max(e.occurred_at) FILTER (WHERE e.event_type = 'clicked') AS last_clicked_at
       FROM delivery_events e
       JOIN keys k USING (tenant_id, source, message_key, recipient_hash)
-     WHERE e.state = 'applied'
+     -- applied_at, not state: an event re-queued by a replay keeps counting
+     -- until it is applied again, so a replay never takes evidence back.
+     WHERE e.applied_at IS NOT NULL
      GROUP BY e.tenant_id, e.source, e.message_key, e.recipient_hash
 )
 INSERT INTO delivery_evidence AS d (tenant_id, source, message_key, recipient_hash, recipient,

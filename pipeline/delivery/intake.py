@@ -76,6 +76,8 @@ QUEUE_CAPACITY = 4096
 COMMIT_TIMEOUT_S = 3.0
 
 _DATA_SQLSTATE_CLASSES = ("22", "23", "54")
+# Lost races between concurrent transactions: worth one immediate retry.
+_RACE_ERRORS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
 # One statement per group, in autocommit: a single statement is its own
 # transaction, so the group costs one round trip instead of four (BEGIN, INSERT,
@@ -153,6 +155,8 @@ class _Submission:
     error: BaseException | None = None
 
     def finish(self, outcome: Stored | None = None, error: BaseException | None = None) -> None:
+        if self.done.is_set():
+            return  # settled once; a later path (cleanup) must not overwrite it
         self.outcome, self.error = outcome, error
         self.done.set()
 
@@ -232,16 +236,26 @@ class DeliveryIntake:
                 await self._commit_group(group)
 
     async def _commit_group(self, group: list[_Submission]) -> None:
+        """Write `group` and settle every submission in it, whatever happens."""
         try:
-            outcomes = await self._write(group)
-        except anyio.get_cancelled_exc_class():
-            for item in group:
+            await self._commit_or_isolate(group)
+        finally:
+            for item in group:  # cancelled part-way, or a bug: never leave a waiter
                 item.finish(error=IntakeUnavailable("daemon stopping"))
-            raise
+
+    async def _commit_or_isolate(self, group: list[_Submission]) -> None:
+        try:
+            try:
+                outcomes = await self._write(group)
+            except _RACE_ERRORS:
+                # Rows are written in key order, so two groups cannot wait on
+                # each other; a deadlock or serialization failure can still come
+                # from another writer of the table (a replay). Once more, then 503.
+                outcomes = await self._write(group)
         except Exception as exc:
             if len(group) > 1 and _blames_the_data(exc):
                 for item in group:
-                    await self._commit_group([item])
+                    await self._commit_or_isolate([item])
                 return
             log.warning("delivery_intake_failed", requests=len(group), error=_one_line(exc))
             failure = exc if _blames_the_data(exc) else IntakeUnavailable(_one_line(exc))
@@ -256,18 +270,22 @@ class DeliveryIntake:
 
     async def _write(self, group: list[_Submission]) -> list[Stored | Exception]:
         refused = _repeated_tokens(group)
-        columns: list[list[Any]] = [[] for _ in range(_ROW_FIELDS + 1)]
-        tokens: tuple[list[str], list[str], list[str]] = ([], [], [])
+        rows: list[tuple[Any, ...]] = []
+        token_keys: list[tuple[str, str, str]] = []
         for i, item in enumerate(group):
             if i in refused:
                 continue
             if item.token_hash is not None:
-                tokens[0].append(item.tenant_id)
-                tokens[1].append(item.source)
-                tokens[2].append(item.token_hash)
-            for row in item.rows:
-                for column, value in zip(columns, (*row, item.token_hash), strict=True):
-                    column.append(value)
+                token_keys.append((item.tenant_id, item.source, item.token_hash))
+            rows.extend((*row, item.token_hash) for row in item.rows)
+        # Key order: concurrent groups lock the unique-index entries they share in
+        # the same order, so they can never deadlock on each other.
+        rows.sort(key=lambda row: (row[0], row[1], row[2]))
+        token_keys.sort()
+        columns = [list(column) for column in zip(*rows, strict=True)] if rows else [
+            [] for _ in range(_ROW_FIELDS + 1)]
+        tokens = [list(column) for column in zip(*token_keys, strict=True)] if token_keys else [
+            [], [], []]
         async with self._pool.acquire(timeout=COMMIT_TIMEOUT_S) as conn:
             rows = await conn.fetch(_WRITE_GROUP, *columns[:_ROW_FIELDS], *tokens,
                                     columns[_ROW_FIELDS], DELIVERY_CHANNEL,

@@ -87,12 +87,15 @@ class DeliveryEvent:
 
 
 def address_hash(address: str) -> str:
-    """sha256 hex of the trimmed, lower-cased address: how recipients are keyed.
+    """sha256 hex of the UTF-8 of the space-trimmed, lower-cased address: how
+    recipients are keyed.
 
-    An application checks a suppression with the same function (or SQL
-    `encode(sha256(lower(btrim(addr))::bytea), 'hex')`).
+    An application checks a suppression with the same function, or in SQL
+    `encode(sha256(convert_to(lower(btrim(addr)), 'UTF8')), 'hex')` (btrim and
+    strip(" ") remove the same spaces; lower() agrees for ASCII addresses and in
+    UTF-8 locales).
     """
-    return hashlib.sha256(address.strip().lower().encode("utf-8")).hexdigest()
+    return hashlib.sha256(address.strip(" ").lower().encode("utf-8")).hexdigest()
 
 
 def dedup_key(event: DeliveryEvent) -> str:

@@ -13,7 +13,8 @@ number of workers in any number of replicas share the queue without taking
 the same row. In one transaction it correlates the events with outbound
 messages (by Message-ID), marks them applied, recomputes the evidence of
 every key they touch (pipeline/delivery/evidence.py), upserts suppressions
-(suppressions.py) and writes `delivery.updated` / `suppression.added` outbox
+(suppressions.py) and writes `delivery.updated` / `suppression.added` (or
+`suppression.updated` when an earlier-occurred event takes a row over) outbox
 events — so the application sees an effect exactly when it is committed.
 
 Applying is idempotent: evidence is recomputed from the whole log and only a
@@ -31,7 +32,7 @@ loop backs off and tries again.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import anyio
@@ -59,7 +60,9 @@ log = structlog.get_logger(__name__)
 #: Rows one worker transaction applies. A burst of 500 events touches ≤ 500
 #: evidence rows: one recompute statement of a few ms, one outbox insert.
 APPLY_BATCH = 500
-#: Attempts before a row is dead: with the backoff below, about 8.5 h of retries.
+#: Attempts before a row is dead. With the backoff below the nine waits are at
+#: most 30 s + 60 s + … + 3600 s ≈ 3.1 h, about 1.5 h on average (full jitter).
+#: Database outages do not count: they leave rows pending untouched.
 MAX_ATTEMPTS = 10
 BACKOFF_BASE_S = 30.0
 BACKOFF_CAP_S = 3600.0
@@ -67,9 +70,10 @@ BACKOFF_CAP_S = 3600.0
 IDLE_POLL_S = 5.0
 #: Pause after the database failed before trying again.
 RETRY_PAUSE_S = 2.0
-#: How long accepted replay tokens are remembered: longer than the widest
-#: timestamp tolerance both ways (2 × 300 s), after which the timestamp check
-#: refuses a replay on its own.
+#: How long accepted replay tokens are remembered: the widest timestamp
+#: tolerance a source may configure, both ways (2 × adapters/esp/base.py
+#: MAX_TOLERANCE_S = 2 × 1800 s); after that the timestamp check refuses a
+#: replay on its own.
 REPLAY_TOKEN_KEEP_S = 3600.0
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -180,12 +184,13 @@ async def _apply(conn: asyncpg.Connection, claimed: Sequence[asyncpg.Record]) ->
             payload={"source": row["source"], "message_key": row["message_key"],
                      "recipient_hash": row["recipient_hash"], "status": row["status"]})
     for row in suppressed:
-        if row["inserted"]:
-            buffers.setdefault(row["tenant_id"], EventBuffer()).add(
-                "suppression.added",
-                payload={"address_hash": row["address_hash"], "scope": row["scope"],
-                         "reason": row["reason"], "source": row["source"],
-                         "delivery_event_id": row["event_id"]})
+        # Taken over by an event that occurred earlier (arrival order is not event
+        # order): the row's reason/event changed, and the application hears so.
+        buffers.setdefault(row["tenant_id"], EventBuffer()).add(
+            "suppression.added" if row["inserted"] else "suppression.updated",
+            payload={"address_hash": row["address_hash"], "scope": row["scope"],
+                     "reason": row["reason"], "source": row["source"],
+                     "delivery_event_id": row["event_id"]})
     # Tenant order: every worker takes the outbox locks in the same order.
     for tenant_id in sorted(buffers):
         await buffers[tenant_id].flush(conn, tenant_id, None)
@@ -223,7 +228,11 @@ async def prune_replay_tokens(conn: asyncpg.Connection) -> int:
 
 async def run_worker(pool: asyncpg.Pool, dsn: str, *,
                      task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Apply events as they come (NOTIFY) or come due (poll), until cancelled."""
+    """Apply events as they come (NOTIFY) or come due (poll), until cancelled.
+
+    No database error ends the loop: it is logged, and the loop pauses and
+    goes on (the rows stay pending). A lost LISTEN connection is re-opened.
+    """
     wake = anyio.Event()
     listener: asyncpg.Connection | None = None
     next_prune = anyio.current_time()
@@ -232,31 +241,46 @@ async def run_worker(pool: asyncpg.Pool, dsn: str, *,
         wake.set()
 
     try:
-        try:
-            listener = await asyncpg.connect(dsn)
-            await listener.add_listener(DELIVERY_CHANNEL, on_notify)
-        except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-            log.warning("delivery_listen_failed", error=_one_line(exc))  # polling still works
+        listener = await _listen(dsn, on_notify)
         task_status.started()
         while True:
             wake = anyio.Event()
             try:
+                if listener is None or listener.is_closed():
+                    listener = await _listen(dsn, on_notify)
                 while await apply_due(pool) == APPLY_BATCH:
                     pass
-            except _CONNECTION_ERRORS as exc:
-                log.warning("delivery_worker_db_unavailable", error=_one_line(exc))
+                if anyio.current_time() >= next_prune:
+                    async with pool.acquire() as conn:
+                        await prune_replay_tokens(conn)
+                    next_prune = anyio.current_time() + REPLAY_TOKEN_KEEP_S / 4
+            except Exception as exc:  # the worker outlives any database trouble
+                log.warning("delivery_worker_failed", error=_one_line(exc))
                 await anyio.sleep(RETRY_PAUSE_S)
                 continue
-            if anyio.current_time() >= next_prune:
-                next_prune = anyio.current_time() + REPLAY_TOKEN_KEEP_S / 4
-                async with pool.acquire() as conn:
-                    await prune_replay_tokens(conn)
             with anyio.move_on_after(IDLE_POLL_S):
                 await wake.wait()
     finally:
         if listener is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await listener.close()
+
+
+async def _listen(dsn: str, on_notify: Callable[..., None]) -> asyncpg.Connection | None:
+    """A connection LISTENing on the delivery channel; None when it cannot be had
+    (polling every IDLE_POLL_S still finds the work)."""
+    try:
+        listener = await asyncpg.connect(dsn)
+    except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+        log.warning("delivery_listen_failed", error=_one_line(exc))
+        return None
+    try:
+        await listener.add_listener(DELIVERY_CHANNEL, on_notify)
+    except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+        log.warning("delivery_listen_failed", error=_one_line(exc))
+        await listener.close()
+        return None
+    return listener
 
 
 def _one_line(exc: BaseException) -> str:

@@ -70,7 +70,7 @@ async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore,
     state = HttpState(pool=pool, dsn=dsn, store=store, metrics=Metrics(),
                       tenant_for_token=TokenTable({}), ready=ready,
                       extra_routes=hook_routes(table, intake, confirm),
-                      body_limit=table.body_limit)
+                      body_limit=table.body_limit, before_body=table.check_before_body)
     async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
         with anyio.fail_after(DEADLINE_S):
             await tg.start(intake.run)
@@ -387,3 +387,46 @@ async def test_sendgrid_batch_with_a_duplicate_keeps_the_new_event(pool, db_dsn,
         tampered = body.replace(b'"open"', b'"click"')
         assert (await post(served, "sg", tampered, headers))[0] == 401
     assert [r["dedup_key"] for r in await stored(pool)] == ["id:e1", "id:e2"]
+
+
+async def test_refusals_come_before_the_body_is_read(pool, db_dsn, store, sw) -> None:
+    """415 and 404 are answered to a request whose body never arrives."""
+    async with serving(pool, db_dsn, store, resend=sw) as served:
+        port = int(served.base.rsplit(":", 1)[1])
+        for path, ctype, status in (("/hooks/esp/acme/resend", "text/html", b"415"),
+                                    ("/hooks/esp/acme/nope", "application/json", b"404")):
+            with anyio.fail_after(DEADLINE_S):
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+                async with stream:
+                    await stream.send(f"POST {path} HTTP/1.1\r\nHost: t\r\n"
+                                      f"Content-Type: {ctype}\r\nContent-Length: 1000\r\n\r\n"
+                                      .encode())  # and never the body
+                    head = await stream.receive()
+            assert head.startswith(b"HTTP/1.1 " + status), head[:40]
+
+
+async def test_chunked_body_over_the_source_limit_is_413(pool, db_dsn, store) -> None:
+    small = hook("small", {"provider": "resend", "secret": SW_SECRET}, max_body_bytes=4096)
+
+    async def chunks():
+        for _ in range(64):
+            yield b"x" * 1024
+
+    async with serving(pool, db_dsn, store, small=small) as served:
+        with anyio.fail_after(DEADLINE_S):
+            async with served.session.post(
+                    f"{served.base}/hooks/esp/acme/small", data=chunks(),
+                    headers={"content-type": "application/json"}) as response:
+                assert response.status == 413
+    assert await stored(pool) == []
+
+
+def test_reload_keeps_a_bucket_only_when_its_settings_are_unchanged(sw) -> None:
+    table = HookTable({("acme", "resend"): sw})
+    kept = hook("resend", {"provider": "resend", "secret": SW_SECRET})
+    table.replace({("acme", "resend"): kept})
+    assert table.get("acme", "resend").limiter is sw.limiter
+    faster = hook("resend", {"provider": "resend", "secret": SW_SECRET},
+                  limiter=RateLimiter(rate=5000, burst=9000))
+    table.replace({("acme", "resend"): faster})
+    assert table.get("acme", "resend").limiter.settings == (5000, 9000)

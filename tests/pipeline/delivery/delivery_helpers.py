@@ -74,3 +74,15 @@ async def suppressions(pool: asyncpg.Pool) -> list[tuple]:
             "SELECT s.address, s.scope, s.reason, e.dedup_key FROM suppressions s "
             "JOIN delivery_events e USING (tenant_id, event_id) ORDER BY 1, 2")
     return [tuple(r) for r in rows]
+
+
+async def wait_until(pool: asyncpg.Pool, sql: str, predicate, *, deadline_s: float = 20.0,
+                     poll_s: float = 0.05):
+    """Poll `sql` (a single value) until `predicate(value)`; TimeoutError after the deadline."""
+    with anyio.fail_after(deadline_s):
+        async with pool.acquire() as conn:
+            while True:
+                value = await conn.fetchval(sql)
+                if predicate(value):
+                    return value
+                await anyio.sleep(poll_s)

@@ -8,7 +8,7 @@ import time
 import anyio
 import asyncpg
 import pytest
-from delivery_helpers import POLICY, event, store_events
+from delivery_helpers import POLICY, event, store_events, wait_until
 
 from inboxd.pipeline.delivery.intake import DeliveryIntake, IntakeUnavailable, ReplayedToken
 from inboxd.pipeline.delivery.model import DeliveryEvent, EventType
@@ -101,3 +101,42 @@ async def test_lost_database_raises_unavailable(db_dsn: str) -> None:
             tg.cancel_scope.cancel()
     finally:
         pool.terminate()
+
+
+async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
+        pool: asyncpg.Pool) -> None:
+    """A group with a request of an unknown tenant (FK violation) is retried one
+    request at a time; the intake stops while a good request of it is blocked.
+    Every waiter must get an answer, none may hang."""
+    async with pool.acquire() as conn:
+        await ensure_tenants(conn, ["acme"])
+    intake = DeliveryIntake(pool, writers=1)  # one writer: the three requests form one group
+    outcomes: list[object] = []
+    async with pool.acquire() as locker:
+        locker_tx = locker.transaction()
+        await locker_tx.start()
+        # The FK check of acme's rows needs KEY SHARE on this row: they wait.
+        await locker.execute("SELECT 1 FROM tenants WHERE tenant_id = 'acme' FOR UPDATE")
+
+        async def post(tenant: str, eid: str) -> None:
+            try:
+                outcomes.append(await intake.submit(
+                    tenant, "esp", "test", [event(EventType.DELIVERED, eid=eid)], POLICY,
+                    received_at=time.time()))
+            except (IntakeUnavailable, asyncpg.ForeignKeyViolationError) as exc:
+                outcomes.append(exc)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as posts:  # outlives the intake
+                async with anyio.create_task_group() as tg:
+                    await tg.start(intake.run)
+                    # "aaa" sorts first: its FK violation fails the group at once.
+                    for tenant, eid in (("aaa", "bad"), ("acme", "g1"), ("acme", "g2")):
+                        posts.start_soon(post, tenant, eid)
+                    await wait_until(pool, "SELECT count(*) FROM pg_locks WHERE NOT granted",
+                                     lambda n: n > 0)
+                    tg.cancel_scope.cancel()  # the intake stops mid-isolation
+        await locker_tx.rollback()
+    assert len(outcomes) == 3  # nobody hangs
+    assert sum(isinstance(o, asyncpg.ForeignKeyViolationError) for o in outcomes) == 1
+    assert sum(isinstance(o, IntakeUnavailable) for o in outcomes) == 2

@@ -12,6 +12,7 @@ from delivery_helpers import (
     evidence,
     store_events,
     suppressions,
+    wait_until,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -110,6 +111,7 @@ async def test_earliest_event_owns_the_suppression_whatever_the_order(pool: asyn
     assert await suppressions(pool) == [("Ann@Example.com", "all", "complaint", "id:early")]
     kinds = [kind for kind, _ in await outbox(pool)]
     assert kinds.count("suppression.added") == 1  # the takeover is not a new suppression
+    assert kinds.count("suppression.updated") == 1  # but the application hears of it
 
 
 async def test_correlates_with_the_outbound_message(pool: asyncpg.Pool, make_mailbox) -> None:
@@ -214,3 +216,35 @@ async def test_replay_filters(pool: asyncpg.Pool, dead_only: bool) -> None:
     async with pool.acquire() as conn:
         assert await replay_events(conn, source="a", dead_only=dead_only) == (0 if dead_only
                                                                               else 1)
+
+
+async def test_replay_in_small_batches_never_takes_evidence_back(pool: asyncpg.Pool) -> None:
+    await store_events(pool, [event(E.ACCEPTED, minute=0), event(E.DELIVERED, minute=1),
+                              event(E.BOUNCED, minute=2)])
+    await apply_all(pool)
+    before = (await evidence(pool), await outbox(pool))
+    async with pool.acquire() as conn:
+        assert await replay_events(conn) == 3
+    while await apply_due(pool, limit=1):
+        assert (await evidence(pool))[0]["status"] == "bounced"
+    assert (await evidence(pool), await outbox(pool)) == before
+
+
+async def test_worker_outlives_database_errors(pool: asyncpg.Pool, db_dsn: str) -> None:
+    import anyio
+
+    from inboxd.pipeline.delivery.worker import run_worker
+
+    async with pool.acquire() as conn:
+        await conn.execute("ALTER TABLE delivery_evidence RENAME TO delivery_evidence_away")
+    await store_events(pool, [event(E.DELIVERED)])
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_worker, pool, db_dsn)
+        # The worker fails on the missing table, backs the row off, and lives on.
+        await wait_until(pool, "SELECT attempts FROM delivery_events", lambda n: n > 0)
+        async with pool.acquire() as conn:
+            await conn.execute("ALTER TABLE delivery_evidence_away RENAME TO delivery_evidence")
+            await conn.execute("UPDATE delivery_events SET next_attempt_at = now()")
+            await conn.execute("NOTIFY inboxd_delivery")
+        await wait_until(pool, "SELECT count(*) FROM delivery_evidence", lambda n: n == 1)
+        tg.cancel_scope.cancel()
