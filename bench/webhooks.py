@@ -178,7 +178,7 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy, Stored
     from inboxd.pipeline.objectstore import LocalDirectoryStore
 
-    configure_logging(True, level="warning")
+    configure_logging(True, level="warning", final=True)  # as `inboxd run` does
     class VerifyOnly:
         """The intake's interface, answering at once: nothing is stored."""
 

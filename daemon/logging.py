@@ -38,12 +38,16 @@ def _orjson_dumps(obj: Any, **_: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
-def configure_logging(json: bool | None = None, *, level: str = "warning") -> None:
+def configure_logging(json: bool | None = None, *, level: str = "warning",
+                      final: bool = False) -> None:
     """Configure structlog (and the stdlib root logger) for a command.
 
     `json`: True for JSON lines, False for console lines, None to pick JSON exactly
     when stderr is not a terminal. `level`: one of `LOG_LEVELS`; raises `ValueError`
-    for anything else. Safe to call more than once (the last call wins).
+    for anything else. Safe to call more than once (the last call wins) — except
+    after a call with `final=True` (what the daemon does once its config is read):
+    then each module's logger is built once, on first use, instead of on every
+    call (structlog's lazy proxy cost ~2 % of a webhook request, bench/webhooks.py).
     """
     if level not in LOG_LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
@@ -72,7 +76,7 @@ def configure_logging(json: bool | None = None, *, level: str = "warning") -> No
         processors=[*shared, *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=final,
     )
     # Libraries that use the stdlib (asyncpg, botocore) log through the root logger;
     # their records get the same shape, so stderr stays one format.

@@ -106,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
         _print_problems(ConfigError(problems))
         raise CommandError(f"{len(problems)} configuration problem(s); not started", EXIT_USAGE)
     configure_logging(None, level=args.log_level if args.log_level != "warning"
-                      else main.log_level)
+                      else main.log_level, final=True)
     choice = await resolve(args, main.raw)
     pool_size = main.ingest_workers + POOL_EXTRA_CONNECTIONS
     async with open_pool(choice, max_size=pool_size) as pool:
