@@ -337,6 +337,14 @@ COMMENT ON COLUMN mailboxes.poll_interval_s IS 'Seconds between polls (poll mode
 COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and last_success_at.';
 COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims the mailbox again before this time (keeps overlapping scanners and replicas from double-scheduling).';
 
+-- The sending provider's id of an outbound message, for correlating its delivery
+-- events (Postmark MessageID, Resend email_id, SES messageId …). Added after the
+-- table existed, so applying this file to an older database adds it.
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS esp_message_id text;
+COMMENT ON COLUMN messages.esp_message_id IS 'Outbound only: the sending provider''s id of this message (as its API answered the send), when the application recorded it; delivery events are correlated by it or by Message-ID.';
+CREATE INDEX IF NOT EXISTS messages_esp_message_idx ON messages (tenant_id, esp_message_id)
+    WHERE esp_message_id IS NOT NULL;
+
 -- Delivery events (ESP webhooks; pipeline/delivery/). Persisted first, processed after.
 CREATE TABLE IF NOT EXISTS delivery_events (
     tenant_id           text NOT NULL REFERENCES tenants (tenant_id),

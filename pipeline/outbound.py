@@ -54,11 +54,14 @@ async def record_outbound(
     send_status: str = "pending",
     announce: bool = False,
     client_id: str | None = None,
+    esp_message_id: str | None = None,
 ) -> int:
     """Insert the outbound row (and its thread if new); returns messages.message_id.
 
     `thread_id` is a placeholder for a new conversation, or the provider thread
-    key of the conversation being replied to. `announce` (implied by a
+    key of the conversation being replied to. `esp_message_id` is the sending
+    provider's id of the message (its API's answer), which correlates delivery
+    events that carry no Message-ID (Postmark, Resend). `announce` (implied by a
     `client_id`) also writes a `message.recorded` outbox event, payload
     `{placeholder_message_id, send_status[, client_id]}`, in the same transaction.
     Raises ValueError when the message id is not a placeholder or the Message-ID
@@ -78,10 +81,11 @@ async def record_outbound(
         message_id = await conn.fetchval(
             "INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction, "
             "send_status, internet_message_id, message_id_norm, from_address, subject, "
-            "subject_norm, sent_at, text_body, html_body) VALUES ($1, $2, $3, $4, 'outbound', "
-            "$5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING message_id",
+            "subject_norm, sent_at, text_body, html_body, esp_message_id) VALUES ($1, $2, $3, "
+            "$4, 'outbound', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING message_id",
             tenant_id, mailbox_id, tid, placeholder_message_id, send_status, message_id_header,
-            mid, from_address.lower(), subject, normalise_subject(subject), sent_at, text, html)
+            mid, from_address.lower(), subject, normalise_subject(subject), sent_at, text, html,
+            esp_message_id)
         await recompute_threads(conn, tenant_id, {tid})
         if announce or client_id is not None:
             payload: dict[str, object] = {

@@ -21,6 +21,9 @@ Body, JSON object (`application/json`):
     send_status             "pending" (default) or "sent"
     client_id               str, optional: stored in the `message.recorded` event's
                             payload, so `GET /v1/events?exclude_client=…` can skip it
+    esp_message_id          str, optional: the sending provider's id of the message
+                            (Postmark MessageID, Resend id, SES MessageId, SendGrid
+                            X-Message-Id), so its delivery events are correlated
 
 Answers 201 `{"message_id": N}`; 200 with the same body when this placeholder
 was already recorded with the same Message-ID (a retried request); 409 when the
@@ -73,7 +76,8 @@ _MAX_CLIENT_ID_CHARS = 200
 _MAX_ATTACHMENT_ID = 2**63 - 1
 _REQUIRED = ("mailbox_id", "message_id_header", "placeholder_message_id", "thread_id",
              "from_address")
-_OPTIONAL = ("subject", "sent_at", "text", "html", "send_status", "client_id")
+_OPTIONAL = ("subject", "sent_at", "text", "html", "send_status", "client_id",
+             "esp_message_id")
 _SEND_STATUSES = ("pending", "sent")
 # RFC 6838 §4.2 type/subtype names; anything else is served as octet-stream.
 _MIME_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
@@ -141,6 +145,8 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
     html = text_field("html", required=False, nullable=True)
     client_id = text_field("client_id", required=False, max_chars=_MAX_CLIENT_ID_CHARS,
                            nullable=True)
+    esp_message_id = text_field("esp_message_id", required=False,
+                                max_chars=_MAX_HEADER_CHARS, nullable=True)
     send_status = body.get("send_status", "pending")
     if send_status not in _SEND_STATUSES:
         problems["send_status"] = "must be pending or sent"
@@ -165,6 +171,7 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
         "placeholder_message_id": placeholder, "thread_id": thread_id,
         "from_address": from_address, "subject": subject or "", "sent_at": sent_at,
         "text": text, "html": html, "send_status": send_status, "client_id": client_id,
+        "esp_message_id": esp_message_id or None,
     }
 
 

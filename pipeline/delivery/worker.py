@@ -11,7 +11,8 @@ State machine of a `delivery_events` row:
 `apply_due` claims due pending rows with `FOR UPDATE SKIP LOCKED`, so any
 number of workers in any number of replicas share the queue without taking
 the same row. In one transaction it correlates the events with outbound
-messages (by Message-ID), marks them applied, recomputes the evidence of
+messages (by Message-ID, else by the provider's message id recorded as
+messages.esp_message_id), marks them applied, recomputes the evidence of
 every key they touch (pipeline/delivery/evidence.py), upserts suppressions
 (suppressions.py) and writes `delivery.updated` / `suppression.added` (or
 `suppression.updated` when an earlier-occurred event takes a row over) outbox
@@ -102,6 +103,9 @@ UPDATE delivery_events e
        message_id = coalesce(e.message_id, (
            SELECT min(m.message_id) FROM messages m
             WHERE m.tenant_id = e.tenant_id AND m.message_id_norm = e.message_id_norm
+              AND m.direction = 'outbound'), (
+           SELECT min(m.message_id) FROM messages m
+            WHERE m.tenant_id = e.tenant_id AND m.esp_message_id = e.provider_message_id
               AND m.direction = 'outbound'))
  WHERE (e.tenant_id, e.event_id) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))
 RETURNING e.tenant_id, e.event_id, e.source, e.message_key, e.recipient_hash

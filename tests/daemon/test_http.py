@@ -442,7 +442,8 @@ def outbound_body(**overrides: Any) -> dict[str, Any]:
 async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
     async with serving(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/outbound"
-        async with srv.session.post(url, json=outbound_body(client_id="tab-9"),
+        async with srv.session.post(url, json=outbound_body(client_id="tab-9",
+                                                           esp_message_id="pm-77"),
                                     headers=ACME, expect100=True) as r:
             assert r.status == 201
             message_id = (await r.json())["message_id"]
@@ -467,6 +468,7 @@ async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
     assert (row["direction"], row["send_status"]) == ("outbound", "pending")
     assert row["message_id_norm"] == "out-1@acme.test"
     assert row["text_body"] == "Thanks for your order."
+    assert row["esp_message_id"] == "pm-77"
     assert row["sent_at"].isoformat() == "2026-11-02T09:30:00+00:00"
     assert event["kind"] == "message.recorded"
     assert event["message_id"] == message_id

@@ -248,3 +248,18 @@ async def test_worker_outlives_database_errors(pool: asyncpg.Pool, db_dsn: str) 
             await conn.execute("NOTIFY inboxd_delivery")
         await wait_until(pool, "SELECT count(*) FROM delivery_evidence", lambda n: n == 1)
         tg.cancel_scope.cancel()
+
+
+async def test_correlates_by_the_providers_message_id(pool: asyncpg.Pool, make_mailbox) -> None:
+    from inboxd.pipeline.outbound import record_outbound
+
+    tenant, mailbox = await make_mailbox("acme", "sent")
+    async with pool.acquire() as conn:
+        message_id = await record_outbound(
+            conn, tenant_id=tenant, mailbox_id=mailbox, message_id_header="<o2@app.example>",
+            placeholder_message_id="pending_2", thread_id="pending_t2", from_address="a@app",
+            esp_message_id="pm-42")
+    await store_events(pool, [event(E.OPENED, msg="pm-42")])  # no Message-ID in the event
+    await apply_all(pool)
+    (row,) = await evidence(pool)
+    assert row["message_id"] == message_id
