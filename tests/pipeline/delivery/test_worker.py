@@ -263,3 +263,27 @@ async def test_correlates_by_the_providers_message_id(pool: asyncpg.Pool, make_m
     await apply_all(pool)
     (row,) = await evidence(pool)
     assert row["message_id"] == message_id
+
+
+async def test_concurrent_workers_apply_each_event_once(pool: asyncpg.Pool) -> None:
+    import anyio
+
+    events = [event(kind, minute=i % 7, eid=f"c{i}", msg=f"pm-{i % 10}", rcpt=f"r{i % 3}@x.example")
+              for i, kind in enumerate([E.DELIVERED, E.OPENED, E.DEFERRED, E.BOUNCED] * 50)]
+    await store_events(pool, events)
+    await apply_all(pool)
+    expected = (await evidence(pool), await suppressions(pool))
+    await reset(pool)
+    await store_events(pool, events)
+
+    async def work() -> None:
+        while await apply_due(pool, limit=7):
+            pass
+
+    async with anyio.create_task_group() as tg:  # four workers, as four replicas would
+        for _ in range(4):
+            tg.start_soon(work)
+    async with pool.acquire() as conn:
+        attempts = await conn.fetch("SELECT DISTINCT attempts, state FROM delivery_events")
+    assert [tuple(r) for r in attempts] == [(1, "applied")]
+    assert (await evidence(pool), await suppressions(pool)) == expected
