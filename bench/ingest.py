@@ -80,7 +80,7 @@ from inboxd.pipeline.identity import content_fingerprint, normalise_message_id, 
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import Address, DeadItem, MessageData
 from inboxd.pipeline.mime import html_to_text, parse_raw
-from inboxd.pipeline.objectstore import LocalDirectoryStore
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 

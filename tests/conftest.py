@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore import LocalDirectoryStore
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from inboxd.pipeline.objectstore import LocalDirectoryStore, ObjectStore
+from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 from .s3 import S3Store
 

@@ -15,7 +15,7 @@ import pytest
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore import LocalDirectoryStore
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
 
 BATCH = 40

@@ -19,15 +19,15 @@ from typing import Any
 import anyio
 import pytest
 
-import inboxd.pipeline.objectstore as objectstore
+import inboxd.pipeline.objectstore_local as objectstore
 from inboxd.pipeline.objectstore import (
-    LocalDirectoryStore,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     run_bounded,
     validate_key,
 )
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 RAW = b"From: a@example.com\r\nSubject: hi\r\n\r\nbody\r\n"
 RAW_KEY = "raw/" + hashlib.sha256(RAW).hexdigest()
@@ -39,7 +39,7 @@ def store(tmp_path: Path) -> LocalDirectoryStore:
 
 
 class _OsProxy:
-    """Stands in for the ``os`` module inside inboxd.pipeline.objectstore only.
+    """Stands in for the ``os`` module inside inboxd.pipeline.objectstore_local only.
 
     Records the calls the atomic-write protocol depends on and can fail one of
     them, so the rest of the process keeps the real ``os``.

@@ -21,7 +21,8 @@ import boto3
 import pytest
 
 from inboxd.adapters.objectstore import S3Store
-from inboxd.pipeline.objectstore import LocalDirectoryStore, ObjectStore
+from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 # Importing moto + flask and binding takes 1-3 s on a laptop; a loaded CI runner
 # can be several times slower. Past this the server is broken, not slow.

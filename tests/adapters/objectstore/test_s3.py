@@ -23,11 +23,11 @@ import inboxd.adapters.objectstore.s3 as s3_module
 from inboxd.adapters.objectstore import ObjectStoreConfig, S3Store, open_object_store
 from inboxd.pipeline.objectstore import (
     MAX_URL_EXPIRES_S,
-    LocalDirectoryStore,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
 )
+from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 # Every byte value, a CRLF pair and a NUL: anything that re-encodes, strips or
 # normalises line endings on the way fails the byte-exact comparison.
