@@ -37,7 +37,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from inboxd.adapters.base import Page, Source
 from inboxd.daemon.ingest_queue import IngestQueue
 from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline import leases
+from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.errors import AttentionError, RetriableError
 from inboxd.pipeline.ingest import IngestBatch
 from inboxd.pipeline.outcomes import page_is_clean
@@ -188,7 +188,7 @@ class MailboxRunner:
                 raise inner from None
             if completed:
                 async with pool.acquire() as conn:
-                    await leases.record_success(conn, tenant, mailbox)
+                    await scheduling.record_success(conn, tenant, mailbox)
                 # caught up with the source: nothing left behind the cursor
                 self.deps.metrics.set_cursor_lag(tenant, mailbox, 0.0)
         finally:
@@ -260,6 +260,7 @@ class MailboxRunner:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
             try:
                 async with self.deps.pool.acquire() as conn:
-                    await leases.record_failure(conn, tenant, mailbox, error, attention=attention)
+                    await scheduling.record_failure(conn, tenant, mailbox, error,
+                                                    attention=attention)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self._log.warning("failure_not_recorded", error=str(exc))

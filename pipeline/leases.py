@@ -1,11 +1,12 @@
-"""Mailbox ownership and sync state in the `mailboxes` row: leases, cursors, throttle, polls.
+"""Mailbox ownership and cursors in the `mailboxes` row: leases, fencing tokens, cancel flag.
 
 Several `inboxd run` replicas share one database (DESIGN.md §4, §5). Which of
-them syncs a mailbox, where its sync stands and when it may next call the
-provider all live in the mailbox's row, so the database is the only
-coordinator — no home-made cluster protocol. Every time below comes from the
-database clock (`now()`), never from a replica's clock, and every statement is
-scoped by tenant.
+them syncs a mailbox and where its sync stands live in the mailbox's row, so
+the database is the only coordinator — no home-made cluster protocol. Every
+time below comes from the database clock (`now()`), never from a replica's
+clock, and every statement is scoped by tenant. When a mailbox syncs next and
+how it is doing (throttle, sync state, poll claims, status) is
+`pipeline/scheduling.py`, on the same row.
 
 Lease protocol (one lease per mailbox; `lease_token` is the fencing token)::
 
@@ -43,58 +44,37 @@ checked here: moving it only forward is the source's duty. An expired cursor
 event in one transaction; the next run resyncs from the beginning, idempotent
 through the dedup cascade.
 
-A sync run, as the supervisor drives it::
+A sync run, as the supervisor drives it (`scheduling` writes its health)::
 
     token = acquire_lease(...)            None → another replica syncs it: skip
-    set_sync_state(..., "syncing", token=token)
+    scheduling.set_sync_state(..., "syncing", token=token)
     for each page:   take_cancel? → stop (cursor stays at the last clean page)
                      ingest → commit_cursor(token, page.cursor_after)  False → stop
                      renew_lease when due                               False → stop
-    record_success | record_failure(error, retry_after_s=…, attention=…)
+    scheduling.record_success | scheduling.record_failure(error, retry_after_s=…, attention=…)
     release_lease(owner, token)
 
 Cancel flag: `request_cancel` (`inboxd sync cancel`) sets it from any process;
 the running sync checks it between pages and clears it when it stops
 (`take_cancel` does both in one statement). A flag set while no sync runs
 stops the next run at its first check.
-
-Throttle: `record_failure` moves `throttle_backoff_s` along 30 s, 60 s, 120 s,
-… capped at 1 h (DESIGN.md §4) and sets `throttle_until` to now() plus the
-larger of that step and the provider's Retry-After (and never earlier than an
-existing throttle_until); one `record_success` resets both. No provider call
-for the mailbox before `throttle_until` — `claim_due` does not hand it out.
-
-Poll scheduling: see `claim_due`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
 
 import asyncpg
 
 from inboxd.pipeline.outbox import EventBuffer
-from inboxd.pipeline.tenancy import validate_id
 
 Executor = asyncpg.Connection | asyncpg.Pool
-SyncState = Literal["idle", "syncing", "backfilling", "needs_attention"]
-SyncMode = Literal["push", "poll", "auto"]
 
-SYNC_STATES: frozenset[str] = frozenset({"idle", "syncing", "backfilling", "needs_attention"})
-SYNC_MODES: frozenset[str] = frozenset({"push", "poll", "auto"})
-
-# DESIGN.md §4: exponential backoff 30 s → 1 h, persisted on the mailbox.
-BACKOFF_INITIAL_S = 30
-BACKOFF_MAX_S = 3600
 # mailboxes.last_error is shown in `inboxd status` and /metrics labels: one short line.
 ERROR_MAX_CHARS = 300
 # The outbox event written by reset_cursor.
@@ -149,7 +129,8 @@ UPDATE mailboxes SET lease_owner = NULL, lease_expires_at = NULL
  WHERE tenant_id = $1 AND mailbox_id = $2 AND lease_owner = $3 AND lease_token = $4
 """
 
-# The fencing condition shared by every write a lease holder makes.
+# The fencing condition shared by every write a lease holder makes (here, and
+# scheduling.set_sync_state with a token).
 _HELD = "lease_token = $3 AND lease_owner IS NOT NULL AND lease_expires_at > now()"
 
 _COMMIT_CURSOR = f"""
@@ -288,299 +269,9 @@ async def take_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
         tenant_id, mailbox_id))
 
 
-# --- throttle and health -----------------------------------------------------------------
-
-_RECORD_SUCCESS = """
-UPDATE mailboxes
-   SET last_success_at = now(), throttle_backoff_s = 0, throttle_until = NULL,
-       sync_state = 'idle'
- WHERE tenant_id = $1 AND mailbox_id = $2
-RETURNING true
-"""
-
-# The next backoff step from the current one: 0 → 30, then doubling, capped.
-# Computed in the UPDATE from the row's newest version, so two failures
-# recorded at once still make two steps.
-_NEXT_BACKOFF = "least(greatest(throttle_backoff_s * 2, $6::integer), $7::integer)"
-
-_RECORD_FAILURE = f"""
-UPDATE mailboxes
-   SET throttle_backoff_s = {_NEXT_BACKOFF},
-       throttle_until = greatest(
-           throttle_until,
-           now() + make_interval(secs => greatest({_NEXT_BACKOFF}::float8, coalesce($4, 0)))),
-       last_error = $3,
-       last_error_at = now(),
-       sync_state = CASE WHEN $5 THEN 'needs_attention'
-                         WHEN sync_state = 'needs_attention' THEN sync_state
-                         ELSE 'idle' END
- WHERE tenant_id = $1 AND mailbox_id = $2
-RETURNING throttle_until
-"""
-
-
-async def record_success(conn: Executor, tenant_id: str, mailbox_id: str) -> None:
-    """A sync run finished cleanly: last_success_at = now(), throttle reset, state idle.
-
-    `last_error`/`last_error_at` are kept for the operator (they say what last
-    went wrong and when; last_success_at says it has recovered since).
-    Raises MailboxNotFound.
-    """
-    if not await conn.fetchval(_RECORD_SUCCESS, tenant_id, mailbox_id):
-        raise MailboxNotFound(tenant_id, mailbox_id)
-
-
-async def record_failure(
-    conn: Executor, tenant_id: str, mailbox_id: str, error: str, *,
-    retry_after_s: float | None = None, attention: bool = False,
-) -> datetime:
-    """A sync run failed: next backoff step, throttle, last error; returns throttle_until.
-
-    Backoff steps 30 s, 60 s, 120 s, … capped at 3600 s (persisted in
-    throttle_backoff_s). throttle_until = now() + max(step, retry_after_s), and
-    never earlier than a throttle_until already set. `attention=True` (auth or
-    config error) sets sync_state 'needs_attention', which only
-    record_success or set_sync_state clears; otherwise the state goes back to
-    'idle'. `error` is stored as one line of at most 300 characters — it must
-    not contain secrets. Raises MailboxNotFound, ValueError for a negative or
-    non-finite retry_after_s.
-    """
-    if retry_after_s is not None:
-        retry_after_s = _non_negative("retry_after_s", retry_after_s)
-    until = await conn.fetchval(
-        _RECORD_FAILURE, tenant_id, mailbox_id, one_line(error), retry_after_s, attention,
-        BACKOFF_INITIAL_S, BACKOFF_MAX_S)
-    if until is None:
-        raise MailboxNotFound(tenant_id, mailbox_id)
-    return until
-
-
-async def set_sync_state(
-    conn: Executor, tenant_id: str, mailbox_id: str, state: SyncState, *,
-    token: int | None = None,
-) -> bool:
-    """Set sync_state; with `token`, only while that lease is held. False: no row changed.
-
-    States: idle, syncing, backfilling, needs_attention. Raises ValueError for
-    any other.
-    """
-    if state not in SYNC_STATES:
-        raise ValueError(f"unknown sync state {state!r}: one of {sorted(SYNC_STATES)}")
-    if token is None:
-        done = await conn.fetchval(
-            "UPDATE mailboxes SET sync_state = $3 WHERE tenant_id = $1 AND mailbox_id = $2 "
-            "RETURNING true", tenant_id, mailbox_id, state)
-    else:
-        done = await conn.fetchval(
-            f"UPDATE mailboxes SET sync_state = $4 WHERE tenant_id = $1 AND mailbox_id = $2 "
-            f"AND {_HELD} RETURNING true", tenant_id, mailbox_id, token, state)
-    return bool(done)
-
-
-# --- poll scheduling ---------------------------------------------------------------------
-
-# When a mailbox is next due: its interval after the later of its last poll
-# claim and its last successful sync (by any trigger). NULL: never either.
-_DUE_AT = "greatest(m.last_polled_at, m.last_success_at) + make_interval(secs => m.poll_interval_s)"
-
-_CLAIM_DUE = f"""
-WITH due AS (
-    SELECT m.tenant_id, m.mailbox_id
-      FROM mailboxes m
-      JOIN unnest($2::text[], $3::text[]) AS w (tenant_id, mailbox_id)
-        ON m.tenant_id = w.tenant_id AND m.mailbox_id = w.mailbox_id
-     WHERE coalesce({_DUE_AT}, '-infinity') <= now()
-       AND coalesce(m.next_poll_at, '-infinity') <= now()
-       AND coalesce(m.throttle_until, '-infinity') <= now()
-       AND (m.lease_owner IS NULL OR m.lease_owner = $1
-            OR coalesce(m.lease_expires_at, '-infinity') <= now())
-     ORDER BY {_DUE_AT} NULLS FIRST, m.tenant_id, m.mailbox_id
-     LIMIT $5
-       FOR UPDATE OF m SKIP LOCKED
-)
-UPDATE mailboxes m
-   SET last_polled_at = now(), next_poll_at = now() + make_interval(secs => $4)
-  FROM due
- WHERE m.tenant_id = due.tenant_id AND m.mailbox_id = due.mailbox_id
-RETURNING m.tenant_id, m.mailbox_id
-"""
-
-
-async def claim_due(
-    conn: Executor, owner: str, *, mailboxes: Sequence[tuple[str, str]], cooldown_s: float,
-    limit: int,
-) -> list[tuple[str, str]]:
-    """Claim up to `limit` of `mailboxes` that are due for a poll; (tenant, mailbox) pairs.
-
-    `mailboxes` are the (tenant_id, mailbox_id) pairs this scanner polls
-    (mailboxes in poll mode, and in auto mode with poll_interval_s as the
-    "push has been quiet" threshold); others are never returned. A mailbox is
-    due when all hold:
-
-    * its interval has passed: now() ≥ poll_interval_s after the later of
-      last_polled_at (the last claim) and last_success_at (the last clean sync,
-      whatever triggered it — so a push-fed mailbox is only polled once push
-      has been quiet for its interval), or it has neither;
-    * its claim cooldown has passed: next_poll_at ≤ now();
-    * it is not throttled: throttle_until ≤ now();
-    * its lease is free, expired or held by `owner`.
-
-    Most overdue first. In the same statement the claimed rows get
-    last_polled_at = now() and next_poll_at = now() + cooldown_s. The rows are
-    picked `FOR UPDATE SKIP LOCKED`, and a row another scanner claimed in the
-    meantime fails the re-check, so concurrent scanners (threads, processes,
-    replicas) never claim one mailbox twice within a cooldown. A claim is not
-    a lease: the caller rings its doorbell for each mailbox, and its sync run
-    still acquires the lease.
-    """
-    _require_owner(owner)
-    cooldown_s = _non_negative("cooldown_s", cooldown_s)
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    pairs = list(dict.fromkeys((t, m) for t, m in mailboxes))
-    if not pairs:
-        return []
-    rows = await conn.fetch(
-        _CLAIM_DUE, owner, [t for t, _ in pairs], [m for _, m in pairs], cooldown_s, limit)
-    return sorted((r[0], r[1]) for r in rows)
-
-
-# --- configuration -----------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class MailboxRow:
-    """A configured mailbox, as the daemon's config loader hands it to the database."""
-
-    tenant_id: str
-    mailbox_id: str
-    provider: str
-    address: str = ""
-    sync_mode: SyncMode = "auto"
-    poll_interval_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        validate_id("tenant", self.tenant_id)
-        validate_id("mailbox", self.mailbox_id)
-        if not self.provider:
-            raise ValueError(f"mailbox {self.mailbox_id!r}: provider must not be empty")
-        if self.sync_mode not in SYNC_MODES:
-            raise ValueError(f"mailbox {self.mailbox_id!r}: sync_mode {self.sync_mode!r} "
-                             f"is not one of {sorted(SYNC_MODES)}")
-        _positive("poll_interval_s", self.poll_interval_s)
-
-
-_UPSERT_TENANTS = """
-INSERT INTO tenants (tenant_id) SELECT DISTINCT t FROM unnest($1::text[]) AS t
-ON CONFLICT (tenant_id) DO NOTHING
-"""
-
-_UPSERT_MAILBOXES = """
-INSERT INTO mailboxes (tenant_id, mailbox_id, provider, address, sync_mode, poll_interval_s)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[])
-ON CONFLICT (tenant_id, mailbox_id) DO UPDATE
-   SET provider = EXCLUDED.provider, address = EXCLUDED.address,
-       sync_mode = EXCLUDED.sync_mode, poll_interval_s = EXCLUDED.poll_interval_s
- WHERE (mailboxes.provider, mailboxes.address, mailboxes.sync_mode, mailboxes.poll_interval_s)
-       IS DISTINCT FROM
-       (EXCLUDED.provider, EXCLUDED.address, EXCLUDED.sync_mode, EXCLUDED.poll_interval_s)
-"""
-
-
-async def upsert_configured_mailboxes(conn: Executor, rows: Sequence[MailboxRow]) -> int:
-    """Create missing tenant/mailbox rows and update the configured columns; rows changed.
-
-    Sets provider, address, sync_mode and poll_interval_s; never touches
-    cursor, lease, throttle, cancel or health columns, and never deletes a
-    mailbox that left the config (its rows stay the application's). Rows are
-    written in key order, so replicas upserting one config at once cannot
-    deadlock. Raises ValueError for a (tenant, mailbox) given twice.
-    """
-    ordered = sorted(rows, key=lambda r: (r.tenant_id, r.mailbox_id))
-    for prev, row in itertools.pairwise(ordered):
-        if (prev.tenant_id, prev.mailbox_id) == (row.tenant_id, row.mailbox_id):
-            raise ValueError(f"mailbox {row.mailbox_id!r} of tenant {row.tenant_id!r} "
-                             "is configured twice")
-    if not ordered:
-        return 0
-    columns = (
-        [r.tenant_id for r in ordered], [r.mailbox_id for r in ordered],
-        [r.provider for r in ordered], [r.address for r in ordered],
-        [r.sync_mode for r in ordered], [float(r.poll_interval_s) for r in ordered],
-    )
-    async with _connection(conn) as c, c.transaction():
-        await c.execute(_UPSERT_TENANTS, columns[0])
-        status = await c.execute(_UPSERT_MAILBOXES, *columns)
-    return int(status.rsplit(" ", 1)[-1])
-
-
-# --- status ------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class MailboxStatus:
-    """One mailbox's sync position and health, for `inboxd status` and /metrics.
-
-    lag_s: seconds since the last clean sync (None: never). throttled /
-    leased: whether throttle_until / the lease are still in the future.
-    """
-
-    tenant_id: str
-    mailbox_id: str
-    provider: str
-    sync_mode: str
-    cursor: str | None
-    cursor_updated_at: datetime | None
-    last_success_at: datetime | None
-    lag_s: float | None
-    throttle_until: datetime | None
-    throttled: bool
-    throttle_backoff_s: int
-    sync_state: str
-    last_error: str | None
-    last_error_at: datetime | None
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    leased: bool
-    cancel_requested: bool
-    poll_interval_s: float
-    last_polled_at: datetime | None
-
-
-_STATUS = """
-SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
-       last_success_at,
-       extract(epoch FROM now() - last_success_at)::float8 AS lag_s,
-       throttle_until,
-       coalesce(throttle_until > now(), false) AS throttled,
-       throttle_backoff_s, sync_state, last_error, last_error_at,
-       lease_owner, lease_expires_at,
-       coalesce(lease_owner IS NOT NULL AND lease_expires_at > now(), false) AS leased,
-       cancel_requested, poll_interval_s, last_polled_at
-  FROM mailboxes
- WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR mailbox_id = $2)
- ORDER BY tenant_id, mailbox_id
-"""
-
-
-async def mailbox_status(
-    conn: Executor, tenant_id: str | None = None, *, mailbox_id: str | None = None,
-) -> list[MailboxStatus]:
-    """Every mailbox's status (of one tenant / one mailbox id when given), by tenant, id."""
-    rows = await conn.fetch(_STATUS, tenant_id, mailbox_id)
-    return [MailboxStatus(**dict(r)) for r in rows]
-
-
-async def tenants_of_mailbox(conn: Executor, mailbox_id: str) -> list[str]:
-    """Tenants that have a mailbox with this id, sorted (operator tools resolving an id).
-
-    The one lookup not scoped by tenant: it is how a command finds the tenant
-    when the operator gave only a mailbox id.
-    """
-    rows = await conn.fetch(
-        "SELECT tenant_id FROM mailboxes WHERE mailbox_id = $1 ORDER BY tenant_id", mailbox_id)
-    return [r[0] for r in rows]
-
-
 # --- helpers -----------------------------------------------------------------------------
+
+# Also used by scheduling.py, which works on the same row under the same rules.
 
 def one_line(text: str, limit: int = ERROR_MAX_CHARS) -> str:
     """`text` with whitespace runs (newlines included) collapsed, cut to `limit` chars."""
@@ -606,10 +297,4 @@ def _require_owner(owner: str) -> None:
 def _positive(name: str, value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: float) -> float:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
     return float(value)

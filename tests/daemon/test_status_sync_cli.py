@@ -1,7 +1,7 @@
 """`inboxd status` and `inboxd sync cancel|now`, run as `python -m inboxd.daemon.cli`.
 
 Each test prepares mailbox rows in a fresh database (`db_dsn`) through
-pipeline.leases, runs the command in a subprocess and checks exit code,
+pipeline.leases and pipeline.scheduling, runs the command in a subprocess and checks exit code,
 output and the database. `sync now` is observed the way a daemon would see
 it: LISTEN on the doorbell channel from a separate connection.
 """
@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 import pytest
 
-from inboxd.pipeline import leases
+from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 
 # Interpreter start + one query is well under a second; a loaded runner is slower.
@@ -68,9 +68,9 @@ async def mailboxes(pool: asyncpg.Pool, make_mailbox) -> None:
     token = await leases.acquire_lease(pool, "acme", "support", "replica-1", LEASE_TTL_S)
     cursor = "https://graph.example/delta?token=" + "x" * 80
     assert await leases.commit_cursor(pool, "acme", "support", token, cursor)
-    await leases.record_success(pool, "acme", "support")
-    await leases.record_failure(pool, "globex", "inbox", "login failed:\nbad password",
-                                attention=True)
+    await scheduling.record_success(pool, "acme", "support")
+    await scheduling.record_failure(pool, "globex", "inbox", "login failed:\nbad password",
+                                    attention=True)
 
 
 # --- status ------------------------------------------------------------------------------

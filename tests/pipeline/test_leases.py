@@ -11,10 +11,11 @@ import asyncpg
 import orjson
 import pytest
 
-from inboxd.pipeline import leases
+from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
-from inboxd.pipeline.leases import MailboxNotFound, MailboxRow
+from inboxd.pipeline.leases import MailboxNotFound
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
+from inboxd.pipeline.scheduling import MailboxRow
 
 T, M = "acme", "inbox"
 # A lease short enough to expire during a test; waits for it are bounded below.
@@ -84,7 +85,7 @@ async def test_second_owner_refused_while_valid_then_takes_over(pool, inbox) -> 
     # the stalled owner wakes up: every fenced write is rejected, nothing changes
     assert not await leases.commit_cursor(pool, T, M, token_a, "101")
     assert not await leases.reset_cursor(pool, T, M, token_a, "stale")
-    assert not await leases.set_sync_state(pool, T, M, "syncing", token=token_a)
+    assert not await scheduling.set_sync_state(pool, T, M, "syncing", token=token_a)
     await leases.release_lease(pool, T, M, "a", token_a)  # no-op for a stale holder
     state = await row(pool)
     assert (state["cursor"], state["lease_owner"], state["lease_token"]) == ("200", "b", token_b)
@@ -144,11 +145,11 @@ async def test_missing_mailbox_and_bad_arguments(pool, inbox) -> None:
     with pytest.raises(ValueError, match="cursor"):
         await leases.commit_cursor(pool, T, M, token, "")
     with pytest.raises(MailboxNotFound):
-        await leases.record_failure(pool, T, "nope", "x")
+        await scheduling.record_failure(pool, T, "nope", "x")
     with pytest.raises(MailboxNotFound):
-        await leases.record_success(pool, T, "nope")
+        await scheduling.record_success(pool, T, "nope")
     with pytest.raises(ValueError, match="sync state"):
-        await leases.set_sync_state(pool, T, M, "busy")  # type: ignore[arg-type]
+        await scheduling.set_sync_state(pool, T, M, "busy")  # type: ignore[arg-type]
 
 
 # --- cursor ------------------------------------------------------------------------------
@@ -244,54 +245,54 @@ async def throttle_left_s(pool: asyncpg.Pool) -> float:
 async def test_backoff_doubles_to_one_hour_and_one_success_resets_it(pool, inbox) -> None:
     steps = []
     for _ in range(10):
-        until = await leases.record_failure(pool, T, M, "HTTP 503 from provider")
+        until = await scheduling.record_failure(pool, T, M, "HTTP 503 from provider")
         state = await row(pool)
         assert state["throttle_until"] == until
         steps.append(state["throttle_backoff_s"])
         assert state["throttle_backoff_s"] - 5 < await throttle_left_s(pool) <= steps[-1]
     assert steps == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
-    await leases.record_success(pool, T, M)
+    await scheduling.record_success(pool, T, M)
     state = await row(pool)
     assert (state["throttle_backoff_s"], state["throttle_until"], state["sync_state"]) == (
         0, None, "idle")
     assert state["last_success_at"] is not None
     assert state["last_error"] == "HTTP 503 from provider"  # kept for the operator
-    await leases.record_failure(pool, T, M, "again")
+    await scheduling.record_failure(pool, T, M, "again")
     assert (await row(pool))["throttle_backoff_s"] == 30
 
 
 async def test_retry_after_wins_when_larger(pool, inbox) -> None:
-    await leases.record_failure(pool, T, M, "429", retry_after_s=600)
+    await scheduling.record_failure(pool, T, M, "429", retry_after_s=600)
     state = await row(pool)
     assert state["throttle_backoff_s"] == 30
     assert 590 < await throttle_left_s(pool) <= 600
-    await leases.record_success(pool, T, M)
-    await leases.record_failure(pool, T, M, "429", retry_after_s=5)  # smaller: backoff wins
+    await scheduling.record_success(pool, T, M)
+    await scheduling.record_failure(pool, T, M, "429", retry_after_s=5)  # smaller: backoff wins
     assert 25 < await throttle_left_s(pool) <= 30
     # a later, shorter backoff never moves an existing throttle earlier
-    await leases.record_failure(pool, T, M, "429", retry_after_s=900)
-    await leases.record_failure(pool, T, M, "503")
+    await scheduling.record_failure(pool, T, M, "429", retry_after_s=900)
+    await scheduling.record_failure(pool, T, M, "503")
     assert 890 < await throttle_left_s(pool) <= 900
     assert (await row(pool))["throttle_backoff_s"] == 120
     with pytest.raises(ValueError, match="retry_after_s"):
-        await leases.record_failure(pool, T, M, "x", retry_after_s=-1)
+        await scheduling.record_failure(pool, T, M, "x", retry_after_s=-1)
 
 
 async def test_attention_state_and_error_line(pool, inbox) -> None:
     long_error = "invalid_grant:\n  Token has been expired or revoked. " + "x" * 400
-    await leases.record_failure(pool, T, M, long_error, attention=True)
+    await scheduling.record_failure(pool, T, M, long_error, attention=True)
     state = await row(pool)
     assert state["sync_state"] == "needs_attention"
     assert "\n" not in state["last_error"] and len(state["last_error"]) == 300
     assert state["last_error"].startswith("invalid_grant: Token has been expired")
     assert state["last_error_at"] is not None
-    await leases.record_failure(pool, T, M, "timeout")  # not attention: state stays
+    await scheduling.record_failure(pool, T, M, "timeout")  # not attention: state stays
     assert (await row(pool))["sync_state"] == "needs_attention"
-    assert await leases.set_sync_state(pool, T, M, "idle")
+    assert await scheduling.set_sync_state(pool, T, M, "idle")
     token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
-    assert await leases.set_sync_state(pool, T, M, "backfilling", token=token)
+    assert await scheduling.set_sync_state(pool, T, M, "backfilling", token=token)
     assert (await row(pool))["sync_state"] == "backfilling"
-    await leases.record_success(pool, T, M)
+    await scheduling.record_success(pool, T, M)
     assert (await row(pool))["sync_state"] == "idle"
 
 
@@ -301,38 +302,38 @@ async def test_claim_due_rules(pool, make_mailbox) -> None:
     names = ["fresh", "throttled", "leased", "mine", "unlisted"]
     for name in names:
         await make_mailbox(T, name)
-    await leases.record_failure(pool, T, "throttled", "503")
+    await scheduling.record_failure(pool, T, "throttled", "503")
     assert await leases.acquire_lease(pool, T, "leased", "other", LONG_TTL_S)
     assert await leases.acquire_lease(pool, T, "mine", "me", LONG_TTL_S)
     listed = [(T, n) for n in names if n != "unlisted"] + [(T, "no-such-mailbox")]
-    claimed = await leases.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10)
+    claimed = await scheduling.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10)
     assert claimed == [(T, "fresh"), (T, "mine")]
     # claimed: neither the cooldown nor the interval (300 s default) has passed
-    assert await leases.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10) == []
-    assert await leases.claim_due(pool, "me", mailboxes=[], cooldown_s=60, limit=10) == []
+    assert await scheduling.claim_due(pool, "me", mailboxes=listed, cooldown_s=60, limit=10) == []
+    assert await scheduling.claim_due(pool, "me", mailboxes=[], cooldown_s=60, limit=10) == []
 
 
 async def test_claim_due_honours_interval_cooldown_and_recent_success(pool, make_mailbox) -> None:
-    await leases.upsert_configured_mailboxes(pool, [
+    await scheduling.upsert_configured_mailboxes(pool, [
         MailboxRow(T, "fast", "imap", poll_interval_s=0.2),
         MailboxRow(T, "pushed", "gmail", sync_mode="auto", poll_interval_s=0.2),
     ])
     fast, pushed = [(T, "fast")], [(T, "pushed")]
-    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == fast
-    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == []
+    assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == fast
+    assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == []
     await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
                             "WHERE mailbox_id = 'fast'")
-    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == fast
+    assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == fast
     await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
                             "WHERE mailbox_id = 'fast'")
     # interval passed, but the 60 s claim cooldown has not
-    assert await leases.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == []
+    assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == []
     # a sync that just succeeded (push) counts as a poll
-    await leases.record_success(pool, T, "pushed")
-    assert await leases.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == []
+    await scheduling.record_success(pool, T, "pushed")
+    assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == []
     await wait_for_db(pool, "SELECT last_success_at + interval '0.2 s' <= now() FROM mailboxes "
                             "WHERE mailbox_id = 'pushed'")
-    assert await leases.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
+    assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
 
 
 async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> None:
@@ -342,16 +343,16 @@ async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> N
     await pool.execute("UPDATE mailboxes SET last_polled_at = now() - interval '1 hour' "
                        "WHERE mailbox_id = 'a'")
     # b and c were never polled: they come first, in key order
-    assert await leases.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
+    assert await scheduling.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
         (T, "b"), (T, "c")]
-    assert await leases.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
+    assert await scheduling.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
         (T, "a")]
 
 
 async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, make_mailbox
                                                                  ) -> None:
     rows = [MailboxRow(t, f"mb-{i:03d}", "imap") for t in ("acme", "globex") for i in range(60)]
-    await leases.upsert_configured_mailboxes(pool, rows)
+    await scheduling.upsert_configured_mailboxes(pool, rows)
     every = [(r.tenant_id, r.mailbox_id) for r in rows]
     claims: dict[str, list[tuple[str, str]]] = {"s1": [], "s2": []}
     go = anyio.Event()
@@ -360,7 +361,7 @@ async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, m
         conn = await asyncpg.connect(db_dsn)
         try:
             await go.wait()
-            while got := await leases.claim_due(
+            while got := await scheduling.claim_due(
                     conn, name, mailboxes=every, cooldown_s=60, limit=7):
                 claims[name].extend(got)
         finally:
@@ -381,13 +382,13 @@ async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, m
 async def test_upsert_configured_mailboxes_keeps_sync_state(pool) -> None:
     rows = [MailboxRow("acme", "support", "gmail", "support@acme.test", "push", 120),
             MailboxRow("globex", "inbox", "imap", "in@globex.test", "poll", 60)]
-    assert await leases.upsert_configured_mailboxes(pool, rows) == 2
+    assert await scheduling.upsert_configured_mailboxes(pool, rows) == 2
     token = await leases.acquire_lease(pool, "acme", "support", "a", LONG_TTL_S)
     assert await leases.commit_cursor(pool, "acme", "support", token, "h-1")
-    await leases.record_failure(pool, "acme", "support", "503")
-    assert await leases.upsert_configured_mailboxes(pool, rows) == 0  # unchanged: no writes
+    await scheduling.record_failure(pool, "acme", "support", "503")
+    assert await scheduling.upsert_configured_mailboxes(pool, rows) == 0  # unchanged: no writes
     changed = [MailboxRow("acme", "support", "gmail", "help@acme.test", "auto", 30)]
-    assert await leases.upsert_configured_mailboxes(pool, changed) == 1
+    assert await scheduling.upsert_configured_mailboxes(pool, changed) == 1
     state = await row(pool, "acme", "support")
     assert (state["address"], state["sync_mode"], state["poll_interval_s"]) == (
         "help@acme.test", "auto", 30.0)
@@ -395,7 +396,7 @@ async def test_upsert_configured_mailboxes_keeps_sync_state(pool) -> None:
     assert state["throttle_backoff_s"] == 30
     assert await pool.fetchval("SELECT count(*) FROM tenants") == 2
     with pytest.raises(ValueError, match="twice"):
-        await leases.upsert_configured_mailboxes(pool, rows + rows[:1])
+        await scheduling.upsert_configured_mailboxes(pool, rows + rows[:1])
     with pytest.raises(ValueError, match="sync_mode"):
         MailboxRow("acme", "x", "imap", sync_mode="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="poll_interval_s"):
@@ -409,9 +410,9 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
     await make_mailbox("globex", "inbox", provider="imap")
     token = await leases.acquire_lease(pool, "acme", "support", "host:1", LONG_TTL_S)
     assert await leases.commit_cursor(pool, "acme", "support", token, "h-77")
-    await leases.record_success(pool, "acme", "support")
-    await leases.record_failure(pool, "globex", "inbox", "auth failed", attention=True)
-    every = await leases.mailbox_status(pool)
+    await scheduling.record_success(pool, "acme", "support")
+    await scheduling.record_failure(pool, "globex", "inbox", "auth failed", attention=True)
+    every = await scheduling.mailbox_status(pool)
     assert [(s.tenant_id, s.mailbox_id) for s in every] == [
         ("acme", "support"), ("globex", "inbox")]
     support, inbox = every
@@ -421,10 +422,10 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
     assert (inbox.lag_s, inbox.last_success_at, inbox.cursor) == (None, None, None)
     assert (inbox.throttled, inbox.sync_state, inbox.last_error) == (
         True, "needs_attention", "auth failed")
-    only = await leases.mailbox_status(pool, "globex")
+    only = await scheduling.mailbox_status(pool, "globex")
     assert [s.mailbox_id for s in only] == ["inbox"]
-    assert await leases.mailbox_status(pool, "acme", mailbox_id="inbox") == []
-    assert await leases.tenants_of_mailbox(pool, "inbox") == ["globex"]
+    assert await scheduling.mailbox_status(pool, "acme", mailbox_id="inbox") == []
+    assert await scheduling.tenants_of_mailbox(pool, "inbox") == ["globex"]
 
 
 # --- doorbell ----------------------------------------------------------------------------
