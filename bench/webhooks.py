@@ -176,7 +176,7 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.daemon.logging import configure_logging
     from inboxd.daemon.metrics import Metrics
     from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy, Stored
-    from inboxd.pipeline.objectstore import LocalDirectoryStore
+    from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
     class VerifyOnly:

@@ -26,7 +26,7 @@ import aiohttp
 
 from inboxd.adapters.esp.base import SourceConfigError
 from inboxd.adapters.esp.registry import build_esp_source
-from inboxd.daemon.config import ConfigProblem, TenantConfig
+from inboxd.daemon.config_reader import ConfigProblem
 from inboxd.daemon.http.hooks import (
     DEFAULT_HOOK_BODY_BYTES,
     DEFAULT_RATE_BURST,
@@ -35,6 +35,7 @@ from inboxd.daemon.http.hooks import (
     RateLimiter,
 )
 from inboxd.daemon.secrets import Secret, SecretError
+from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.pipeline.delivery.intake import SourcePolicy
 
 __all__ = ["build_hook_sources", "confirm_subscription"]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from inboxd.adapters.base import Source
 from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir.config import MaildirConfig
-from inboxd.daemon.config import MailboxConfig
+from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline.errors import ConfigError
 
 

@@ -36,7 +36,7 @@ import structlog
 
 from inboxd.adapters.base import Source
 from inboxd.daemon import systemd
-from inboxd.daemon.config import MailboxConfig, MainConfig, TenantConfig, load_tenants
+from inboxd.daemon.config import MainConfig, load_tenants
 from inboxd.daemon.esp_hooks import build_hook_sources, confirm_subscription
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.http.hooks import HookTable, hook_routes
@@ -44,7 +44,8 @@ from inboxd.daemon.ingest_queue import IngestQueue
 from inboxd.daemon.mailbox_runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sources import build_source
-from inboxd.pipeline import leases
+from inboxd.daemon.tenant_config import MailboxConfig, TenantConfig
+from inboxd.pipeline import scheduling
 from inboxd.pipeline.delivery.intake import DeliveryIntake
 from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
@@ -220,8 +221,8 @@ class Daemon:
                             mailbox=mailbox.mailbox_id, error=str(exc))
             try:
                 async with self.pool.acquire() as conn:
-                    await leases.record_failure(conn, mailbox.tenant_id, mailbox.mailbox_id,
-                                                str(exc), attention=True)
+                    await scheduling.record_failure(conn, mailbox.tenant_id, mailbox.mailbox_id,
+                                                    str(exc), attention=True)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as db_exc:
                 self._log.warning("failure_not_recorded", error=str(db_exc))
             return
@@ -231,10 +232,10 @@ class Daemon:
         runner.ring()  # first sync at start
 
     async def _sync_mailbox_rows(self, tenants: dict[str, TenantConfig]) -> None:
-        rows = [leases.MailboxRow(m.tenant_id, m.mailbox_id, m.provider, m.address, m.sync_mode,
-                                  m.poll_interval_s) for m in _mailboxes(tenants)]
+        rows = [scheduling.MailboxRow(m.tenant_id, m.mailbox_id, m.provider, m.address, m.sync_mode,
+                                      m.poll_interval_s) for m in _mailboxes(tenants)]
         async with self.pool.acquire() as conn:
-            await leases.upsert_configured_mailboxes(conn, rows)
+            await scheduling.upsert_configured_mailboxes(conn, rows)
             await ensure_tenants(conn, list(tenants))  # webhook events need their tenant row
 
     async def _poll_scanner(self) -> None:
@@ -247,8 +248,8 @@ class Daemon:
                 continue
             try:
                 async with self.pool.acquire() as conn:
-                    due = await leases.claim_due(conn, self.owner, mailboxes=polled,
-                                                 cooldown_s=interval_s, limit=POLL_CLAIM_LIMIT)
+                    due = await scheduling.claim_due(conn, self.owner, mailboxes=polled,
+                                                     cooldown_s=interval_s, limit=POLL_CLAIM_LIMIT)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self._log.warning("poll_scan_failed", error=str(exc))
                 continue

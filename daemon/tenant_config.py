@@ -1,0 +1,273 @@
+"""Tenant files: one TOML file per tenant in `[tenants] dir`, parsed into `TenantConfig`.
+
+A tenant file holds the tenant's `id`, `name` and `api_token`, its `[[mailboxes]]`
+(`MailboxConfig`), and its `[[delivery_sources]]` and `[[processors]]`, kept as
+written for the modules that implement them. `parse_tenant_files` reads a list of
+files, then checks ids across them: tenant ids are unique across files, mailbox ids
+across all tenants; the first file (by name) keeps an id.
+
+Mailbox providers: only `maildir` can run today, and its keys are checked
+strictly; `gmail`, `outlook`, `imap` and `ses` get their generic keys checked,
+their secrets checked, and their other keys kept as they are (`settings`) for
+their adapter's own config.py to parse.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from inboxd.daemon.config_reader import (
+    ConfigProblem,
+    Options,
+    Reader,
+    describe,
+    join_key,
+    relative_to,
+)
+from inboxd.daemon.secrets import Secret
+
+__all__ = [
+    "PROVIDERS",
+    "RUNNABLE_PROVIDERS",
+    "SYNC_MODES",
+    "MailboxConfig",
+    "TenantConfig",
+    "TenantSet",
+    "parse_tenant_files",
+]
+
+PROVIDERS = ("maildir", "gmail", "outlook", "imap", "ses")
+RUNNABLE_PROVIDERS = frozenset({"maildir"})
+SYNC_MODES = ("push", "poll", "auto")
+# A Maildir has no push channel of its own: "auto" watches new/ and also rescans
+# every poll_interval_s (a missed inotify event or an NFS mount costs one interval).
+_PROVIDER_SYNC_MODES: dict[str, tuple[str, ...]] = {"maildir": ("poll", "auto")}
+DEFAULT_SYNC_MODE = "auto"
+DEFAULT_POLL_INTERVAL_S = 60.0
+# Local directory: a rescan is a readdir, cheap enough to do every 2 s.
+_PROVIDER_POLL_INTERVAL_S: dict[str, float] = {"maildir": 2.0}
+
+_TENANT_KEYS = ("id", "name", "api_token", "mailboxes", "delivery_sources", "processors")
+_MAILBOX_KEYS = ("id", "provider", "address", "sync_mode", "poll_interval_s")
+_MAILDIR_KEYS = ("path",)
+# A provider key this close to a generic mailbox key is taken for a typo of it
+# ("sync_mdoe", "poll_interval"): provider keys are free-form until their adapter
+# parses them, but a misspelt generic key would otherwise be silently ignored.
+_TYPO_CUTOFF = 0.85
+
+
+@dataclass(frozen=True)
+class MailboxConfig:
+    """One `[[mailboxes]]` entry of a tenant file.
+
+    `settings` holds the provider's own keys, read-only: for `maildir` exactly
+    `{"path": Path}` (absolute); for other providers the keys as written, with every
+    credential turned into a `Secret`.
+    """
+
+    tenant_id: str
+    mailbox_id: str
+    provider: str
+    address: str = ""
+    sync_mode: str = DEFAULT_SYNC_MODE
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    settings: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False)
+
+    @property
+    def runnable(self) -> bool:
+        """True when this version of inboxd has a door for the provider."""
+        return self.provider in RUNNABLE_PROVIDERS
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant file. `api_token` is the bearer token of the tenant's HTTP API
+    (`/v1/…`); None disables that API for the tenant. `delivery_sources` and
+    `processors` are kept as written (read-only, secrets as `Secret`) for the
+    modules that implement them; only `id` and `provider` are checked here."""
+
+    tenant_id: str
+    name: str
+    source_file: Path
+    api_token: Secret | None = None
+    mailboxes: tuple[MailboxConfig, ...] = ()
+    delivery_sources: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    processors: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+
+
+@dataclass(frozen=True, eq=False)
+class TenantSet:
+    """The tenants of a tenants directory: those whose file is valid, and the problems.
+
+    A file with any problem contributes no tenant; its problems say why.
+    """
+
+    tenants: dict[str, TenantConfig]
+    problems: list[ConfigProblem]
+    files: tuple[Path, ...] = ()
+
+    @property
+    def problems_by_file(self) -> dict[Path, list[ConfigProblem]]:
+        """Problems grouped by file, in file order."""
+        grouped: dict[Path, list[ConfigProblem]] = {}
+        for problem in self.problems:
+            grouped.setdefault(problem.file, []).append(problem)
+        return grouped
+
+    @property
+    def mailboxes(self) -> tuple[MailboxConfig, ...]:
+        """Every mailbox of every loaded tenant."""
+        return tuple(m for t in self.tenants.values() for m in t.mailboxes)
+
+
+def parse_tenant_files(files: list[Path], options: Options) -> TenantSet:
+    """Parse every file, then check ids across them (`load_tenants` lists the files).
+
+    Never raises for a bad file: its problems go to `TenantSet.problems` and its tenant
+    is left out, as is the later file (by name) of a duplicate tenant or mailbox id.
+    """
+    parsed = [_parse_tenant_file(path, options) for path in files]
+    _check_unique_ids(parsed)
+    tenants = {p.tenant.tenant_id: p.tenant for p in parsed
+               if p.tenant is not None and not p.reader.problems}
+    problems = [problem for p in parsed for problem in p.reader.problems]
+    return TenantSet(tenants, problems, tuple(files))
+
+
+# --- tenant files ------------------------------------------------------------------------
+
+
+@dataclass
+class _TenantFile:
+    reader: Reader
+    tenant: TenantConfig | None = None
+    tenant_id: str | None = None
+    # (key, mailbox id) of every mailbox with a valid id, whatever else is wrong
+    mailbox_ids: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
+    r = Reader(path, options)
+    result = _TenantFile(r)
+    raw = r.read_toml()
+    if raw is None:
+        return result
+    r.unknown_keys(raw, _TENANT_KEYS, "")
+    tenant_id = r.ident(raw, "id", "", kind="tenant")
+    result.tenant_id = tenant_id
+    name = r.string(raw, "name", "", default=tenant_id or "") or ""
+    api_token = r.secret(raw["api_token"], "api_token") if "api_token" in raw else None
+    mailboxes = []
+    for key, table in r.tables(raw, "mailboxes"):
+        mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent)
+        if mailbox_id is not None:
+            result.mailbox_ids.append((f"{key}.id", mailbox_id))
+        if mailbox is not None:
+            mailboxes.append(mailbox)
+    delivery_sources = _parse_raw_tables(r, raw, "delivery_sources", "delivery source")
+    processors = _parse_raw_tables(r, raw, "processors", "processor")
+    if tenant_id is not None:
+        result.tenant = TenantConfig(
+            tenant_id=tenant_id, name=name, source_file=path, api_token=api_token,
+            mailboxes=tuple(mailboxes), delivery_sources=delivery_sources,
+            processors=processors)
+    return result
+
+
+def _parse_mailbox(
+    r: Reader, table: dict[str, Any], prefix: str, tenant_id: str, base: Path,
+) -> tuple[str | None, MailboxConfig | None]:
+    """The mailbox id (None if invalid) and the mailbox (None when its id or provider
+    is unusable); problems recorded."""
+    mailbox_id = r.ident(table, "id", prefix, kind="mailbox")
+    provider = r.choice(table, "provider", prefix, PROVIDERS, None, required=True)
+    address = r.string(table, "address", prefix, default="") or ""
+    if address and "@" not in address:
+        r.problem(join_key(prefix, "address"),
+                  f"expected an email address, got {describe(address)}")
+    modes = _PROVIDER_SYNC_MODES.get(provider or "", SYNC_MODES)
+    sync_mode = r.choice(table, "sync_mode", prefix, modes, DEFAULT_SYNC_MODE,
+                         context=(f' for provider "{provider}"'
+                                  if provider in _PROVIDER_SYNC_MODES else ""))
+    poll_interval_s = r.number(table, "poll_interval_s", prefix,
+                               _PROVIDER_POLL_INTERVAL_S.get(provider or "",
+                                                             DEFAULT_POLL_INTERVAL_S))
+    extra = {k: v for k, v in table.items() if k not in _MAILBOX_KEYS}
+    settings: Mapping[str, Any]
+    if provider == "maildir":
+        r.unknown_keys(extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix,
+                       what='key for provider "maildir"')
+        settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
+    else:
+        for key in extra:
+            typo = difflib.get_close_matches(key, _MAILBOX_KEYS, n=1, cutoff=_TYPO_CUTOFF)
+            if typo:
+                r.problem(join_key(prefix, key), f'unknown key; did you mean "{typo[0]}"?')
+        settings = r.freeze(extra, prefix)
+    if mailbox_id is None or provider is None:
+        return mailbox_id, None
+    return mailbox_id, MailboxConfig(
+        tenant_id=tenant_id, mailbox_id=mailbox_id, provider=provider, address=address,
+        sync_mode=sync_mode or DEFAULT_SYNC_MODE, poll_interval_s=poll_interval_s,
+        settings=settings)
+
+
+def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str,
+                      base: Path) -> dict[str, Any]:
+    text = r.string(table, "path", prefix, required=True, nonempty=True)
+    if text is None:
+        return {}
+    path = relative_to(base, text)
+    # A missing directory is created when the door starts; a file in its place is not
+    # something we should turn into a Maildir.
+    if path.exists() and not path.is_dir():
+        r.problem(join_key(prefix, "path"), f"{path} exists and is not a directory")
+    return {"path": path}
+
+
+def _parse_raw_tables(
+    r: Reader, raw: dict[str, Any], name: str, kind: str,
+) -> tuple[Mapping[str, Any], ...]:
+    """`[[delivery_sources]]` / `[[processors]]`: tables with a unique `id` and a
+    `provider`; everything else kept as written (secrets checked and wrapped)."""
+    out: list[Mapping[str, Any]] = []
+    seen: dict[str, str] = {}
+    for key, table in r.tables(raw, name):
+        ident = r.ident(table, "id", key, kind=kind)
+        r.string(table, "provider", key, required=True, nonempty=True)
+        if ident is not None:
+            if ident in seen:
+                r.problem(f"{key}.id", f'duplicate {kind} id "{ident}" (also {seen[ident]})')
+            else:
+                seen[ident] = key
+        out.append(r.freeze(table, key))
+    return tuple(out)
+
+
+def _check_unique_ids(files: list[_TenantFile]) -> None:
+    """Tenant ids are unique across files, mailbox ids across all tenants; the first file
+    (by name) keeps an id, later ones get the problem."""
+    tenant_owner: dict[str, Path] = {}
+    mailbox_owner: dict[str, tuple[Path, str, str]] = {}
+    for parsed in files:
+        r = parsed.reader
+        if parsed.tenant_id is not None:
+            owner = tenant_owner.setdefault(parsed.tenant_id, r.file)
+            if owner != r.file:
+                r.problem("id", f'duplicate tenant id "{parsed.tenant_id}": '
+                                f"already defined in {owner}")
+        for key, mailbox_id in parsed.mailbox_ids:
+            claim = (r.file, parsed.tenant_id or "?", key)
+            owner_file, owner_tenant, owner_key = mailbox_owner.setdefault(mailbox_id, claim)
+            if (owner_file, owner_key) == (r.file, key):
+                continue
+            where = (f"{owner_key} of this file" if owner_file == r.file
+                     else f'tenant "{owner_tenant}" ({owner_file}: {owner_key})')
+            r.problem(key, f'duplicate mailbox id "{mailbox_id}": already used by {where}; '
+                           "mailbox ids are unique across all tenants")
