@@ -327,7 +327,7 @@ COMMENT ON COLUMN events.message_id IS 'Message concerned, if any.';
 COMMENT ON COLUMN events.payload IS 'Event details (ids, counts); never bodies.';
 COMMENT ON COLUMN events.created_at IS 'Commit time of the change.';
 
--- Poll scheduling (pipeline/leases.py claim_due). Added after the table existed,
+-- Poll scheduling (pipeline/scheduling.py claim_due). Added after the table existed,
 -- so applying this file to an older database adds them.
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS poll_interval_s double precision NOT NULL DEFAULT 300
     CHECK (poll_interval_s > 0);
