@@ -190,7 +190,7 @@ class MailboxRunner:
                 async with pool.acquire() as conn:
                     await scheduling.record_success(conn, tenant, mailbox)
                 # caught up with the source: nothing left behind the cursor
-                self.deps.metrics.set_cursor_lag(tenant, mailbox, 0.0)
+                self.deps.metrics.mark_caught_up(tenant, mailbox)
         finally:
             self._running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):

@@ -18,9 +18,12 @@ than the collectors, so the label sets stay consistent in one place.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
@@ -35,6 +38,24 @@ _HTTP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # Sync runs: an idle incremental Gmail/Graph sync is under a second; a backfill
 # page loop can run for an hour.
 _SYNC_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class _CursorLag(Collector):
+    """`inboxd_cursor_lag_seconds`, computed at scrape time: a gauge set only when
+    a sync completes would read 0 for ever while a mailbox silently stops
+    syncing."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "inboxd_cursor_lag_seconds",
+            "Seconds since the mailbox's cursor last reached the provider's head.",
+            labels=["tenant", "mailbox"])
+        for (tenant, mailbox), lag_s in sorted(self._metrics.cursor_lags().items()):
+            family.add_metric([tenant, mailbox], lag_s)
+        yield family
 
 
 class Metrics:
@@ -63,10 +84,12 @@ class Metrics:
         self.sync_duration = Histogram(
             "inboxd_sync_duration_seconds", "Duration of finished sync runs, by provider.",
             ["provider"], buckets=_SYNC_BUCKETS_S, registry=r)
-        self.cursor_lag = Gauge(
-            "inboxd_cursor_lag_seconds",
-            "Seconds since the mailbox's cursor last reached the provider's head.",
-            ["tenant", "mailbox"], registry=r)
+        #: Unix time source of the cursor-lag collector (replaceable in tests).
+        self.clock: Callable[[], float] = time.time
+        # (tenant, mailbox) → when its cursor last reached the provider's head,
+        # or when it was first watched if it has not since this process started.
+        self._caught_up: dict[tuple[str, str], float] = {}
+        r.register(_CursorLag(self))
         self.webhook_verification_failures = Counter(
             "inboxd_webhook_verification_failures",
             "Webhook requests rejected because their signature or token did not verify.",
@@ -129,16 +152,24 @@ class Metrics:
         if failed:
             self.sync_failures.labels(provider=provider).inc()
 
-    def set_cursor_lag(self, tenant: str, mailbox: str, lag_s: float) -> None:
-        """Publish how far behind the provider a mailbox's cursor is, in seconds."""
-        self.cursor_lag.labels(tenant=tenant, mailbox=mailbox).set(max(0.0, lag_s))
+    def watch_mailbox(self, tenant: str, mailbox: str) -> None:
+        """Publish the mailbox's cursor lag from now on; until its first complete
+        sync the lag counts from this call (a lower bound: the database's
+        last_success_at may be older, `inboxd status` shows it)."""
+        self._caught_up.setdefault((tenant, mailbox), self.clock())
+
+    def mark_caught_up(self, tenant: str, mailbox: str, at: float | None = None) -> None:
+        """The mailbox's cursor reached the provider's head (a sync run completed)."""
+        self._caught_up[(tenant, mailbox)] = self.clock() if at is None else at
 
     def forget_mailbox(self, tenant: str, mailbox: str) -> None:
         """Drop a removed mailbox's series (SIGHUP removed it from the config)."""
-        try:
-            self.cursor_lag.remove(tenant, mailbox)
-        except KeyError:
-            pass
+        self._caught_up.pop((tenant, mailbox), None)
+
+    def cursor_lags(self) -> dict[tuple[str, str], float]:
+        """Seconds since each watched mailbox last caught up, as of now."""
+        now = self.clock()
+        return {key: max(0.0, now - at) for key, at in self._caught_up.items()}
 
     # webhooks ----------------------------------------------------------------
 

@@ -194,6 +194,8 @@ class Daemon:
             elif key not in wanted or runner.fingerprint != wanted[key]:
                 runner.stop()
                 del self.state.runners[key]
+                if key not in wanted:
+                    self.metrics.forget_mailbox(*key)
         for key, mailbox in wanted.items():
             if key not in self.state.runners:
                 await self._start_runner(mailbox)
@@ -228,6 +230,7 @@ class Daemon:
             return
         runner = MailboxRunner(source, self._deps, fingerprint=mailbox)
         self.state.runners[runner.key] = runner
+        self.metrics.watch_mailbox(mailbox.tenant_id, mailbox.mailbox_id)
         await self._intake_tg.start(runner.run)
         runner.ring()  # first sync at start
 

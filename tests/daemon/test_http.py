@@ -151,7 +151,9 @@ async def test_healthz_readyz_and_metrics(pool, db_dsn, store) -> None:
         metrics.set_queue(7, capacity=100)
         metrics.sync_started("gmail")
         metrics.sync_finished("gmail", duration_s=1.5, failed=True)
-        metrics.set_cursor_lag("acme", "inbox", 42.0)
+        metrics.clock = lambda: 1042.0
+        metrics.mark_caught_up("acme", "inbox", at=1000.0)
+        metrics.watch_mailbox("acme", "inbox")  # already watched: keeps its time
         metrics.webhook_verification_failed("ses")
         async with srv.session.get(f"{srv.base}/metrics") as r:
             assert r.status == 200
