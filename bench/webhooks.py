@@ -202,7 +202,8 @@ async def serve(args: argparse.Namespace) -> None:
         (TENANT, "sg"): source("sg", {"provider": "sendgrid", "public_key": args.public_key}),
     })
     pool = await asyncpg.create_pool(args.dsn, min_size=4, max_size=8)
-    intake = DeliveryIntake(pool) if args.mode == "persisted" else VerifyOnly()
+    intake = (DeliveryIntake(pool, writers=args.writers) if args.mode == "persisted"
+              else VerifyOnly())
 
     async def ready() -> bool:
         return True
@@ -295,6 +296,7 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
         command.append("--uvloop")
     if args.default_gc:
         command.append("--default-gc")
+    command += ["--writers", str(args.writers)]
     if args.profile:
         # py-spy (pip install py-spy): collapsed stacks of the server, one file per run
         command = ["py-spy", "record", "--format", "raw", "--rate", "250", "-o",
@@ -391,6 +393,7 @@ def main() -> None:
     serve_parser.add_argument("--public-key", required=True)
     serve_parser.add_argument("--uvloop", action="store_true")
     serve_parser.add_argument("--default-gc", action="store_true")
+    serve_parser.add_argument("--writers", type=int, default=3)
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
     parser.add_argument("--connections", type=int, default=32,
                         help="concurrent connections for sw (one event per request)")
@@ -402,6 +405,8 @@ def main() -> None:
                         help="admin DSN; bench databases are created and dropped")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--uvloop", action="store_true", help="serve on uvloop")
+    parser.add_argument("--writers", type=int, default=3,
+                        help="DeliveryIntake writers of the persisted server")
     parser.add_argument("--default-gc", action="store_true",
                         help="keep Python's default collector settings (no tune_gc)")
     parser.add_argument("--profile", metavar="DIR",

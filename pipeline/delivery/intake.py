@@ -61,18 +61,19 @@ log = structlog.get_logger(__name__)
 
 #: NOTIFY channel that wakes the event workers after a commit with new rows.
 DELIVERY_CHANNEL = "inboxd_delivery"
-#: Concurrent writer transactions. Two keep one group committing while the next
-#: gathers; more only add connections (bench/webhooks.py: 2 → 4 changed < 5 %).
+#: Concurrent writer statements: one group committing while the next gathers,
+#: and one spare for a slow statement (bench/README.md, webhooks.py, has the
+#: figures for 1, 2, 3 and 6).
 WRITERS = 3
-#: Most requests in one group: bounds one transaction's size (a SendGrid batch
-#: is ≤ ~1,000 events, so a full group stays well under a few MB of arrays).
+#: Most requests in one group: bounds one statement's arrays (256 SendGrid
+#: batches of a few hundred events stay within a few MB).
 MAX_GROUP = 256
 #: Requests waiting for a writer before submit pushes back (then 503).
 QUEUE_CAPACITY = 4096
-#: Bound on taking a connection and on each statement of a group's transaction:
-#: a request then waits at most ~3 × this for its answer (queue, its group,
-#: the group before). Providers time out after 10–30 s (SNS 15 s), so the 503
-#: comes before their timeout.
+#: Bound on taking a connection and on a group's statement: a request then waits
+#: about 2-3 × this at most for its answer (the group before, its own), more only
+#: while a group is retried request by request after a data error. Providers
+#: time out after 10–30 s (SNS 15 s), so the 503 usually comes first.
 COMMIT_TIMEOUT_S = 3.0
 
 _DATA_SQLSTATE_CLASSES = ("22", "23", "54")
