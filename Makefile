@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # Embedded PostgreSQL and the local object store live here unless configured.
 export INBOXD_DATA_DIR ?= $(CURDIR)/var
 # initdb refuses to run as root; the embedded server then runs as this existing
-# unprivileged user (never created by inboxd). See daemon/embedded_pg.py.
+# unprivileged user (never created by inboxd). See daemon/pg_cluster.py.
 ifeq ($(shell id -u),0)
 export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif

@@ -35,8 +35,8 @@ from inboxd.daemon.database import (
     describe_target,
     resolve_dsn,
 )
-from inboxd.daemon.embedded_pg import EmbeddedPostgresError, default_data_dir
 from inboxd.daemon.logging import LOG_LEVELS
+from inboxd.daemon.pg_cluster import EmbeddedPostgresError, default_data_dir
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -415,7 +415,8 @@ async def test_migrate_database_down(inboxd) -> None:
 @pytest.fixture
 def embedded_pg() -> Iterator[tuple[Path, dict[str, str]]]:
     """A data directory for an embedded server this test may stop and start at will."""
-    from inboxd.daemon.embedded_pg import find_binaries, stop_embedded
+    from inboxd.daemon.embedded_pg import stop_embedded
+    from inboxd.daemon.pg_cluster import find_binaries
 
     if not find_binaries():
         pytest.skip("no PostgreSQL server binaries for an embedded server")

@@ -18,13 +18,12 @@ import asyncpg
 import pytest
 
 from inboxd.daemon.database import connect_pool, resolve_dsn
-from inboxd.daemon.embedded_pg import (
+from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
+from inboxd.daemon.pg_cluster import (
     ROOT_REFUSAL,
     EmbeddedPostgresError,
     default_data_dir,
-    ensure_embedded,
     find_binaries,
-    stop_embedded,
 )
 
 IS_ROOT = os.geteuid() == 0
