@@ -6,12 +6,23 @@ tmp/ and renames it into new/, so a file in new/ is always complete.
 
 One sync run:
 
-    list new/ once (sorted by name: Maildir names start with the delivery time)
-      └─ pages of `batch_size` files: read + parse (worker thread) → Page
-           └─ supervisor ingests the page → settle(page, results):
-                settled items (new, merged, duplicate, conflict, dead) are
-                renamed new/NAME → cur/NAME:2, ; retriable ones stay in new/
-                and are read again by the next run.
+    repeat (one pass):
+      list new/: the `list_size` smallest names not yet listed in this run
+      (sorted by name: Maildir names start with the delivery time); none → done
+        └─ pages of `batch_size` files: read + parse (worker process) → Page
+             └─ supervisor ingests the page → settle(page, results):
+                  settled items (new, merged, duplicate, conflict, dead) are
+                  renamed new/NAME → cur/NAME:2, ; retriable ones stay in new/
+                  and are read again by the next run.
+
+A pass holds at most `list_size` names, so the memory of a run does not depend
+on the backlog; a backlog present when the run starts comes out in the order of
+one full sort, and files delivered during the run are picked up by a later pass
+(or the next run). Each pass scans all of new/ again: the names listed in this
+run that are still there (unreadable files, pages not settled yet, retriable
+ones) are kept in a set and left out, so a pass that finds only those ends the
+run instead of looping; the set forgets names that left new/, so it stays as
+small as what is stuck there.
 
 There is no cursor: the directory is the state. The external id of a message is
 the sha256 of its bytes, so a crash between the ingest commit and the rename
@@ -22,8 +33,9 @@ consumer) are skipped.
 
 from __future__ import annotations
 
+import heapq
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -42,6 +54,14 @@ log = structlog.get_logger(__name__)
 # Files per page. A page is one ingest transaction; 500 corpus-like messages
 # commit in well under a second (bench/README.md), so a SIGTERM waits at most that.
 MAILDIR_PAGE_SIZE = 500
+# Pages of names listed per pass over new/. A listed name costs ~100 bytes
+# (tracemalloc: 10.4 MiB per 100,000 names, bench/README.md), so a pass of 10
+# pages of 500 peaks at 0.7 MiB whatever the backlog, where listing all of new/
+# held 10 MiB per 100k. But each pass scans all of new/ again (os.scandir, no
+# stat: 0.07 s per 100,000 entries on the bench machine), so a backlog of N costs
+# N / (10 pages) scans: 20 for 100k at 500 per page, ~0.7 s in all against ~80 s
+# of ingest. Fewer pages per pass would rescan more for little memory saved.
+MAILDIR_LIST_PAGES = 10
 # Maildir "info" suffix for a message moved to cur/ with no flags set.
 _INFO = ":2,"
 
@@ -58,12 +78,13 @@ class MaildirSource:
 
     def __init__(
         self, tenant_id: str, mailbox_id: str, config: MaildirConfig, *,
-        page_size: int = MAILDIR_PAGE_SIZE,
+        page_size: int = MAILDIR_PAGE_SIZE, list_pages: int = MAILDIR_LIST_PAGES,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
         self.root = config.path
         self.page_size = page_size
+        self.list_size = page_size * list_pages  # names per pass over new/
 
     def ensure_layout(self) -> None:
         """Create cur/ new/ tmp/ when missing; raises MaildirMissing when impossible."""
@@ -74,13 +95,19 @@ class MaildirSource:
             raise MaildirMissing(f"cannot create Maildir at {self.root}: {exc.strerror}") from exc
 
     async def pages(self, cursor: str | None) -> AsyncIterator[Page]:
-        names = await anyio.to_thread.run_sync(self._list_new)
-        for start in range(0, len(names), self.page_size):
-            chunk = names[start:start + self.page_size]
-            raws, kept = await anyio.to_thread.run_sync(self._read, chunk)
-            if raws:
-                items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id, "maildir")
-                yield Page(items=items, context=_PageFiles(kept))
+        listed: set[str] = set()  # listed in this run and, at the last pass, still in new/
+        while True:
+            names, listed = await anyio.to_thread.run_sync(self._list_new, listed)
+            if not names:
+                return  # nothing in new/ this run has not tried already
+            listed.update(names)
+            for start in range(0, len(names), self.page_size):
+                chunk = names[start:start + self.page_size]
+                raws, kept = await anyio.to_thread.run_sync(self._read, chunk)
+                if raws:
+                    items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id,
+                                                   "maildir")
+                    yield Page(items=items, context=_PageFiles(kept))
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
         files = page.context
@@ -92,11 +119,24 @@ class MaildirSource:
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
         raise NotImplementedError("raw-MIME door: attachments arrive with the message")
 
-    def _list_new(self) -> list[str]:
+    def _list_new(self, listed: set[str]) -> tuple[list[str], set[str]]:
+        """One pass: the `list_size` smallest names in new/ not in `listed`, sorted,
+        and the names of `listed` still in new/ (the others were settled or taken)."""
+        still: set[str] = set()
+
+        def fresh(entries: Iterable[os.DirEntry[str]]) -> Iterator[str]:
+            for e in entries:
+                if e.name.startswith(".") or not e.is_file(follow_symlinks=False):
+                    continue
+                if e.name in listed:
+                    still.add(e.name)
+                else:
+                    yield e.name
+
         try:
             with os.scandir(self.root / "new") as entries:
-                return sorted(e.name for e in entries
-                              if not e.name.startswith(".") and e.is_file(follow_symlinks=False))
+                # a heap of list_size names, not a list of all: same order as sorted()
+                return heapq.nsmallest(self.list_size, fresh(entries)), still
         except FileNotFoundError as exc:
             raise MaildirMissing(f"{self.root} has no new/ directory") from exc
         except OSError as exc:
@@ -112,7 +152,8 @@ class MaildirSource:
                 continue  # taken by another consumer between listing and reading
             except OSError as exc:
                 # one unreadable file must not block the files sorted after it; it
-                # stays in new/ and is tried again on the next run
+                # stays in new/ and is tried again on the next run (not by a later
+                # pass of this one: pages() remembers it)
                 log.warning("maildir_file_unreadable", file=name, error=exc.strerror)
                 continue
             raws.append(raw)
