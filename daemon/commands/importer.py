@@ -7,6 +7,7 @@
     consume    IngestStage.ingest, one transaction per batch; items that come back
                retriable_failure are retried with backoff, BATCH_ATTEMPTS times
     report     counts by outcome, dead items, skipped files, messages/s
+               (daemon.commands.import_report: progress bar, summary, --json)
 
 Parsing batch N+1 overlaps the ingest of batch N; the unbuffered channel keeps at
 most two batches in memory. Messages are content-addressed (external id = raw
@@ -30,10 +31,9 @@ import argparse
 import signal
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import anyio
 import anyio.to_process
@@ -58,13 +58,13 @@ from inboxd.daemon.commands.common import (
     EXIT_USAGE,
     CommandError,
     database_error,
-    emit_json,
     load_config,
     object_store_spec,
     open_pool,
     resolve,
     target_of,
 )
+from inboxd.daemon.commands.import_report import ImportSummary, ProgressBar, print_report
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import DeadItem, MessageData
@@ -99,8 +99,6 @@ RETRY_JITTER_S = 0.5
 BATCH_DEADLINE_S = 300.0
 # A database that answers at all answers `SELECT 1` (or two small upserts) at once.
 PROBE_TIMEOUT_S = 5.0
-# Dead items listed in the human summary (all of them are in --json output).
-DEAD_ITEMS_SHOWN = 20
 
 ParseMode = Literal["auto", "thread", "process"]
 # Measured on 2 shared cores, fresh database: the whole corpus (394 messages, one
@@ -191,71 +189,6 @@ class _Unsettled(Exception):
         self.detail = detail
 
 
-@dataclass(slots=True)
-class ImportSummary:
-    """What an import did; `status` is ok, incomplete, failed or interrupted."""
-
-    tenant: str
-    mailbox: str
-    files: int
-    skipped: list[str]
-    outcomes: Counter[str] = field(default_factory=Counter)
-    dead: list[tuple[str, str]] = field(default_factory=list)
-    not_imported: int = 0
-    unread_input: bool = False
-    status: str = "ok"
-    error: str | None = None
-    elapsed_s: float = 0.0
-
-    @property
-    def messages(self) -> int:
-        return sum(self.outcomes.values())
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "command": "import",
-            "status": self.status,
-            "tenant": self.tenant,
-            "mailbox": self.mailbox,
-            "messages": self.messages,
-            "outcomes": {o.value: self.outcomes.get(o.value, 0) for o in Outcome},
-            "not_imported": self.not_imported,
-            "input_left_unread": self.unread_input,
-            "files": self.files,
-            "skipped_files": len(self.skipped),
-            "skipped": self.skipped,
-            "dead": [{"source": ref, "reason": reason} for ref, reason in self.dead],
-            "elapsed_s": round(self.elapsed_s, 3),
-            "messages_per_s": round(self.rate, 1),
-            "error": self.error,
-        }
-
-    def print_human(self) -> None:
-        out = sys.stdout
-        skipped = f", {_n(len(self.skipped), 'other file')} skipped" if self.skipped else ""
-        print(f"{self.status_line()}: {_n(self.messages, 'message')} from "
-              f"{_n(self.files, 'file')}{skipped} in {self.elapsed_s:.2f} s "
-              f"({self.rate:.1f} messages/s)", file=out)
-        for outcome in Outcome:
-            print(f"  {outcome.value:<18} {self.outcomes.get(outcome.value, 0):>8}", file=out)
-        if self.dead:
-            print(f"{_n(len(self.dead), 'dead item')} (not mail; recorded in dead_items, "
-                  "not retried):", file=out)
-            for ref, reason in self.dead[:DEAD_ITEMS_SHOWN]:
-                print(f"  {ref}: {reason}", file=out)
-            if len(self.dead) > DEAD_ITEMS_SHOWN:
-                print(f"  … and {len(self.dead) - DEAD_ITEMS_SHOWN} more (--json lists all)",
-                      file=out)
-
-    def status_line(self) -> str:
-        return {"ok": "imported", "interrupted": "interrupted",
-                "incomplete": "incomplete", "failed": "stopped"}.get(self.status, self.status)
-
-
 class _Importer:
     def __init__(self, args: argparse.Namespace, plan: ImportPlan) -> None:
         self.args = args
@@ -269,8 +202,7 @@ class _Importer:
         self.importing = False
         self.read_error: SourceError | None = None
         self.producer_scope = anyio.CancelScope()
-        self.progress: Any = None
-        self.progress_task: Any = None
+        self.progress = ProgressBar()
 
     # signals ---------------------------------------------------------------------------
 
@@ -351,9 +283,7 @@ class _Importer:
                 log.info("import_batch_committed", tenant=self.tenant, mailbox=self.mailbox,
                          size=len(batch.items), total=self.summary.messages,
                          ingest_s=round(time.monotonic() - batch_started, 3))
-                if self.progress is not None:
-                    self.progress.update(self.progress_task, advance=batch.span_bytes,
-                                         messages=self.summary.messages)
+                self.progress.advance(batch.span_bytes, self.summary.messages)
 
     async def _ingest(self, stage: IngestStage, batch: _Batch) -> None:
         pending = list(range(len(batch.items)))
@@ -461,7 +391,7 @@ class _Importer:
             log.info("import_started", tenant=self.tenant, mailbox=self.mailbox,
                      files=len(self.plan.files), bytes=self.plan.total_bytes)
             self.importing = True
-            with self._progress():
+            with self.progress.open(self.plan.total_bytes):
                 send, receive = anyio.create_memory_object_stream[_Batch](0)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.produce, send)
@@ -475,61 +405,27 @@ class _Importer:
                     finally:
                         self.producer_scope.cancel()
 
-    def _progress(self) -> Any:
-        from contextlib import nullcontext
-
-        if not sys.stderr.isatty():
-            return nullcontext()
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("importing"), BarColumn(), DownloadColumn(),
-            TextColumn("{task.fields[messages]} messages"), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-        self.progress_task = self.progress.add_task(
-            "import", total=self.plan.total_bytes, messages=0)
-        return self.progress
-
     def _finish(self) -> int:
+        exit_code = self._settle()
+        print_report(self.summary, as_json=self.args.json,
+                     rolled_back=self.aborted and self.importing)
+        return exit_code
+
+    def _settle(self) -> int:
+        """Set the summary's final status from how the run ended; returns the exit code."""
         s = self.summary
-        exit_code = EXIT_OK
-        message = None
         if self.stop.is_set():
             s.status = "interrupted"
             s.unread_input = True
-            exit_code = EXIT_INTERRUPTED
-            rolled_back = self.aborted and self.importing
-            abandoned = "the batch in progress was rolled back; " if rolled_back else ""
-            message = (f"inboxd: interrupted: {abandoned}every committed batch is stored; "
-                       "re-running the same command imports the rest")
-        elif s.status == "incomplete":
-            exit_code = EXIT_FAILURE
-            message = (f"inboxd: error: {_n(s.not_imported, 'message')} not imported "
-                       f"({s.error}) and the rest of the input was not read; re-running "
-                       "the same command is safe (what is stored is reported as duplicate)")
-        elif self.read_error is not None:
+            return EXIT_INTERRUPTED
+        if s.status == "incomplete":
+            return EXIT_FAILURE
+        if self.read_error is not None:
             s.status = "failed"
             s.unread_input = True
             s.error = str(self.read_error)
-            exit_code = EXIT_FAILURE
-            message = (f"inboxd: error: {self.read_error}; the messages before it are "
-                       "stored, re-running the same command is safe")
-        if self.args.json:
-            emit_json(s.as_json())
-        else:
-            s.print_human()
-        if message:
-            sys.stdout.flush()
-            print(message, file=sys.stderr)
-        return exit_code
+            return EXIT_FAILURE
+        return EXIT_OK
 
 
 async def _explain(pool: asyncpg.Pool, target: str, detail: str | None) -> str:
@@ -541,10 +437,6 @@ async def _explain(pool: asyncpg.Pool, target: str, detail: str | None) -> str:
         cause = " ".join(str(exc).split()) or type(exc).__name__
         return f"database at {target} did not answer: {cause}"
     return detail or "retriable failure"
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 async def run(args: argparse.Namespace) -> int:
