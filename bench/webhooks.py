@@ -393,7 +393,7 @@ def main() -> None:
     serve_parser.add_argument("--public-key", required=True)
     serve_parser.add_argument("--uvloop", action="store_true")
     serve_parser.add_argument("--default-gc", action="store_true")
-    serve_parser.add_argument("--writers", type=int, default=3)
+    serve_parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
     parser.add_argument("--connections", type=int, default=32,
                         help="concurrent connections for sw (one event per request)")
@@ -405,7 +405,7 @@ def main() -> None:
                         help="admin DSN; bench databases are created and dropped")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--uvloop", action="store_true", help="serve on uvloop")
-    parser.add_argument("--writers", type=int, default=3,
+    parser.add_argument("--writers", type=int, default=2,
                         help="DeliveryIntake writers of the persisted server")
     parser.add_argument("--default-gc", action="store_true",
                         help="keep Python's default collector settings (no tune_gc)")

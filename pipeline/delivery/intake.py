@@ -61,10 +61,11 @@ log = structlog.get_logger(__name__)
 
 #: NOTIFY channel that wakes the event workers after a commit with new rows.
 DELIVERY_CHANNEL = "inboxd_delivery"
-#: Concurrent writer statements: one group committing while the next gathers,
-#: and one spare for a slow statement (bench/README.md, webhooks.py, has the
-#: figures for 1, 2, 3 and 6).
-WRITERS = 3
+#: Concurrent writer statements: one group committing while the next gathers.
+#: bench/webhooks.py, 1/2/3/6 writers: one event per request 7,777/7,165/6,616/
+#: 6,374 req/s (fewer, larger groups cost PostgreSQL less), SendGrid batches p99
+#: 21.1/13.0/12.5/15.1 ms (one writer serialises big groups) — two is the balance.
+WRITERS = 2
 #: Most requests in one group: bounds one statement's arrays (256 SendGrid
 #: batches of a few hundred events stay within a few MB).
 MAX_GROUP = 256
