@@ -54,3 +54,26 @@ class AuthError(AttentionError):
 
 class ConfigError(AttentionError):
     """Configuration is invalid; the message names the file and key."""
+
+
+# --- classifying and describing errors ---------------------------------------------------
+
+# SQLSTATE classes that can be caused by one item's content: data exception (22),
+# integrity constraint violation (23), program limit exceeded (54, e.g. a row or
+# index entry too big). Anything else says nothing about the items.
+DATA_SQLSTATE_CLASSES = ("22", "23", "54")
+#: Longest error text kept in a row or a log line.
+DESCRIBE_MAX_CHARS = 300
+
+
+def blames_the_data(exc: BaseException) -> bool:
+    """True when a database error can be caused by the content written (so
+    writing the items one by one isolates the culprit); False for anything
+    that says nothing about them (connection, lock, server trouble)."""
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate[:2] in DATA_SQLSTATE_CLASSES
+
+
+def describe(exc: BaseException) -> str:
+    """The error on one line (whitespace runs collapsed), at most DESCRIBE_MAX_CHARS."""
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:DESCRIBE_MAX_CHARS]

@@ -29,6 +29,7 @@ import structlog
 
 from inboxd.pipeline import cascade, threads
 from inboxd.pipeline.cascade import Decision
+from inboxd.pipeline.errors import blames_the_data, describe
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
 from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.outbox import EventBuffer
@@ -132,7 +133,7 @@ class IngestStage:
             return [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
                     for i in range(len(batch.items))]
         except asyncpg.PostgresError as exc:
-            if not _blames_the_data(exc):
+            if not blames_the_data(exc):
                 # disk full, out of memory, admin action, ...: nothing to do with
                 # any one item, so nothing may become a dead item because of it
                 log.warning("ingest_batch_retriable", tenant=batch.tenant_id,
@@ -508,19 +509,6 @@ def _queue_attachments(
     plan.att_state[k] = state
 
 
-# SQLSTATE classes that can be caused by one item's content: data exception (22),
-# integrity constraint violation (23), program limit exceeded (54, e.g. a row or
-# index entry too big). Anything else says nothing about the items.
-_DATA_SQLSTATE_CLASSES = ("22", "23", "54")
-
-
-def _blames_the_data(exc: BaseException) -> bool:
-    if isinstance(exc, asyncpg.DataError):
-        return True
-    sqlstate = getattr(exc, "sqlstate", None) or ""
-    return sqlstate[:2] in _DATA_SQLSTATE_CLASSES
-
-
 def _sub(batch: IngestBatch, items: list[MessageData | DeadItem]) -> IngestBatch:
     return IngestBatch(batch.tenant_id, batch.mailbox_id, items, batch.backfill,
                        batch.fetch_attachment)
@@ -531,5 +519,4 @@ def _sha(data: bytes) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return clean(text[:300])
+    return clean(describe(exc))

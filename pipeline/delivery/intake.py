@@ -46,6 +46,7 @@ from inboxd.pipeline.delivery.model import (
     dedup_key,
     minimise_payload,
 )
+from inboxd.pipeline.errors import blames_the_data, describe
 from inboxd.pipeline.identity import normalise_message_id
 
 __all__ = [
@@ -77,7 +78,6 @@ QUEUE_CAPACITY = 4096
 #: time out after 10–30 s (SNS 15 s), so the 503 usually comes first.
 COMMIT_TIMEOUT_S = 3.0
 
-_DATA_SQLSTATE_CLASSES = ("22", "23", "54")
 # Lost races between concurrent transactions: worth one immediate retry.
 _RACE_ERRORS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
@@ -255,12 +255,12 @@ class DeliveryIntake:
                 # from another writer of the table (a replay). Once more, then 503.
                 outcomes = await self._write(group)
         except Exception as exc:
-            if len(group) > 1 and _blames_the_data(exc):
+            if len(group) > 1 and blames_the_data(exc):
                 for item in group:
                     await self._commit_or_isolate([item])
                 return
-            log.warning("delivery_intake_failed", requests=len(group), error=_one_line(exc))
-            failure = exc if _blames_the_data(exc) else IntakeUnavailable(_one_line(exc))
+            log.warning("delivery_intake_failed", requests=len(group), error=describe(exc))
+            failure = exc if blames_the_data(exc) else IntakeUnavailable(describe(exc))
             for item in group:
                 item.finish(error=failure)
             return
@@ -367,12 +367,3 @@ def _json_for_postgres(payload: dict[str, Any]) -> str:
     # jsonb refuses \u0000 inside strings; the replacement keeps the event storable.
     text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
     return text.replace("\\u0000", "\\ufffd")
-
-
-def _blames_the_data(exc: BaseException) -> bool:
-    sqlstate = getattr(exc, "sqlstate", None) or ""
-    return isinstance(exc, asyncpg.DataError) or sqlstate[:2] in _DATA_SQLSTATE_CLASSES
-
-
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:300]

@@ -44,6 +44,7 @@ from anyio.abc import TaskStatus
 from inboxd.pipeline.delivery.evidence import EvidenceKey, recompute_evidence
 from inboxd.pipeline.delivery.intake import DELIVERY_CHANNEL
 from inboxd.pipeline.delivery.suppressions import apply_suppressions
+from inboxd.pipeline.errors import describe
 from inboxd.pipeline.outbox import EventBuffer
 
 __all__ = [
@@ -140,7 +141,7 @@ async def apply_due(pool: asyncpg.Pool, *, limit: int = APPLY_BATCH) -> int:
     except _CONNECTION_ERRORS:
         raise
     except Exception as exc:
-        log.warning("delivery_batch_failed", error=_one_line(exc))
+        log.warning("delivery_batch_failed", error=describe(exc))
     return await _apply_one_by_one(pool, limit)
 
 
@@ -167,10 +168,10 @@ async def _apply_one_by_one(pool: asyncpg.Pool, limit: int) -> int:
 async def _record_failure(pool: asyncpg.Pool, key: tuple[str, int], attempts: int,
                           exc: Exception) -> None:
     async with pool.acquire() as conn:
-        state = await conn.fetchval(_RECORD_FAILURE, key[0], key[1], _one_line(exc),
+        state = await conn.fetchval(_RECORD_FAILURE, key[0], key[1], describe(exc),
                                     MAX_ATTEMPTS, backoff_s(attempts))
     log.warning("delivery_event_failed", tenant=key[0], event_id=key[1], attempts=attempts,
-                state=state, error=_one_line(exc))
+                state=state, error=describe(exc))
 
 
 async def _apply(conn: asyncpg.Connection, claimed: Sequence[asyncpg.Record]) -> None:
@@ -259,7 +260,7 @@ async def run_worker(pool: asyncpg.Pool, dsn: str, *,
                         await prune_replay_tokens(conn)
                     next_prune = anyio.current_time() + REPLAY_TOKEN_KEEP_S / 4
             except Exception as exc:  # the worker outlives any database trouble
-                log.warning("delivery_worker_failed", error=_one_line(exc))
+                log.warning("delivery_worker_failed", error=describe(exc))
                 await anyio.sleep(RETRY_PAUSE_S)
                 continue
             with anyio.move_on_after(IDLE_POLL_S):
@@ -276,16 +277,12 @@ async def _listen(dsn: str, on_notify: Callable[..., None]) -> asyncpg.Connectio
     try:
         listener = await asyncpg.connect(dsn)
     except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-        log.warning("delivery_listen_failed", error=_one_line(exc))
+        log.warning("delivery_listen_failed", error=describe(exc))
         return None
     try:
         await listener.add_listener(DELIVERY_CHANNEL, on_notify)
     except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-        log.warning("delivery_listen_failed", error=_one_line(exc))
+        log.warning("delivery_listen_failed", error=describe(exc))
         await listener.close()
         return None
     return listener
-
-
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:300]
