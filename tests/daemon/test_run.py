@@ -38,6 +38,17 @@ async def count(dsn: str, sql: str, *args) -> int:
         await conn.close()
 
 
+async def wait_rows(dsn: str, daemon: DaemonProcess, n: int, timeout_s: float, *, what: str,
+                    sql: str = "SELECT count(*) FROM messages", at_least: bool = False) -> None:
+    """Wait until `sql` counts exactly `n` (or at least `n`), or fail with the daemon's log."""
+
+    async def reached() -> bool:
+        got = await count(dsn, sql)
+        return got >= n if at_least else got == n
+
+    await eventually(reached, timeout_s, what=what, daemon=daemon)
+
+
 def start(tmp: Path, config: Path, dsn: str, name: str = "daemon") -> DaemonProcess:
     daemon = DaemonProcess(config, dsn, tmp / f"{name}.log")
     daemon.wait_ready()
@@ -51,10 +62,7 @@ async def test_maildir_drop_becomes_rows_and_moves_to_cur(tmp_path, db_dsn) -> N
     try:
         deliver(box, generated_messages(3, tag="drop"))
 
-        async def all_in() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 3
-
-        await eventually(all_in, 30, what="3 messages ingested", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 3, 30, what="3 messages ingested")
         await eventually(lambda: _moved(box, 3), 10, what="files moved to cur/", daemon=daemon)
         created = "SELECT count(*) FROM events WHERE kind = 'message.created'"
         assert await count(db_dsn, created) == 3
@@ -75,10 +83,7 @@ async def test_sigterm_mid_backfill_then_restart_loses_and_doubles_nothing(
     deliver(box, generated_messages(5000, tag="bf"))
     daemon = start(tmp_path, config, db_dsn)
 
-    async def some_in() -> bool:
-        return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
-
-    await eventually(some_in, 60, what="first pages committed", daemon=daemon)
+    await wait_rows(db_dsn, daemon, 250, 60, what="first pages committed", at_least=True)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait_exit(60) == 0
     partial = await count(db_dsn, "SELECT count(*) FROM messages")
@@ -87,10 +92,7 @@ async def test_sigterm_mid_backfill_then_restart_loses_and_doubles_nothing(
     assert len(list((box / "cur").iterdir())) <= partial
     daemon = start(tmp_path, config, db_dsn, "daemon2")
     try:
-        async def all_in() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 5000
-
-        await eventually(all_in, 240, what="backfill finished after restart", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 5000, 240, what="backfill finished after restart")
         await eventually(lambda: _moved(box, 5000), 60, what="all files in cur/", daemon=daemon)
         assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 5000
         assert await count(db_dsn, "SELECT count(DISTINCT message_id_norm) FROM messages") == 5000
@@ -109,11 +111,8 @@ async def test_sighup_adds_a_tenant_live(tmp_path, db_dsn) -> None:
         daemon.signal(signal.SIGHUP)
         deliver(box, generated_messages(2, tag="hup"))
 
-        async def arrived() -> bool:
-            return await count(
-                db_dsn, "SELECT count(*) FROM messages WHERE tenant_id = 'globex'") == 2
-
-        await eventually(arrived, 30, what="new tenant's mail ingested", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 2, 30, what="new tenant's mail ingested",
+                        sql="SELECT count(*) FROM messages WHERE tenant_id = 'globex'")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
@@ -130,10 +129,7 @@ async def test_broken_tenant_file_on_sighup_keeps_the_old_config(tmp_path, db_ds
                          daemon=daemon)
         deliver(box, generated_messages(2, tag="keep"))
 
-        async def arrived() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 2
-
-        await eventually(arrived, 30, what="old config still syncing", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 2, 30, what="old config still syncing")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
@@ -151,10 +147,7 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
     deliver(box, generated_messages(4000, tag="cx"))
     daemon = start(tmp_path, config, db_dsn)
     try:
-        async def started() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
-
-        await eventually(started, 60, what="sync running", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
         cli = [sys.executable, "-m", "inboxd.daemon.cli", "sync", "cancel", "--mailbox",
                "inbox", "--dsn", db_dsn]
         assert (await anyio.run_process(cli, check=False)).returncode == 0
@@ -167,10 +160,7 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
                "--dsn", db_dsn]
         assert (await anyio.run_process(now, check=False)).returncode == 0
 
-        async def all_in() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 4000
-
-        await eventually(all_in, 240, what="resumed to the end", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 4000, 240, what="resumed to the end")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
@@ -182,10 +172,7 @@ async def test_sigusr1_cancels_running_syncs_gracefully(tmp_path, db_dsn) -> Non
     deliver(box, generated_messages(3000, tag="usr"))
     daemon = start(tmp_path, config, db_dsn)
     try:
-        async def started() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
-
-        await eventually(started, 60, what="sync running", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
         daemon.signal(signal.SIGUSR1)
         await eventually(lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled",
                          daemon=daemon)
@@ -193,10 +180,8 @@ async def test_sigusr1_cancels_running_syncs_gracefully(tmp_path, db_dsn) -> Non
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
         assert len(list((box / "cur").iterdir())) <= in_db
 
-        async def all_in() -> bool:  # the poll scanner starts the next run
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 3000
-
-        await eventually(all_in, 240, what="next run finishes", daemon=daemon)
+        # the poll scanner starts the next run
+        await wait_rows(db_dsn, daemon, 3000, 240, what="next run finishes")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
@@ -302,10 +287,7 @@ async def test_second_signal_exits_at_once_without_acknowledging_unstored_mail(
     deliver(box, generated_messages(5000, tag="two"))
     daemon = start(tmp_path, config, db_dsn)
 
-    async def started() -> bool:
-        return await count(db_dsn, "SELECT count(*) FROM messages") >= 250
-
-    await eventually(started, 60, what="backfill running", daemon=daemon)
+    await wait_rows(db_dsn, daemon, 250, 60, what="backfill running", at_least=True)
     daemon.signal(signal.SIGTERM)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait_exit(20) == 0  # far below the 120 s drain deadline
@@ -337,10 +319,7 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
         await eventually(flagged, 30, what="needs_attention", daemon=daemon)
         deliver(fine, generated_messages(2, tag="fine"))
 
-        async def arrived() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 2
-
-        await eventually(arrived, 30, what="other mailbox still syncing", daemon=daemon)
+        await wait_rows(db_dsn, daemon, 2, 30, what="other mailbox still syncing")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
