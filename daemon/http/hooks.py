@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import structlog
 from aiohttp import hdrs, web
@@ -213,7 +214,7 @@ async def _accept(request: web.Request, hook: HookSource, webhook: WebhookReques
         json_error(400, "malformed_payload")
 
 
-def _refuse(request: web.Request, hook: HookSource, check: str) -> None:
+def _refuse(request: web.Request, hook: HookSource, check: str) -> NoReturn:
     """401 with a body that says nothing about which check failed."""
     request.app[HTTP_STATE].metrics.webhook_verification_failed(hook.label)
     log.info("webhook_rejected", tenant=hook.tenant_id, source=hook.source_id, check=check)
