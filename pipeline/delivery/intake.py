@@ -39,6 +39,7 @@ import orjson
 import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random
 
 from inboxd.pipeline.delivery.model import (
     DeliveryEvent,
@@ -78,8 +79,12 @@ QUEUE_CAPACITY = 4096
 #: time out after 10–30 s (SNS 15 s), so the 503 usually comes first.
 COMMIT_TIMEOUT_S = 3.0
 
-# Lost races between concurrent transactions: worth one immediate retry.
+# Lost races between concurrent transactions: worth one more try, soon.
 _RACE_ERRORS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+#: Tries of a group that lost such a race, and the jitter before the retry
+#: (seconds; short: a request is waiting, and the race is already resolved).
+RACE_ATTEMPTS = 2
+RACE_RETRY_JITTER_S = 0.05
 
 # One statement per group, in autocommit: a single statement is its own
 # transaction, so the group costs one round trip instead of four (BEGIN, INSERT,
@@ -247,13 +252,15 @@ class DeliveryIntake:
 
     async def _commit_or_isolate(self, group: list[_Submission]) -> None:
         try:
-            try:
-                outcomes = await self._write(group)
-            except _RACE_ERRORS:
-                # Rows are written in key order, so two groups cannot wait on
-                # each other; a deadlock or serialization failure can still come
-                # from another writer of the table (a replay). Once more, then 503.
-                outcomes = await self._write(group)
+            # Rows are written in key order, so two groups cannot wait on each
+            # other; a deadlock or serialization failure can still come from
+            # another writer of the table (a replay). Once more, then 503.
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(_RACE_ERRORS),
+                    stop=stop_after_attempt(RACE_ATTEMPTS),
+                    wait=wait_random(0, RACE_RETRY_JITTER_S), reraise=True):
+                with attempt:
+                    outcomes = await self._write(group)
         except Exception as exc:
             if len(group) > 1 and blames_the_data(exc):
                 for item in group:
