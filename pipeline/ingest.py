@@ -3,34 +3,39 @@
 One call = one batch of one mailbox = one transaction:
 
   classify (cascade.py, ≤ 2 queries) → store bytes for items that need them
-  (raw MIME, large HTML, attachments of new messages) → upsert threads →
-  insert messages / copies / participants / attachments / conflicts / dead
-  items (one set-based statement each) → promote outbound placeholders →
-  recompute touched threads → outbox events + NOTIFY → commit.
+  (ingest_bytes.py: raw MIME, large HTML, attachments of new messages) →
+  upsert threads → insert messages / copies / participants / attachments /
+  conflicts / dead items (one set-based statement each) → promote outbound
+  placeholders → recompute touched threads → outbox events + NOTIFY → commit.
 
 Every item gets an Outcome. The batch either commits whole or writes nothing
 (and then every item is retriable_failure): events are only ever seen for rows
 that exist. A statement that fails on one item's data is isolated by bisecting
 the batch, so one poison message becomes a dead item and never blocks its
 neighbours. Object-store bytes are content-addressed and written before the
-rows that point at them, so a crash leaves at worst an orphan object, never a
-row pointing at nothing.
+rows that point at them (ingest_bytes.py), so a crash leaves at worst an orphan
+object, never a row pointing at nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import anyio
 import asyncpg
 import structlog
 
 from inboxd.pipeline import cascade, threads
 from inboxd.pipeline.cascade import Decision
 from inboxd.pipeline.errors import blames_the_data, describe
-from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+from inboxd.pipeline.ingest_bytes import (
+    AttachmentFetcher,
+    AttachmentState,
+    record_retried_attachments,
+    store_dead_raw,
+    store_message_bytes,
+)
+from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.outcomes import ItemResult, Outcome
@@ -48,15 +53,6 @@ from inboxd.pipeline.rows import (
 )
 
 log = structlog.get_logger(__name__)
-
-# HTML bodies above this go to the object store. Gmail clips display at 102 KB,
-# so larger bodies are rare and mostly newsletters nobody reads inline.
-HTML_INLINE_MAX_BYTES = 128 * 1024
-# Concurrent provider attachment fetches per batch (Graph: 4 concurrent
-# requests per mailbox, DESIGN.md §4).
-ATTACHMENT_FETCH_CONCURRENCY = 4
-
-AttachmentFetcher = Callable[[MessageData, AttachmentData], Awaitable[bytes]]
 
 # Errors after which the same batch may well succeed: connection trouble,
 # serialization failures, deadlocks, a server restarting.
@@ -102,7 +98,7 @@ class _Plan:
     message_ids: dict[int, int] = field(default_factory=dict)
     raw_keys: dict[int, str] = field(default_factory=dict)
     html_keys: dict[int, str] = field(default_factory=dict)
-    att_state: dict[int, list[tuple[str | None, str | None]]] = field(default_factory=dict)
+    att_state: dict[int, AttachmentState] = field(default_factory=dict)
     failures: dict[int, str] = field(default_factory=dict)
 
 
@@ -185,7 +181,7 @@ class IngestStage:
             ) and all(o is Outcome.DUPLICATE for _, o in plan.followers.values()):
                 return self._results_all_duplicate(batch, plan)
             await self._store_bytes(batch, plan)
-            dead_keys = await self._store_dead_raw(tenant, deads)
+            dead_keys = await store_dead_raw(self._store, tenant, deads)
             events = EventBuffer()
             touched = await self._write_messages(conn, batch, plan, events)
             await threads.recompute_threads(conn, tenant, touched)
@@ -223,88 +219,12 @@ class IngestStage:
 
     async def _store_bytes(self, batch: IngestBatch, plan: _Plan) -> None:
         """Raw MIME, large HTML and attachments, only for items that need them."""
-        tenant = batch.tenant_id
-        puts: list[tuple[str, bytes, str]] = []
-        owners: list[tuple[str, int, int]] = []  # (kind, item index, attachment position)
-        for k, item in enumerate(plan.items):
-            outcome = self._outcome_of(plan, k)
-            if outcome is Outcome.DUPLICATE:
-                if plan.decisions.get(k) and plan.decisions[k].retry_attachments:
-                    _queue_attachments(tenant, k, item, plan, puts, owners)
-                continue
-            if item.raw is not None and item.raw_sha256:
-                key = f"raw/{tenant}/{item.raw_sha256}"
-                plan.raw_keys[k] = key
-                puts.append((key, item.raw, "message/rfc822"))
-                owners.append(("raw", k, -1))
-            decision = plan.decisions.get(k)
-            promoted = decision is not None and decision.promote
-            if outcome not in (Outcome.NEW, Outcome.CONFLICT) and not promoted:
-                continue
-            if item.html and len(item.html) > HTML_INLINE_MAX_BYTES:
-                data = item.html.encode("utf-8", "replace")
-                key = f"html/{tenant}/{_sha(data)}"
-                plan.html_keys[k] = key
-                puts.append((key, data, "text/html; charset=utf-8"))
-                owners.append(("html", k, -1))
-            await self._fetch_attachments(batch, item)
-            _queue_attachments(tenant, k, item, plan, puts, owners)
-        if not puts:
-            return
-        errors = await self._store.put_many(puts)
-        for (kind, k, pos), err in zip(owners, errors, strict=True):
-            if err is None:
-                continue
-            if kind == "raw":
-                # Raw bytes are the one thing we must never lose: retry later.
-                plan.failures[k] = f"raw bytes not stored: {_one_line(err)}"
-                plan.raw_keys.pop(k, None)
-            elif kind == "html":
-                plan.html_keys.pop(k, None)  # degrade: keep the HTML inline
-                log.warning("html_body_inline_fallback", tenant=tenant, error=_one_line(err))
-            else:
-                plan.att_state[k][pos] = (None, _one_line(err))
-
-    async def _fetch_attachments(self, batch: IngestBatch, item: MessageData) -> None:
-        fetch = batch.fetch_attachment
-        missing = [a for a in item.attachments if a.content is None and a.provider_ref]
-        if fetch is None or not missing:
-            return
-        limiter = anyio.CapacityLimiter(ATTACHMENT_FETCH_CONCURRENCY)
-
-        async def one(att: AttachmentData) -> None:
-            async with limiter:
-                try:
-                    data = await fetch(item, att)
-                except Exception as exc:  # recorded as stored=false, retried next sighting
-                    log.warning("attachment_fetch_failed", error=_one_line(exc))
-                    return
-            att.content = data
-            att.size_bytes = len(data)
-            att.sha256 = _sha(data)
-
-        async with anyio.create_task_group() as tg:
-            for att in missing:
-                tg.start_soon(one, att)
-
-    async def _store_dead_raw(
-        self, tenant: str, deads: list[tuple[int, DeadItem]]
-    ) -> dict[int, str | None]:
-        keys: dict[int, str | None] = {}
-        puts = []
-        for i, dead in deads:
-            if dead.raw is not None and dead.raw_sha256:
-                keys[i] = f"raw/{tenant}/{dead.raw_sha256}"
-                puts.append((keys[i], dead.raw, "application/octet-stream"))
-            else:
-                keys[i] = None
-        if puts:
-            errors = await self._store.put_many(puts)
-            failed = {key for (key, _, _), err in zip(puts, errors, strict=True) if err}
-            for i, key in list(keys.items()):
-                if key in failed:
-                    keys[i] = "!failed"
-        return keys
+        stored = await store_message_bytes(
+            self._store, batch.tenant_id, batch.fetch_attachment, plan.items,
+            [self._outcome_of(plan, k) for k in range(len(plan.items))], plan.decisions)
+        plan.raw_keys, plan.html_keys = stored.raw_keys, stored.html_keys
+        plan.att_state = stored.att_state
+        plan.failures.update(stored.failures)
 
     def _outcome_of(self, plan: _Plan, k: int) -> Outcome:
         if k in plan.followers:
@@ -353,7 +273,7 @@ class IngestStage:
         await insert_attachments(conn, tenant, [
             (plan.message_ids[k], plan.items[k], plan.att_state.get(k, []))
             for k in fresh_ok])
-        await self._retry_attachments(conn, tenant, plan)
+        await record_retried_attachments(conn, tenant, plan.decisions, plan.att_state)
         conflicts = [(plan.message_ids[k], plan.decisions[k].existing_id,
                       plan.items[k].message_id_norm)
                      for k in fresh_ok if plan.decisions[k].outcome is Outcome.CONFLICT]
@@ -420,22 +340,6 @@ class IngestStage:
                 Outcome.DUPLICATE if same_copy else Outcome.MERGED, row[0])
             plan.message_ids.pop(k, None)
 
-    async def _retry_attachments(self, conn: asyncpg.Connection, tenant: str, plan: _Plan) -> None:
-        keys, shas, ids = [], [], []
-        for k, d in plan.decisions.items():
-            if d.outcome is Outcome.DUPLICATE and d.retry_attachments:
-                for key, err in plan.att_state.get(k, []):
-                    if key and err is None:
-                        keys.append(key)
-                        shas.append(key.rsplit("/", 1)[1])
-                        ids.append(d.existing_id)
-        if keys:
-            await conn.execute(
-                "UPDATE attachments a SET stored = true, store_error = NULL, storage_key = u.key "
-                "FROM unnest($2::bigint[], $3::text[], $4::text[]) AS u(message_id, sha, key) "
-                "WHERE a.tenant_id = $1 AND a.message_id = u.message_id AND a.sha256 = u.sha "
-                "AND NOT a.stored", tenant, ids, shas, keys)
-
     def _add_item_events(
         self, batch: IngestBatch, plan: _Plan, fresh_ok: list[int], merged: list[int],
         thread_ids: dict[str, int], created_threads: set[int], events: EventBuffer,
@@ -492,30 +396,9 @@ class IngestStage:
         return [r for r in results if r is not None]
 
 
-def _queue_attachments(
-    tenant: str, k: int, item: MessageData, plan: _Plan, puts: list[tuple[str, bytes, str]],
-    owners: list[tuple[str, int, int]],
-) -> None:
-    """Queue attachment bytes under deterministic keys; unfetched ones stay unstored."""
-    state: list[tuple[str | None, str | None]] = []
-    for pos, att in enumerate(item.attachments):
-        if att.content is None or not att.sha256:
-            state.append((None, "bytes not fetched"))
-            continue
-        key = f"att/{tenant}/{att.sha256}"
-        state.append((key, None))
-        puts.append((key, att.content, att.content_type or "application/octet-stream"))
-        owners.append(("att", k, pos))
-    plan.att_state[k] = state
-
-
 def _sub(batch: IngestBatch, items: list[MessageData | DeadItem]) -> IngestBatch:
     return IngestBatch(batch.tenant_id, batch.mailbox_id, items, batch.backfill,
                        batch.fetch_attachment)
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _one_line(exc: BaseException) -> str:
