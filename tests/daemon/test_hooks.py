@@ -430,3 +430,28 @@ def test_reload_keeps_a_bucket_only_when_its_settings_are_unchanged(sw) -> None:
                   limiter=RateLimiter(rate=5000, burst=9000))
     table.replace({("acme", "resend"): faster})
     assert table.get("acme", "resend").limiter.settings == (5000, 9000)
+
+
+async def test_confirm_subscription_requires_a_200() -> None:
+    from inboxd.daemon.esp_hooks import confirm_subscription
+
+    seen: list[str] = []
+
+    async def answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        seen.append(request.query.get("Token", ""))
+        return aiohttp.web.Response(status=200 if request.query.get("Token") == "ok" else 403)
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/", answer)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        await confirm_subscription(f"http://127.0.0.1:{port}/?Action=ConfirmSubscription&Token=ok")
+        with pytest.raises(RuntimeError, match="403"):
+            await confirm_subscription(f"http://127.0.0.1:{port}/?Token=expired")
+    finally:
+        await runner.cleanup()
+    assert seen == ["ok", "expired"]
