@@ -10,7 +10,12 @@ import asyncpg
 import pytest
 from delivery_helpers import POLICY, event, store_events, wait_until
 
-from inboxd.pipeline.delivery.intake import DeliveryIntake, IntakeUnavailable, ReplayedToken
+from inboxd.pipeline.delivery.intake import (
+    DeliveryIntake,
+    IntakeUnavailable,
+    ReplayedToken,
+    Stored,
+)
 from inboxd.pipeline.delivery.model import DeliveryEvent, EventType
 from inboxd.pipeline.tenancy import ensure_tenants
 
@@ -140,3 +145,28 @@ async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
     assert len(outcomes) == 3  # nobody hangs
     assert sum(isinstance(o, asyncpg.ForeignKeyViolationError) for o in outcomes) == 1
     assert sum(isinstance(o, IntakeUnavailable) for o in outcomes) == 2
+
+
+async def test_one_bad_request_fails_alone_and_its_group_commits(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await ensure_tenants(conn, ["acme"])
+    intake = DeliveryIntake(pool, writers=1)  # one writer: the requests form one group
+    outcomes: dict[str, object] = {}
+
+    async def post(tenant: str, eid: str) -> None:
+        try:
+            outcomes[eid] = await intake.submit(
+                tenant, "esp", "test", [event(EventType.DELIVERED, eid=eid)], POLICY,
+                received_at=time.time())
+        except asyncpg.ForeignKeyViolationError as exc:
+            outcomes[eid] = exc
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(intake.run)
+        async with anyio.create_task_group() as posts:
+            for i in range(8):
+                posts.start_soon(post, "nobody" if i == 5 else "acme", f"e{i}")
+        tg.cancel_scope.cancel()
+    assert isinstance(outcomes.pop("e5"), asyncpg.ForeignKeyViolationError)
+    assert all(o == Stored(1, 0) for o in outcomes.values()) and len(outcomes) == 7
+    assert await count(pool) == 7
