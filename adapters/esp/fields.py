@@ -131,10 +131,13 @@ def check_timestamp(timestamp_text: str, received_at: float, tolerance_s: float)
     """
     if not (timestamp_text.isascii() and timestamp_text.isdigit()):
         raise VerificationFailed("timestamp is not Unix seconds")
-    if len(timestamp_text.lstrip("0")) > MAX_TIMESTAMP_DIGITS:
+    significant = timestamp_text.lstrip("0") or "0"
+    if len(significant) > MAX_TIMESTAMP_DIGITS:
         raise VerificationFailed("timestamp too new, outside tolerance")
+    # int() of the significant digits only: CPython refuses strings of more than
+    # 4,300 digits, and leading zeros would otherwise count towards that.
     # Compared, not subtracted: int/float comparison is exact for any size of int.
-    signed_at = int(timestamp_text)
+    signed_at = int(significant)
     if signed_at < received_at - tolerance_s:
         raise VerificationFailed("timestamp too old, outside tolerance")
     if signed_at > received_at + tolerance_s:

@@ -109,9 +109,11 @@ _DIGESTS: Mapping[str, Callable[[], hashes.HashAlgorithm]] = {
 # userinfo, other ports, IP addresses, `sns.<region>.amazonaws.com.evil.com`.
 # Regions: us-east-1, ap-southeast-2, us-gov-west-1, cn-north-1 (.com.cn) …
 _SNS_HOST = r"sns\.[a-z]+(?:-[a-z]+)+-[0-9]+\.amazonaws\.com(?:\.cn)?(?::443)?"
-#: SigningCertURL: one path segment ending .pem, no query, no fragment
-#: (SNS uses /SimpleNotificationService-<hex>.pem).
-_SIGNING_CERT_URL = re.compile(r"https://" + _SNS_HOST + r"/[A-Za-z0-9._-]+\.pem", re.ASCII)
+#: SigningCertURL: exactly SNS's own naming, /SimpleNotificationService-<hex>.pem,
+#: no query, no fragment — the narrower the pattern, the fewer URLs a sender who
+#: knows an allowlisted TopicArn can make us fetch.
+_SIGNING_CERT_URL = re.compile(
+    r"https://" + _SNS_HOST + r"/SimpleNotificationService-[0-9a-f]{1,64}\.pem", re.ASCII)
 #: SubscribeURL: the SNS endpoint with the ConfirmSubscription query; no fragment,
 #: no whitespace, no backslash (which some parsers read as a path separator).
 _SUBSCRIBE_URL = re.compile(r"https://" + _SNS_HOST + r"/[^\s#\\]*", re.ASCII)
@@ -126,6 +128,14 @@ CERT_CACHE_TTL_S = 24 * 3600.0
 #: regional endpoint; a fetch still running after this is failing, and answering
 #: 503 promptly lets SNS retry instead of holding its connection open.
 CERT_FETCH_TIMEOUT_S = 5.0
+#: Certificate fetches running at once, over all URLs; one more is refused with
+#: SourceUnavailable (503, SNS retries) instead of queueing: real traffic needs one
+#: fetch per signing certificate per day, so more at once is someone making up
+#: URLs.
+MAX_CONCURRENT_CERT_FETCHES = 4
+#: How long a URL whose fetch failed is not fetched again, seconds: the provider's
+#: retries (and a forger's repeats) get 503 at once instead of new requests.
+CERT_FAILURE_TTL_S = 60.0
 #: Largest certificate response read, bytes (real SNS certificates are ~2 KB).
 CERT_MAX_BYTES = 64 * 1024
 #: Read size while streaming a certificate response, bytes.
@@ -204,9 +214,10 @@ class CertificateCache:
     """Signing-certificate public keys by URL: bounded (LRU), expiring, and
     single-flight — concurrent misses for one URL fetch it once.
 
-    Only URLs that passed `is_signing_cert_url` reach it. A failed fetch is not
-    cached (the next delivery retries it); a response that is not one PEM X.509
-    certificate with an RSA key raises VerificationFailed.
+    Only URLs that passed `is_signing_cert_url` reach it. A failed fetch is
+    remembered for CERT_FAILURE_TTL_S (SourceUnavailable without a new request),
+    at most MAX_CONCURRENT_CERT_FETCHES run at once; a response that is not one
+    PEM X.509 certificate with an RSA key raises VerificationFailed.
     """
 
     def __init__(
@@ -223,6 +234,8 @@ class CertificateCache:
         self._clock = clock
         self._keys: OrderedDict[str, tuple[RSAPublicKey, float]] = OrderedDict()
         self._flights: dict[str, _Flight] = {}
+        self._failed: OrderedDict[str, float] = OrderedDict()  # url → retry not before
+        self._fetching = 0
 
     async def public_key(self, url: str) -> RSAPublicKey:
         """The RSA public key of the certificate at `url`.
@@ -241,13 +254,32 @@ class CertificateCache:
                 cached = self._lookup(url)
                 if cached is not None:
                     return cached
-                key = load_public_key(await self._fetch(url))
+                key = load_public_key(await self._fetch_once(url))
                 self._store(url, key)
                 return key
         finally:
             flight.users -= 1
             if flight.users == 0:
                 del self._flights[url]
+
+    async def _fetch_once(self, url: str) -> bytes:
+        """Fetch `url` unless it failed lately or too many fetches run already."""
+        retry_at = self._failed.get(url)
+        if retry_at is not None and self._clock() < retry_at:
+            raise SourceUnavailable("sns certificate: failed recently, not fetched again yet")
+        if self._fetching >= MAX_CONCURRENT_CERT_FETCHES:
+            raise SourceUnavailable("sns certificate: too many fetches at once")
+        self._fetching += 1
+        try:
+            return await self._fetch(url)
+        except SourceUnavailable:
+            self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
+            self._failed.move_to_end(url)
+            while len(self._failed) > self._max_entries:
+                self._failed.popitem(last=False)
+            raise
+        finally:
+            self._fetching -= 1
 
     def _lookup(self, url: str) -> RSAPublicKey | None:
         entry = self._keys.get(url)

@@ -190,7 +190,9 @@ def verify_request(request: WebhookRequest, keys: tuple[bytes, ...], tolerance_s
     """
     msg_id, timestamp, signatures = read_headers(request.headers)
     check_timestamp(timestamp, request.received_at, tolerance_s)
-    signed = f"{msg_id}.{timestamp}.".encode() + request.body
+    # surrogateescape: aiohttp decodes header bytes that are not UTF-8 that way,
+    # and the signature is over the bytes the sender sent.
+    signed = f"{msg_id}.{timestamp}.".encode("utf-8", "surrogateescape") + request.body
     expected = [hmac.digest(key, signed, hashlib.sha256) for key in keys]
     if not any(
         hmac.compare_digest(candidate, digest)
@@ -299,7 +301,10 @@ def read_recipients(to: Any) -> list[str]:
             # A bare address, the common case: parseaddr costs ~6 µs and finds nothing more.
             recipients.append(entry.strip())
             continue
-        address = parseaddr(entry)[1]
+        try:
+            address = parseaddr(entry)[1]
+        except (RecursionError, ValueError):  # deeply nested comments: keep it as given
+            address = ""
         recipients.append(address or entry.strip())
     return recipients
 

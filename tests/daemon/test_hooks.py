@@ -278,7 +278,7 @@ async def test_database_outage_is_503_and_the_retry_is_stored(
 # --- SES (SNS) and SendGrid over HTTP ---------------------------------------------------------
 
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:ses-events"
-CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-test.pem"
+CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0123abcd.pem"
 
 
 def sns_signer():

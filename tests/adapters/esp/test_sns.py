@@ -653,17 +653,59 @@ async def test_concurrent_misses_fetch_once(certificate: bytes) -> None:
     assert cache._flights == {}  # no lock left behind per URL
 
 
-async def test_fetch_failure_is_source_unavailable_and_not_cached(
-    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache,
-    certificate: bytes,
+async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, certificate: bytes,
 ) -> None:
+    from inboxd.adapters.esp.sns import CERT_FAILURE_TTL_S
+
+    now = [1000.0]
+    cache = CertificateCache(fetch, clock=lambda: now[0])
     raw = body(sign(notification(), signing_key))
     del fetch.pems[CERT_URL]
     with pytest.raises(SourceUnavailable):
         await verify(raw, cache)
     fetch.pems[CERT_URL] = certificate
-    await verify(raw, cache)  # the next delivery retries the fetch
+    with pytest.raises(SourceUnavailable, match="recently"):
+        await verify(raw, cache)  # a retry (or a forger's repeat) makes no request
+    assert fetch.calls == [CERT_URL]
+    now[0] += CERT_FAILURE_TTL_S
+    await verify(raw, cache)  # after the pause the next delivery fetches again
     assert fetch.calls == [CERT_URL, CERT_URL]
+
+
+async def test_fetches_at_once_are_capped(signing_key: rsa.RSAPrivateKey,
+                                          certificate: bytes) -> None:
+    import anyio
+
+    from inboxd.adapters.esp.sns import MAX_CONCURRENT_CERT_FETCHES
+
+    release = anyio.Event()
+    started: list[str] = []
+
+    async def slow_fetch(url: str) -> bytes:
+        started.append(url)
+        await release.wait()
+        return certificate
+
+    cache = CertificateCache(slow_fetch)
+    outcomes: list[object] = []
+
+    async def ask(i: int) -> None:
+        url = ("https://sns.us-east-1.amazonaws.com/"
+               f"SimpleNotificationService-{i:032x}.pem")
+        try:
+            outcomes.append(await cache.public_key(url))
+        except SourceUnavailable as exc:
+            outcomes.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in range(MAX_CONCURRENT_CERT_FETCHES + 3):
+                tg.start_soon(ask, i)
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+    assert len(started) == MAX_CONCURRENT_CERT_FETCHES
+    assert sum(isinstance(o, SourceUnavailable) for o in outcomes) == 3
 
 
 @pytest.mark.parametrize("served", [

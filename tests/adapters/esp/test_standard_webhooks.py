@@ -511,3 +511,31 @@ def test_default_payload_fields_keep_no_personal_data() -> None:
         assert personal not in dumped
     assert kept["data"]["bounce"] == {"type": "Permanent", "subType": "General"}
     assert kept["type"] == "email.bounced"
+
+
+# -- hostile input that once escaped as a 500 (security review) --------------------------
+
+async def test_an_id_that_is_not_utf8_is_refused_not_a_crash() -> None:
+    body = b'{"type": "email.delivered", "data": {"to": ["a@x.example"]}}'
+    request = signed_request(body)
+    headers = {**request.headers, "webhook-id": "\udcff"}  # aiohttp's surrogateescape
+    with pytest.raises(VerificationFailed):
+        await source().accept(WebhookRequest(body=body, headers=headers, received_at=NOW))
+
+
+async def test_a_timestamp_padded_with_thousands_of_zeros_is_checked_not_a_crash() -> None:
+    body = b'{"type": "email.delivered", "data": {"to": ["a@x.example"]}}'
+    padded = "0" * 4400 + str(NOW)
+    request = signed_request(body)
+    headers = {**request.headers, "webhook-timestamp": padded,
+               "webhook-signature": sign(VECTOR_SECRET, "msg_2W2D3qXLS5fOaPja1GDg7rF2CwB",
+                                         padded, body)}
+    accepted = await source().accept(WebhookRequest(body=body, headers=headers,
+                                                    received_at=NOW))
+    assert len(accepted.events) == 1  # the same second, however it is written
+
+
+async def test_deeply_nested_comments_in_a_recipient_do_not_crash() -> None:
+    body = b'{"type": "email.delivered", "data": {"to": ["' + b"(" * 500 + b'"]}}'
+    accepted = await source().accept(signed_request(body))
+    assert [e.recipient for e in accepted.events] == ["(" * 500]
