@@ -478,11 +478,12 @@ COMMENT ON COLUMN suppressions.created_at IS 'When the row was first written.';
 
 CREATE TABLE IF NOT EXISTS webhook_replay_tokens (
     tenant_id   text NOT NULL,
-    source      text NOT NULL,
+    scope       text NOT NULL,
     token_hash  text NOT NULL,
     seen_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (tenant_id, source, token_hash)
+    PRIMARY KEY (tenant_id, scope, token_hash)
 );
 COMMENT ON TABLE webhook_replay_tokens IS 'Single-use webhook tokens (Mailgun) already accepted, stored with the events of their request; a request presenting one again is refused. Pruned after the timestamp tolerance has passed.';
-COMMENT ON COLUMN webhook_replay_tokens.token_hash IS 'sha256 hex of the token.';
+COMMENT ON COLUMN webhook_replay_tokens.scope IS 'Where the token is single-use: the fingerprint of the signing key (key:<16 hex>, every source sharing that key), else the source id.';
+COMMENT ON COLUMN webhook_replay_tokens.token_hash IS 'sha256 hex of the scope and the token.';
 COMMENT ON COLUMN webhook_replay_tokens.seen_at IS 'When the request that carried it was stored.';

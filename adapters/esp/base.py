@@ -114,7 +114,9 @@ class Accepted:
     `events` may be empty (an SNS SubscriptionConfirmation, a SendGrid test
     post with an empty batch). `replay_token` must not have been accepted
     before for this source (Mailgun's token); the route stores it in the same
-    transaction as the events and refuses the request when it is known.
+    transaction as the events and refuses the request when it is known —
+    within `replay_scope` when given (a fingerprint of the signing key, so a
+    token is single-use across every source sharing that key), else the source.
     `confirm_url` is an SNS SubscribeURL, already checked to be an
     `https://sns.<region>.amazonaws.com(.cn)/` address, to GET after the
     request is verified.
@@ -122,6 +124,7 @@ class Accepted:
 
     events: list[DeliveryEvent] = field(default_factory=list)
     replay_token: str | None = None
+    replay_scope: str | None = None
     confirm_url: str | None = None
 
 

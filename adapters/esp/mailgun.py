@@ -155,7 +155,16 @@ class MailgunSource:
         body = parse_json_object(request.body, error=VerificationFailed)
         token = self._verify(body.get("signature"), request.received_at)
         event = normalise_event(body.get("event-data"))
-        return Accepted(events=[event], replay_token=token)
+        return Accepted(events=[event], replay_token=token, replay_scope=self.replay_scope)
+
+    @property
+    def replay_scope(self) -> str:
+        """Where a token is single-use: every source verified by this signing key
+        (Mailgun signs the token, not the event, so a token seen by one source
+        must not pass at another). A fingerprint, never the key: 64 bits of the
+        sha256 of a high-entropy key say nothing about it."""
+        return "key:" + hashlib.sha256(b"inboxd replay scope\x00" + self.signing_key
+                                       ).hexdigest()[:16]
 
     def _verify(self, signature: Any, received_at: float) -> str:
         """The token of a valid `signature` object; VerificationFailed otherwise."""

@@ -182,7 +182,7 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
             stored = await intake.submit(
                 hook.tenant_id, hook.source_id, hook.adapter.provider, accepted.events,
                 hook.policy, received_at=webhook.received_at,
-                replay_token=accepted.replay_token)
+                replay_token=accepted.replay_token, replay_scope=accepted.replay_scope)
         except ReplayedToken:
             _refuse(request, hook, "replayed token")
         except IntakeUnavailable as exc:

@@ -95,10 +95,10 @@ RACE_RETRY_JITTER_S = 0.05
 # that is new; the NOTIFY runs once, as an init plan, when there is any.
 _WRITE_GROUP = """
 WITH tok AS (
-    INSERT INTO webhook_replay_tokens (tenant_id, source, token_hash)
+    INSERT INTO webhook_replay_tokens (tenant_id, scope, token_hash)
     SELECT * FROM unnest($18::text[], $19::text[], $20::text[])
     ON CONFLICT DO NOTHING
-    RETURNING tenant_id, source, token_hash
+    RETURNING tenant_id, scope, token_hash
 ), ins AS (
     INSERT INTO delivery_events (tenant_id, source, dedup_key, provider, provider_type,
         event_type, occurred_at, received_at, provider_message_id, message_id_norm,
@@ -111,13 +111,13 @@ WITH tok AS (
            AS u(t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl, th)
      WHERE u.th IS NULL
         OR EXISTS (SELECT 1 FROM tok
-                    WHERE tok.tenant_id = u.t AND tok.source = u.s AND tok.token_hash = u.th)
+                    WHERE tok.tenant_id = u.t AND tok.token_hash = u.th)
     ON CONFLICT (tenant_id, source, dedup_key) DO NOTHING
     RETURNING tenant_id, source, dedup_key
 ), new AS (
     SELECT 'e' AS kind, tenant_id, source, dedup_key AS key FROM ins
     UNION ALL
-    SELECT 't', tenant_id, source, token_hash FROM tok
+    SELECT 't', tenant_id, scope, token_hash FROM tok
 )
 SELECT kind, tenant_id, source, key, (SELECT pg_notify($22, '')) IS NULL AS notified
   FROM new
@@ -157,6 +157,7 @@ class _Submission:
     source: str
     rows: list[tuple[Any, ...]]
     token_hash: str | None
+    token_scope: str
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: Stored | None = None
     error: BaseException | None = None
@@ -198,6 +199,7 @@ class DeliveryIntake:
     async def submit(
         self, tenant_id: str, source: str, provider: str, events: Sequence[DeliveryEvent],
         policy: SourcePolicy, *, received_at: float, replay_token: str | None = None,
+        replay_scope: str | None = None,
     ) -> Stored:
         """Store the events of one verified request; returns after commit.
 
@@ -206,13 +208,17 @@ class DeliveryIntake:
         on its own.
         """
         rows = prepare_rows(tenant_id, source, provider, events, policy, received_at)
-        token_hash = (hashlib.sha256(replay_token.encode("utf-8")).hexdigest()
-                      if replay_token is not None else None)
+        # A token is single-use within its scope: the signing key's fingerprint
+        # when the adapter gives one (every source sharing a Mailgun key), else
+        # the source. The scope is part of the hash, so tokens match on it alone.
+        scope = replay_scope or source
+        token_hash = (hashlib.sha256(f"{scope}\x1f{replay_token}".encode(
+            "utf-8", "surrogateescape")).hexdigest() if replay_token is not None else None)
         if not rows and token_hash is None:
             return Stored(0, 0)
         if not self.running:
             raise IntakeUnavailable("intake is not running")
-        item = _Submission(tenant_id, source, rows, token_hash)
+        item = _Submission(tenant_id, source, rows, token_hash, scope)
         try:
             self._send.send_nowait(item)
         except anyio.WouldBlock:
@@ -288,7 +294,7 @@ class DeliveryIntake:
             if i in refused:
                 continue
             if item.token_hash is not None:
-                token_keys.append((item.tenant_id, item.source, item.token_hash))
+                token_keys.append((item.tenant_id, item.token_scope, item.token_hash))
             rows.extend((*row, item.token_hash) for row in item.rows)
         # Key order: concurrent groups lock the unique-index entries they share in
         # the same order, so they can never deadlock on each other.
@@ -307,7 +313,7 @@ class DeliveryIntake:
         outcomes: list[Stored | Exception] = []
         for i, item in enumerate(group):
             if i in refused or (item.token_hash is not None and (
-                    item.tenant_id, item.source, item.token_hash) not in fresh):
+                    item.tenant_id, item.token_scope, item.token_hash) not in fresh):
                 outcomes.append(ReplayedToken("token already used"))
                 continue
             keys = {(item.tenant_id, item.source, row[2]) for row in item.rows}
@@ -333,7 +339,7 @@ def _repeated_tokens(group: list[_Submission]) -> set[int]:
     for i, item in enumerate(group):
         if item.token_hash is None:
             continue
-        key = (item.tenant_id, item.source, item.token_hash)
+        key = (item.tenant_id, item.token_scope, item.token_hash)
         if key in seen:
             repeated.add(i)
         seen.add(key)

@@ -455,3 +455,17 @@ async def test_confirm_subscription_requires_a_200() -> None:
     finally:
         await runner.cleanup()
     assert seen == ["ok", "expired"]
+
+
+async def test_a_mailgun_token_is_single_use_across_sources_sharing_the_key(
+        pool, db_dsn, store) -> None:
+    """Mailgun signs timestamp + token, not the event: a token seen at one source
+    must not carry other event data into another source verified by the same key."""
+    first = hook("mg", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
+    second = hook("mg2", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
+    json_ct = {"content-type": "application/json"}
+    async with serving(pool, db_dsn, store, mg=first, mg2=second) as served:
+        assert (await post(served, "mg", mailgun_body("ev-1", "token-shared"), json_ct))[0] == 200
+        forged = mailgun_body("ev-forged", "token-shared", kind="failed")
+        assert await post(served, "mg2", forged, json_ct) == (401, {"error": "unauthorized"})
+    assert len(await stored(pool)) == 1
