@@ -49,6 +49,7 @@ from inboxd.pipeline.delivery.model import (
 )
 from inboxd.pipeline.errors import blames_the_data, describe
 from inboxd.pipeline.identity import normalise_message_id
+from inboxd.pipeline.rows import clean
 
 __all__ = [
     "DELIVERY_CHANNEL",
@@ -348,35 +349,28 @@ def _repeated_tokens(group: list[_Submission]) -> set[int]:
 
 def prepare_rows(tenant_id: str, source: str, provider: str, events: Sequence[DeliveryEvent],
                  policy: SourcePolicy, received_at: float) -> list[tuple[Any, ...]]:
-    """The delivery_events column values of each event, in `_INSERT_EVENTS` order."""
+    """The delivery_events column values of each event, in `_WRITE_GROUP`'s unnest order."""
     received = datetime.fromtimestamp(received_at, UTC)
     rows = []
     for event in events:
         mid = normalise_message_id(event.message_id_header) if event.message_id_header else None
-        provider_mid = _clean(event.provider_message_id)
+        provider_mid = clean(event.provider_message_id)
         message_key = provider_mid or (f"mid:{mid}" if mid else None)
-        recipient = _clean(event.recipient)
+        recipient = clean(event.recipient)
         occurred = event.occurred_at or received
         if occurred.tzinfo is None or not math.isfinite(occurred.timestamp()):
             occurred = received
         payload = minimise_payload(event.payload, policy.payload_fields)
         rows.append((
-            tenant_id, source, _clean(dedup_key(event)), provider, _clean(event.provider_type),
-            str(event.event_type), occurred, received, provider_mid, _clean(mid) or None,
-            _clean(message_key), recipient if policy.keep_recipients else None,
+            tenant_id, source, clean(dedup_key(event)), provider, clean(event.provider_type),
+            str(event.event_type), occurred, received, provider_mid, clean(mid) or None,
+            clean(message_key), recipient if policy.keep_recipients else None,
             address_hash(recipient) if recipient else "",
             str(event.bounce_type) if event.bounce_type else None,
-            _clean(event.bounce_subtype), _clean(event.list_id),
+            clean(event.bounce_subtype), clean(event.list_id),
             _json_for_postgres(payload),
         ))
     return rows
-
-
-def _clean(value: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL: replace it rather than refuse the event."""
-    if value is None:
-        return None
-    return value.replace("\x00", "\ufffd")
 
 
 def _json_for_postgres(payload: dict[str, Any]) -> str:
