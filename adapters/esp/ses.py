@@ -61,10 +61,10 @@ from inboxd.adapters.esp.fields import optional_str, parse_iso_time, parse_json_
 from inboxd.adapters.esp.sns import (
     SUBSCRIPTION_CONFIRMATION,
     UNSUBSCRIBE_CONFIRMATION,
-    CertificateCache,
     SnsMessage,
     verify_sns_message,
 )
+from inboxd.adapters.esp.sns_certificates import CertificateCache
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 __all__ = ["DEFAULT_PAYLOAD_FIELDS", "SesSource", "from_config", "normalise"]

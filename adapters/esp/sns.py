@@ -12,8 +12,9 @@ outbound request:
     → SigningCertURL is https://sns.<region>.amazonaws.com(.cn)/<name>.pem
       (and a confirmation's SubscribeURL is on the same kind of host)
     → Signature is base64
-    → the certificate's RSA public key, from `CertificateCache` (fetched once
-      per URL; fetch failure → SourceUnavailable, the route answers 503)
+    → the certificate's RSA public key, from `CertificateCache`
+      (sns_certificates.py: fetched once per URL; fetch failure →
+      SourceUnavailable, the route answers 503)
     → the signature over the canonical string ("Key\\nValue\\n" for Message,
       MessageId, Subject if present, [SubscribeURL,] Timestamp, [Token,]
       TopicArn, Type — in that byte order), else VerificationFailed.
@@ -44,40 +45,27 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import aiohttp
-import anyio
-from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
-from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
-from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
+from inboxd.adapters.esp.base import VerificationFailed
 from inboxd.adapters.esp.fields import parse_iso_time, parse_json_object
+from inboxd.adapters.esp.sns_certificates import CertificateCache
 
 __all__ = [
-    "CERT_CACHE_MAX_ENTRIES",
-    "CERT_CACHE_TTL_S",
-    "CERT_FETCH_TIMEOUT_S",
-    "CERT_MAX_BYTES",
     "NOTIFICATION",
     "SUBSCRIPTION_CONFIRMATION",
     "UNSUBSCRIBE_CONFIRMATION",
-    "CertificateCache",
-    "Fetch",
     "SnsMessage",
     "canonical_string",
-    "fetch_certificate",
     "is_signing_cert_url",
     "is_subscribe_url",
-    "load_public_key",
     "verify_sns_message",
 ]
 
@@ -118,35 +106,6 @@ _SIGNING_CERT_URL = re.compile(
 #: no whitespace, no backslash (which some parsers read as a path separator).
 _SUBSCRIBE_URL = re.compile(r"https://" + _SNS_HOST + r"/[^\s#\\]*", re.ASCII)
 
-#: Certificates kept (one per signing key SNS uses; a handful per region in use).
-CERT_CACHE_MAX_ENTRIES = 64
-#: How long a fetched certificate is reused, seconds. SNS rotates signing
-#: certificates rarely and publishes them at new URLs, so a day only bounds how
-#: long a withdrawn certificate stays trusted.
-CERT_CACHE_TTL_S = 24 * 3600.0
-#: Deadline for fetching one certificate, seconds. A PEM is ~2 KB from an AWS
-#: regional endpoint; a fetch still running after this is failing, and answering
-#: 503 promptly lets SNS retry instead of holding its connection open.
-CERT_FETCH_TIMEOUT_S = 5.0
-#: Certificate fetches running at once, over all URLs; one more is refused with
-#: SourceUnavailable (503, SNS retries) instead of queueing: real traffic needs one
-#: fetch per signing certificate per day, so more at once is someone making up
-#: URLs.
-MAX_CONCURRENT_CERT_FETCHES = 4
-#: How long a URL whose fetch failed is not fetched again, seconds: the provider's
-#: retries (and a forger's repeats) get 503 at once instead of new requests.
-CERT_FAILURE_TTL_S = 60.0
-#: Largest certificate response read, bytes (real SNS certificates are ~2 KB).
-CERT_MAX_BYTES = 64 * 1024
-#: Read size while streaming a certificate response, bytes.
-_READ_CHUNK_BYTES = 8192
-
-#: Fetches a certificate URL (already checked) and returns the response body;
-#: raises SourceUnavailable when it cannot.
-Fetch = Callable[[str], Awaitable[bytes]]
-
-_PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
-_PEM_END = b"-----END CERTIFICATE-----"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,151 +132,6 @@ def is_signing_cert_url(url: str) -> bool:
 def is_subscribe_url(url: str) -> bool:
     """True when `url` is an https address on an SNS regional host."""
     return _SUBSCRIBE_URL.fullmatch(url) is not None
-
-
-async def fetch_certificate(url: str) -> bytes:
-    """Default `Fetch`: GET `url` with TLS verification, no redirects, a deadline
-    and a size cap. Any failure (network, timeout, status other than 200, body
-    over CERT_MAX_BYTES) raises SourceUnavailable; there is no retry here because
-    SNS retries the whole delivery after our 503."""
-    try:
-        with anyio.fail_after(CERT_FETCH_TIMEOUT_S):
-            timeout = aiohttp.ClientTimeout(total=CERT_FETCH_TIMEOUT_S)
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-                url, allow_redirects=False
-            ) as response:
-                if response.status != 200:
-                    raise SourceUnavailable(f"sns certificate: HTTP {response.status}")
-                if (response.content_length or 0) > CERT_MAX_BYTES:
-                    raise SourceUnavailable("sns certificate: response too large")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
-                    body += chunk
-                    if len(body) > CERT_MAX_BYTES:
-                        raise SourceUnavailable("sns certificate: response too large")
-                return bytes(body)
-    except TimeoutError as exc:
-        raise SourceUnavailable("sns certificate: fetch timed out") from exc
-    except aiohttp.ClientError as exc:
-        raise SourceUnavailable(f"sns certificate: {type(exc).__name__}") from exc
-
-
-@dataclass(slots=True)
-class _Flight:
-    """One URL's fetch lock and how many callers hold or wait for it."""
-
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    users: int = 0
-
-
-class CertificateCache:
-    """Signing-certificate public keys by URL: bounded (LRU), expiring, and
-    single-flight — concurrent misses for one URL fetch it once.
-
-    Only URLs that passed `is_signing_cert_url` reach it. A failed fetch is
-    remembered for CERT_FAILURE_TTL_S (SourceUnavailable without a new request),
-    at most MAX_CONCURRENT_CERT_FETCHES run at once; a response that is not one
-    PEM X.509 certificate with an RSA key raises VerificationFailed.
-    """
-
-    def __init__(
-        self,
-        fetch: Fetch | None = None,
-        *,
-        max_entries: int = CERT_CACHE_MAX_ENTRIES,
-        ttl_s: float = CERT_CACHE_TTL_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._fetch = fetch or fetch_certificate
-        self._max_entries = max_entries
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._keys: OrderedDict[str, tuple[RSAPublicKey, float]] = OrderedDict()
-        self._flights: dict[str, _Flight] = {}
-        self._failed: OrderedDict[str, float] = OrderedDict()  # url → retry not before
-        self._fetching = 0
-
-    async def public_key(self, url: str) -> RSAPublicKey:
-        """The RSA public key of the certificate at `url`.
-
-        Raises SourceUnavailable (fetch failed) or VerificationFailed (not a
-        usable certificate).
-        """
-        cached = self._lookup(url)
-        if cached is not None:
-            return cached
-        flight = self._flights.setdefault(url, _Flight())
-        flight.users += 1
-        try:
-            async with flight.lock:
-                # Another caller may have fetched it while this one waited.
-                cached = self._lookup(url)
-                if cached is not None:
-                    return cached
-                key = load_public_key(await self._fetch_once(url))
-                self._store(url, key)
-                return key
-        finally:
-            flight.users -= 1
-            if flight.users == 0:
-                del self._flights[url]
-
-    async def _fetch_once(self, url: str) -> bytes:
-        """Fetch `url` unless it failed lately or too many fetches run already."""
-        retry_at = self._failed.get(url)
-        if retry_at is not None and self._clock() < retry_at:
-            raise SourceUnavailable("sns certificate: failed recently, not fetched again yet")
-        if self._fetching >= MAX_CONCURRENT_CERT_FETCHES:
-            raise SourceUnavailable("sns certificate: too many fetches at once")
-        self._fetching += 1
-        try:
-            return await self._fetch(url)
-        except SourceUnavailable:
-            self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
-            self._failed.move_to_end(url)
-            while len(self._failed) > self._max_entries:
-                self._failed.popitem(last=False)
-            raise
-        finally:
-            self._fetching -= 1
-
-    def _lookup(self, url: str) -> RSAPublicKey | None:
-        entry = self._keys.get(url)
-        if entry is None:
-            return None
-        key, expires_at = entry
-        if self._clock() >= expires_at:
-            del self._keys[url]
-            return None
-        self._keys.move_to_end(url)
-        return key
-
-    def _store(self, url: str, key: RSAPublicKey) -> None:
-        self._keys[url] = (key, self._clock() + self._ttl_s)
-        self._keys.move_to_end(url)
-        while len(self._keys) > self._max_entries:
-            self._keys.popitem(last=False)
-
-
-def load_public_key(pem: bytes) -> RSAPublicKey:
-    """The RSA public key of a response that is exactly one PEM certificate.
-
-    Surrounding text is refused rather than skipped (as the AWS Ruby SDK's
-    verifier does): a certificate URL serves a bare PEM. Raises VerificationFailed.
-    """
-    text = pem.strip()
-    if not (text.startswith(_PEM_BEGIN) and text.endswith(_PEM_END)):
-        raise VerificationFailed("sns: certificate is not a PEM certificate")
-    if text.count(_PEM_BEGIN) != 1:
-        raise VerificationFailed("sns: certificate response holds several certificates")
-    try:
-        certificate = x509.load_pem_x509_certificate(text)
-    except ValueError as exc:
-        raise VerificationFailed("sns: certificate does not parse") from exc
-    key = certificate.public_key()
-    if not isinstance(key, RSAPublicKey):
-        raise VerificationFailed("sns: certificate key is not RSA")
-    return key
 
 
 async def verify_sns_message(

@@ -26,15 +26,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import NameOID
 
-from inboxd.adapters.esp import sns
+from inboxd.adapters.esp import sns_certificates
 from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
-from inboxd.adapters.esp.sns import (
-    CertificateCache,
-    fetch_certificate,
-    is_signing_cert_url,
-    is_subscribe_url,
-    verify_sns_message,
-)
+from inboxd.adapters.esp.sns import is_signing_cert_url, is_subscribe_url, verify_sns_message
+from inboxd.adapters.esp.sns_certificates import CertificateCache, fetch_certificate
 
 # --- published vectors --------------------------------------------------------------
 # Kept byte-for-byte as published (a reflowed JSON body is still valid, but the
@@ -656,7 +651,7 @@ async def test_concurrent_misses_fetch_once(certificate: bytes) -> None:
 async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
     signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, certificate: bytes,
 ) -> None:
-    from inboxd.adapters.esp.sns import CERT_FAILURE_TTL_S
+    from inboxd.adapters.esp.sns_certificates import CERT_FAILURE_TTL_S
 
     now = [1000.0]
     cache = CertificateCache(fetch, clock=lambda: now[0])
@@ -677,7 +672,7 @@ async def test_fetches_at_once_are_capped(signing_key: rsa.RSAPrivateKey,
                                           certificate: bytes) -> None:
     import anyio
 
-    from inboxd.adapters.esp.sns import MAX_CONCURRENT_CERT_FETCHES
+    from inboxd.adapters.esp.sns_certificates import MAX_CONCURRENT_CERT_FETCHES
 
     release = anyio.Event()
     started: list[str] = []
@@ -748,7 +743,7 @@ async def cert_server(certificate: bytes):
     async def huge(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()  # chunked: no Content-Length to check first
         await response.prepare(request)
-        for _ in range(sns.CERT_MAX_BYTES // 1024 + 2):
+        for _ in range(sns_certificates.CERT_MAX_BYTES // 1024 + 2):
             await response.write(b"A" * 1024)
         await response.write_eof()
         return response
@@ -781,7 +776,7 @@ async def test_default_fetch_failures_are_source_unavailable(cert_server: TestSe
 
 async def test_default_fetch_has_a_deadline(cert_server: TestServer,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sns, "CERT_FETCH_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sns_certificates, "CERT_FETCH_TIMEOUT_S", 0.2)
     with pytest.raises(SourceUnavailable, match="timed out"):
         await fetch_certificate(str(cert_server.make_url("/hang.pem")))
 
