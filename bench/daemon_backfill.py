@@ -110,22 +110,46 @@ STAMP = ".generated"
 
 from vocabulary import _DOMAINS, _FIRST, _LAST, _WORDS  # noqa: E402 - bench/ is sys.path[0]
 
-_MAILERS = ("Microsoft Outlook 16.0", "Apple Mail (2.3731.700.6)", "Thunderbird 115.8.1",
-            "Roundcube Webmail/1.6.5", "K-9 Mail for Android", None, None)
+_MAILERS = (
+    "Microsoft Outlook 16.0",
+    "Apple Mail (2.3731.700.6)",
+    "Thunderbird 115.8.1",
+    "Roundcube Webmail/1.6.5",
+    "K-9 Mail for Android",
+    None,
+    None,
+)
 _OWNER = ("Acme Support", "support@acme-widgets.example")
 _LEGACY = {
     # charset: (text with characters only that charset has, body encoding)
-    "iso-8859-1": ("Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
-                   "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?", QP),
-    "windows-1252": ("Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
-                     "dash — bullet • trademark ™ per‰.", QP),
-    "iso-2022-jp": ("お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
-                    "請求書を添付しましたのでご確認ください。", None),
-    "koi8-r": ("Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
-               "пожалуйста, проверьте реквизиты и подтвердите оплату.", BASE64),
+    "iso-8859-1": (
+        "Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
+        "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?",
+        QP,
+    ),
+    "windows-1252": (
+        "Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
+        "dash — bullet • trademark ™ per‰.",
+        QP,
+    ),
+    "iso-2022-jp": (
+        "お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
+        "請求書を添付しましたのでご確認ください。",
+        None,
+    ),
+    "koi8-r": (
+        "Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
+        "пожалуйста, проверьте реквизиты и подтвердите оплату.",
+        BASE64,
+    ),
 }
-_NAME_SUFFIX = {"utf-8": "", "iso-8859-1": "Müller", "windows-1252": "Šárka",
-                "iso-2022-jp": "山田", "koi8-r": "Иванов"}
+_NAME_SUFFIX = {
+    "utf-8": "",
+    "iso-8859-1": "Müller",
+    "windows-1252": "Šárka",
+    "iso-2022-jp": "山田",
+    "koi8-r": "Иванов",
+}
 # kind: weight (percent of messages)
 _KINDS = {"plain": 40, "alternative": 30, "attachment": 12, "legacy": 18}
 
@@ -154,10 +178,12 @@ def _text(rng: random.Random, size: int, serial: int, signer: str) -> tuple[str,
 
 def _html(paras: list[str]) -> str:
     body = "".join(f"<p>{p}</p>\n" for p in paras)
-    return ("<html><head><meta charset=\"utf-8\"><style>p{margin:0 0 1em}</style></head>"
-            "<body><div style=\"font-family:Arial,sans-serif;font-size:14px\">\n"
-            f"{body}<p>--<br><a href=\"https://acme-widgets.example/help\">Help centre</a>"
-            "</p></div></body></html>")
+    return (
+        '<html><head><meta charset="utf-8"><style>p{margin:0 0 1em}</style></head>'
+        '<body><div style="font-family:Arial,sans-serif;font-size:14px">\n'
+        f'{body}<p>--<br><a href="https://acme-widgets.example/help">Help centre</a>'
+        "</p></div></body></html>"
+    )
 
 
 def _person(rng: random.Random, i: int) -> tuple[str, str]:
@@ -165,9 +191,20 @@ def _person(rng: random.Random, i: int) -> tuple[str, str]:
     return f"{first.title()} {last.title()}", f"{first}.{last}{i}@{rng.choice(_DOMAINS)}"
 
 
-def _one(rng: random.Random, serial: int, kind: str, target: int, sender: tuple[str, str],
-         rcpt: tuple[str, str], cc: tuple[str, str] | None, subject: str, sent: datetime,
-         received: datetime, refs: list[str], scale: float = 1.0) -> tuple[bytes, str]:
+def _one(
+    rng: random.Random,
+    serial: int,
+    kind: str,
+    target: int,
+    sender: tuple[str, str],
+    rcpt: tuple[str, str],
+    cc: tuple[str, str] | None,
+    subject: str,
+    sent: datetime,
+    received: datetime,
+    refs: list[str],
+    scale: float = 1.0,
+) -> tuple[bytes, str]:
     """One message of roughly `target` bytes; returns (raw, Message-ID)."""
     headers_est = 1100 if kind == "legacy" else 950
     room = max(200, int((target - headers_est) * scale))
@@ -177,8 +214,7 @@ def _one(rng: random.Random, serial: int, kind: str, target: int, sender: tuple[
         extra, enc = _LEGACY[cs_name]
         share = 0.72 if enc == BASE64 else 0.9
         text, _ = _text(rng, max(100, int(room * share) - 2 * len(extra)), serial, sender[0])
-        msg = MIMEText(extra + "\n\n" + text + "\n" + extra + "\n", "plain",
-                       _charset(cs_name, enc))  # type: ignore[arg-type]
+        msg = MIMEText(extra + "\n\n" + text + "\n" + extra + "\n", "plain", _charset(cs_name, enc))  # type: ignore[arg-type]
         header_cs = cs_name
         subj = f"{extra[:24]} {subject}"
     else:
@@ -205,8 +241,9 @@ def _one(rng: random.Random, serial: int, kind: str, target: int, sender: tuple[
                 mixed = MIMEMultipart("mixed")
                 mixed.attach(alt)
                 att = MIMEApplication(b"%PDF-1.4\n" + rng.randbytes(att_size), "pdf")
-                att.add_header("Content-Disposition", "attachment",
-                               filename=f"invoice-{serial}.pdf")
+                att.add_header(
+                    "Content-Disposition", "attachment", filename=f"invoice-{serial}.pdf"
+                )
                 mixed.attach(att)
                 msg = mixed
         subj = subject
@@ -217,16 +254,21 @@ def _one(rng: random.Random, serial: int, kind: str, target: int, sender: tuple[
     # Trace headers first, as a local MTA prepends them.
     msg["Return-Path"] = f"<{sender[1]}>"
     msg["Delivered-To"] = _OWNER[1]
-    msg["Received"] = (f"from mx.acme-widgets.example (mx.acme-widgets.example [10.0.0.25])"
-                       f" by mail.acme-widgets.example (Postfix) with ESMTPS id "
-                       f"{rng.getrandbits(40):010X}; {format_datetime(received)}")
-    msg["Received"] = (f"from smtp.{sender_domain} (smtp.{sender_domain} "
-                       f"[198.51.100.{serial % 250 + 1}]) by mx.acme-widgets.example "
-                       f"(Postfix) with ESMTPS id {rng.getrandbits(40):010X}; "
-                       f"{format_datetime(received - timedelta(seconds=2))}")
+    msg["Received"] = (
+        f"from mx.acme-widgets.example (mx.acme-widgets.example [10.0.0.25])"
+        f" by mail.acme-widgets.example (Postfix) with ESMTPS id "
+        f"{rng.getrandbits(40):010X}; {format_datetime(received)}"
+    )
+    msg["Received"] = (
+        f"from smtp.{sender_domain} (smtp.{sender_domain} "
+        f"[198.51.100.{serial % 250 + 1}]) by mx.acme-widgets.example "
+        f"(Postfix) with ESMTPS id {rng.getrandbits(40):010X}; "
+        f"{format_datetime(received - timedelta(seconds=2))}"
+    )
     msg["Subject"] = Header(subj, header_cs) if not subj.isascii() else subj  # type: ignore[assignment]
-    msg["From"] = formataddr((f"{sender[0]} {_NAME_SUFFIX[header_cs]}".strip(), sender[1]),
-                             charset=header_cs)
+    msg["From"] = formataddr(
+        (f"{sender[0]} {_NAME_SUFFIX[header_cs]}".strip(), sender[1]), charset=header_cs
+    )
     msg["To"] = formataddr(rcpt)
     if cc is not None:
         msg["Cc"] = formataddr(cc)
@@ -269,14 +311,25 @@ def gen_chunk(job: tuple[int, int, int, int, str]) -> list[tuple[int, str]]:
             scale = 1.0
             for _ in range(4):  # resize towards the target when far off
                 rng.setstate(state)
-                raw, mid = _one(rng, serial, kind, target, sender, rcpt, cc, subject, sent,
-                                received, refs, scale)
+                raw, mid = _one(
+                    rng,
+                    serial,
+                    kind,
+                    target,
+                    sender,
+                    rcpt,
+                    cc,
+                    subject,
+                    sent,
+                    received,
+                    refs,
+                    scale,
+                )
                 if MIN_SIZE <= len(raw) <= MAX_SIZE and abs(len(raw) - target) < 0.35 * target:
                     break
                 scale *= max(0.3, min(3.0, target / len(raw)))
             stamp = received.timestamp()
-            name = (f"{int(stamp)}.M{int(stamp % 1 * 1e6):06d}P{serial}Q1."
-                    "mail.acme-widgets.example")
+            name = f"{int(stamp)}.M{int(stamp % 1 * 1e6):06d}P{serial}Q1.mail.acme-widgets.example"
             (tmp / name).write_bytes(raw)
             os.rename(tmp / name, new / name)
             out.append((len(raw), kind))
@@ -289,8 +342,9 @@ def gen_chunk(job: tuple[int, int, int, int, str]) -> list[tuple[int, str]]:
 def generate(root: Path, n: int, seed: int, workers: int) -> list[tuple[int, str]]:
     for sub in ("cur", "new", "tmp"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    jobs = [(c, s, min(GEN_CHUNK, n - s), seed, str(root))
-            for c, s in enumerate(range(0, n, GEN_CHUNK))]
+    jobs = [
+        (c, s, min(GEN_CHUNK, n - s), seed, str(root)) for c, s in enumerate(range(0, n, GEN_CHUNK))
+    ]
     if workers <= 1:
         parts = [gen_chunk(j) for j in jobs]
     else:
@@ -392,7 +446,7 @@ class Result:
     label: str
     n: int
     wall_s: float = float("nan")
-    ready_s: float | None = None          # daemon: spawn -> daemon_ready
+    ready_s: float | None = None  # daemon: spawn -> daemon_ready
     command_elapsed_s: float | None = None  # import: its own --json elapsed_s
     samples: list[Sample] = field(default_factory=list)
     client_cpu_s: float = 0.0
@@ -464,8 +518,14 @@ class Server:
 class Watch:
     """Samples one command (process tree RSS + CPU, rows, backend CPU) every interval."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, dbname: str, monitor: asyncpg.Connection,
-                 started: float, server_local: bool) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        dbname: str,
+        monitor: asyncpg.Connection,
+        started: float,
+        server_local: bool,
+    ) -> None:
         self.proc = proc
         self.dbname = dbname
         self.monitor = monitor
@@ -486,18 +546,24 @@ class Watch:
             c = cpu_s(p)
             if c is not None:
                 self.proc_cpu[p] = max(c, self.proc_cpu.get(p, 0.0))
-        rows = await self.monitor.fetchval("SELECT count(*) FROM messages") \
-            if await self._has_messages() else 0
+        rows = (
+            await self.monitor.fetchval("SELECT count(*) FROM messages")
+            if await self._has_messages()
+            else 0
+        )
         if self.server_local:
             backends = await self.monitor.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> $2",
-                self.dbname, self.monitor_pid)
+                self.dbname,
+                self.monitor_pid,
+            )
             for r in backends:
                 c = cpu_s(r["pid"])
                 if c is not None:
                     self.backend_cpu[r["pid"]] = max(c, self.backend_cpu.get(r["pid"], 0.0))
-        s = Sample(time.monotonic() - self.started, int(rows), rss[0] if rss else 0, sum(rss),
-                   len(pids))
+        s = Sample(
+            time.monotonic() - self.started, int(rows), rss[0] if rss else 0, sum(rss), len(pids)
+        )
         self.samples.append(s)
         return s
 
@@ -505,8 +571,9 @@ class Watch:
 
     async def _has_messages(self) -> bool:
         if not self._schema_seen:
-            self._schema_seen = bool(await self.monitor.fetchval(
-                "SELECT to_regclass('public.messages') IS NOT NULL"))
+            self._schema_seen = bool(
+                await self.monitor.fetchval("SELECT to_regclass('public.messages') IS NOT NULL")
+            )
         return self._schema_seen
 
     monitor_cpu0: float | None = None
@@ -601,12 +668,14 @@ def _env(pairs: list[str]) -> dict[str, str]:
 
 
 def _progress(s: Sample, extra: str = "") -> None:
-    print(f"    t={s.t:7.1f}s rows={s.rows:>8,} rss={s.rss_tree_kb / 1024:6.1f} MB{extra}",
-          flush=True)
+    print(
+        f"    t={s.t:7.1f}s rows={s.rows:>8,} rss={s.rss_tree_kb / 1024:6.1f} MB{extra}", flush=True
+    )
 
 
-async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool: Path,
-                     tag: str) -> Result:
+async def run_daemon(
+    args: argparse.Namespace, server: Server, work: Path, spool: Path, tag: str
+) -> Result:
     res = Result("daemon", args.messages)
     run_dir = work / f"daemon_{tag}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -621,10 +690,22 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
         with log_path.open("wb") as log:
             started = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, *shlex.split(args.daemon_python_args), "-m", "inboxd.daemon.cli",
-                "run", "--config", str(config), "--dsn", dsn, "--log-level", "info",
-                stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
-                env=_env(args.daemon_env))
+                sys.executable,
+                *shlex.split(args.daemon_python_args),
+                "-m",
+                "inboxd.daemon.cli",
+                "run",
+                "--config",
+                str(config),
+                "--dsn",
+                dsn,
+                "--log-level",
+                "info",
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=_env(args.daemon_env),
+            )
             res.extra["pid"] = proc.pid
             print(f"  daemon pid {proc.pid}, database {dbname}, log {log_path}", flush=True)
             watch = Watch(proc, dbname, monitor, started, server.local)
@@ -638,14 +719,16 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
                     with log_path.open("rb") as fh:
                         fh.seek(log_pos)
                         chunk = fh.read()
-                    chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only
+                    chunk = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only
                     log_pos += len(chunk)
                     if res.ready_s is None and b'"daemon_ready"' in chunk:
                         res.ready_s = s.t
                     fatal = [e.decode() for e in FATAL_EVENTS if b'"' + e + b'"' in chunk]
                     if fatal:  # a crashed sync backs off for 30 s or more: not a throughput
-                        res.problems.append(f"{', '.join(fatal)} in the daemon log (see "
-                                            f"{log_path}); stopped waiting")
+                        res.problems.append(
+                            f"{', '.join(fatal)} in the daemon log (see "
+                            f"{log_path}); stopped waiting"
+                        )
                         break
                     if proc.returncode is not None:
                         res.problems.append(f"daemon exited early with {proc.returncode}")
@@ -680,7 +763,8 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
                 res.samples = watch.samples
                 if args.before_stop and proc.returncode is None:
                     hook = await asyncio.create_subprocess_exec(
-                        *shlex.split(args.before_stop.replace("{pid}", str(proc.pid))))
+                        *shlex.split(args.before_stop.replace("{pid}", str(proc.pid)))
+                    )
                     await hook.wait()
             finally:
                 if proc.returncode is None:
@@ -714,7 +798,8 @@ async def run_daemon(args: argparse.Namespace, server: Server, work: Path, spool
 async def _check_rows(conn: asyncpg.Connection, res: Result) -> None:
     res.rows, res.copies, res.dead = await conn.fetchrow(
         "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM message_copies), "
-        "(SELECT count(*) FROM dead_items)")
+        "(SELECT count(*) FROM dead_items)"
+    )
     if res.rows != res.n:
         res.problems.append(f"{res.rows} message rows, expected {res.n}")
     if res.copies != res.n:
@@ -723,8 +808,9 @@ async def _check_rows(conn: asyncpg.Connection, res: Result) -> None:
         res.problems.append(f"{res.dead} dead items")
 
 
-async def run_import(args: argparse.Namespace, server: Server, work: Path, eml_dir: Path,
-                     tag: str) -> Result:
+async def run_import(
+    args: argparse.Namespace, server: Server, work: Path, eml_dir: Path, tag: str
+) -> Result:
     res = Result("import", args.messages)
     run_dir = work / f"import_{tag}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -738,10 +824,27 @@ async def run_import(args: argparse.Namespace, server: Server, work: Path, eml_d
         with log_path.open("wb") as log, out_path.open("wb") as out:
             started = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inboxd.daemon.cli", "import", "--config", str(config),
-                "--dsn", dsn, "--json", "--log-level", "info", "--tenant", TENANT,
-                "--mailbox", MAILBOX, *shlex.split(args.import_args), str(eml_dir),
-                stdout=out, stderr=log, stdin=subprocess.DEVNULL)
+                sys.executable,
+                "-m",
+                "inboxd.daemon.cli",
+                "import",
+                "--config",
+                str(config),
+                "--dsn",
+                dsn,
+                "--json",
+                "--log-level",
+                "info",
+                "--tenant",
+                TENANT,
+                "--mailbox",
+                MAILBOX,
+                *shlex.split(args.import_args),
+                str(eml_dir),
+                stdout=out,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
             print(f"  import pid {proc.pid}, database {dbname}, log {log_path}", flush=True)
             watch = Watch(proc, dbname, monitor, started, server.local)
             tick = started
@@ -794,25 +897,34 @@ def fmt_mb(kb: float) -> str:
 
 def describe(res: Result) -> list[str]:
     server = f"{res.server_cpu_s:8.1f}s" if res.server_cpu_s is not None else "     n/a"
-    lines = [f"  {res.label:<8} {res.n:>8,} {res.wall_s:>9.1f} {res.rate:>8,.0f}  "
-             f"{res.client_cpu_s:>8.1f}s {server}  {res.peak_tree_mb:>8.1f} "
-             f"{res.peak_main_mb:>8.1f}"]
+    lines = [
+        f"  {res.label:<8} {res.n:>8,} {res.wall_s:>9.1f} {res.rate:>8,.0f}  "
+        f"{res.client_cpu_s:>8.1f}s {server}  {res.peak_tree_mb:>8.1f} "
+        f"{res.peak_main_mb:>8.1f}"
+    ]
     curve = []
     for p in PROGRESS_POINTS:
         s = res.rss_at(p)
-        curve.append(f"{int(p * 100)} %: {fmt_mb(s.rss_tree_kb)} MB at {s.t:.0f} s"
-                     if s else f"{int(p * 100)} %: –")
+        curve.append(
+            f"{int(p * 100)} %: {fmt_mb(s.rss_tree_kb)} MB at {s.t:.0f} s"
+            if s
+            else f"{int(p * 100)} %: –"
+        )
     lines.append(f"           RSS (process tree) at {', '.join(curve)}")
     details = []
     if res.ready_s is not None:
         at_ready = next((x for x in res.samples if x.t >= res.ready_s), None)
         if at_ready is not None:
             details.append(f"RSS at ready {fmt_mb(at_ready.rss_tree_kb)} MB")
-        details.append(f"ready after {res.ready_s:.1f} s, "
-                       f"{res.n / (res.wall_s - res.ready_s):,.0f} msg/s from ready")
+        details.append(
+            f"ready after {res.ready_s:.1f} s, "
+            f"{res.n / (res.wall_s - res.ready_s):,.0f} msg/s from ready"
+        )
     if res.command_elapsed_s is not None:
-        details.append(f"import's own elapsed_s {res.command_elapsed_s:.1f} "
-                       f"({res.n / res.command_elapsed_s:,.0f} msg/s)")
+        details.append(
+            f"import's own elapsed_s {res.command_elapsed_s:.1f} "
+            f"({res.n / res.command_elapsed_s:,.0f} msg/s)"
+        )
     if "rss_idle_kb" in res.extra:
         details.append(f"idle after the backlog {fmt_mb(res.extra['rss_idle_kb'])} MB")
     if res.stop_s is not None:
@@ -821,8 +933,9 @@ def describe(res: Result) -> list[str]:
         details.append(f"{res.files_in_cur:,} files in cur/")
     details.append(f"rows {res.rows:,}, copies {res.copies:,}, dead {res.dead}")
     if res.extra.get("monitor_cpu_s") is not None:
-        details.append(f"polling cost the server {res.extra['monitor_cpu_s']:.1f} s CPU "
-                       "(not in 'server CPU')")
+        details.append(
+            f"polling cost the server {res.extra['monitor_cpu_s']:.1f} s CPU (not in 'server CPU')"
+        )
     if res.outcomes:
         counted = ", ".join(f"{k}: {v}" for k, v in res.outcomes.items() if v)
         details.append(f"outcomes {{{counted}}}")
@@ -840,8 +953,9 @@ def curve_table(res: Result, steps: int = 10) -> list[str]:
         if s is None:
             continue
         label = f"{i * 100 // steps:>4} %" if i else " 1st"
-        out.append(f"{label} {s.t:7.1f}s {fmt_mb(s.rss_tree_kb):>7} MB "
-                   f"(main {fmt_mb(s.rss_main_kb):>6})")
+        out.append(
+            f"{label} {s.t:7.1f}s {fmt_mb(s.rss_tree_kb):>7} MB (main {fmt_mb(s.rss_main_kb):>6})"
+        )
     return out
 
 
@@ -852,11 +966,29 @@ def code_version() -> str:
     """The commit the measured code is at (other work lands while benchmarks run)."""
     repo = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--", "daemon", "adapters",
-             "pipeline", "schema.sql"], capture_output=True, text=True, check=True).stdout
+            [
+                "git",
+                "-C",
+                str(repo),
+                "status",
+                "--porcelain",
+                "--",
+                "daemon",
+                "adapters",
+                "pipeline",
+                "schema.sql",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown commit"
     return head + (" + uncommitted changes" if dirty.strip() else "")
@@ -868,8 +1000,11 @@ async def main(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     server = Server(args.dsn, args.keep)
     spool = work / "spool"
-    print(f"inboxd at {code_version()}; work directory {work}; {os.cpu_count()} CPUs; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"inboxd at {code_version()}; work directory {work}; {os.cpu_count()} CPUs; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     results: list[Result] = []
     try:
         t0 = time.monotonic()
@@ -884,12 +1019,14 @@ async def main(args: argparse.Namespace) -> int:
             kinds: dict[str, int] = {}
             for _, k in meta:
                 kinds[k] = kinds.get(k, 0) + 1
-            print(f"generated {len(sizes):,} messages into {spool}/new in "
-                  f"{time.monotonic() - t0:.1f} s (not timed): {sum(sizes) / 1e6:,.1f} MB, "
-                  f"size min {min(sizes):,} / median {statistics.median(sizes):,.0f} / mean "
-                  f"{statistics.fmean(sizes):,.0f} / max {max(sizes):,} bytes; "
-                  + ", ".join(f"{k} {v * 100 / len(meta):.0f} %" for k, v in kinds.items()),
-                  flush=True)
+            print(
+                f"generated {len(sizes):,} messages into {spool}/new in "
+                f"{time.monotonic() - t0:.1f} s (not timed): {sum(sizes) / 1e6:,.1f} MB, "
+                f"size min {min(sizes):,} / median {statistics.median(sizes):,.0f} / mean "
+                f"{statistics.fmean(sizes):,.0f} / max {max(sizes):,} bytes; "
+                + ", ".join(f"{k} {v * 100 / len(meta):.0f} %" for k, v in kinds.items()),
+                flush=True,
+            )
         eml_dir = work / "eml"
         if "import" in only and not (reuse and eml_dir.is_dir()):
             shutil.rmtree(eml_dir, ignore_errors=True)
@@ -920,11 +1057,15 @@ async def main(args: argparse.Namespace) -> int:
 
     print()
     print(f"inboxd at {code_version()} (at the end of the run)")
-    print(f"Maildir backfill of {args.messages:,} messages, [workers] batch_size "
-          f"{args.batch_size}; every run on a fresh database; RSS sampled every "
-          f"{args.interval:g} s (process tree = command + its child processes)")
-    print(f"  {'':<8} {'msgs':>8} {'wall s':>9} {'msg/s':>8}  {'client CPU':>9} "
-          f"{'server CPU':>9}  {'peak RSS':>8} {'main RSS':>8}   (MB)")
+    print(
+        f"Maildir backfill of {args.messages:,} messages, [workers] batch_size "
+        f"{args.batch_size}; every run on a fresh database; RSS sampled every "
+        f"{args.interval:g} s (process tree = command + its child processes)"
+    )
+    print(
+        f"  {'':<8} {'msgs':>8} {'wall s':>9} {'msg/s':>8}  {'client CPU':>9} "
+        f"{'server CPU':>9}  {'peak RSS':>8} {'main RSS':>8}   (MB)"
+    )
     for res in results:
         for line in describe(res):
             print(line)
@@ -948,12 +1089,16 @@ async def main(args: argparse.Namespace) -> int:
         growth = max(flat) if flat else float("nan")
         rounds = f" (median of {len(daemons)} and {len(imports)})" if args.rounds > 1 else ""
         print()
-        print(f"  daemon {d:,.0f} msg/s, import {i:,.0f} msg/s{rounds}: ratio daemon/import = "
-              f"{ratio:.2f} (target ≥ {TARGET_RATIO:g}: "
-              f"{'ok' if ratio >= TARGET_RATIO else 'MISSED'})")
-        print(f"  daemon peak RSS {peak:,.1f} MB (target < {TARGET_RSS_MB:g} MB: "
-              f"{'ok' if peak < TARGET_RSS_MB else 'MISSED'}); growth 10 % → 90 % of the "
-              f"backlog {growth:+.1f} MB ({'flat' if abs(growth) < 10 else 'NOT flat'})")
+        print(
+            f"  daemon {d:,.0f} msg/s, import {i:,.0f} msg/s{rounds}: ratio daemon/import = "
+            f"{ratio:.2f} (target ≥ {TARGET_RATIO:g}: "
+            f"{'ok' if ratio >= TARGET_RATIO else 'MISSED'})"
+        )
+        print(
+            f"  daemon peak RSS {peak:,.1f} MB (target < {TARGET_RSS_MB:g} MB: "
+            f"{'ok' if peak < TARGET_RSS_MB else 'MISSED'}); growth 10 % → 90 % of the "
+            f"backlog {growth:+.1f} MB ({'flat' if abs(growth) < 10 else 'NOT flat'})"
+        )
     return 1 if failed else 0
 
 
@@ -962,32 +1107,52 @@ def cli() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="admin DSN (creates bench_* databases)")
     parser.add_argument("--batch-size", type=int, default=500, help="[workers] batch_size")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat daemon and import, alternating their order")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat daemon and import, alternating their order"
+    )
     parser.add_argument("--only", default="daemon,import")
     parser.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
-    parser.add_argument("--idle-s", type=float, default=2.0,
-                        help="keep sampling the daemon this long after the backlog")
-    parser.add_argument("--print-every", type=float, default=15.0,
-                        help="progress line every this many seconds")
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=2.0,
+        help="keep sampling the daemon this long after the backlog",
+    )
+    parser.add_argument(
+        "--print-every", type=float, default=15.0, help="progress line every this many seconds"
+    )
     parser.add_argument("--gen-workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=20240501)
-    parser.add_argument("--workdir",
-                        help="work directory (default: a new one under $TMPDIR, removed at the "
-                             "end); when given, the generated messages are kept there and "
-                             "reused by the next run with the same --messages and --seed")
-    parser.add_argument("--before-stop", default="",
-                        help="command run before the daemon's SIGTERM ({pid} = its pid), "
-                             "e.g. 'py-spy dump --pid {pid}'")
-    parser.add_argument("--daemon-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra environment of the daemon (repeatable), e.g. "
-                             "MALLOC_ARENA_MAX=2")
-    parser.add_argument("--daemon-python-args", default="",
-                        help="interpreter options of the daemon, e.g. '-X importtime'")
-    parser.add_argument("--import-args", default="",
-                        help="extra options of inboxd import, e.g. '--parse-in thread'")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the databases and the work directory")
+    parser.add_argument(
+        "--workdir",
+        help="work directory (default: a new one under $TMPDIR, removed at the "
+        "end); when given, the generated messages are kept there and "
+        "reused by the next run with the same --messages and --seed",
+    )
+    parser.add_argument(
+        "--before-stop",
+        default="",
+        help="command run before the daemon's SIGTERM ({pid} = its pid), "
+        "e.g. 'py-spy dump --pid {pid}'",
+    )
+    parser.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment of the daemon (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
+    parser.add_argument(
+        "--daemon-python-args",
+        default="",
+        help="interpreter options of the daemon, e.g. '-X importtime'",
+    )
+    parser.add_argument(
+        "--import-args", default="", help="extra options of inboxd import, e.g. '--parse-in thread'"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the databases and the work directory"
+    )
     args = parser.parse_args()
     return asyncio.run(main(args))
 

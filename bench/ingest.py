@@ -126,9 +126,9 @@ def _people(rng: random.Random, n: int) -> list[Address]:
 def _html_of(paras: list[str]) -> str:
     body = "".join(f"<p>{p}</p>\n" for p in paras)
     return (
-        "<html><head><meta charset=\"utf-8\"><style>p{margin:0 0 1em}</style></head>"
-        "<body><div style=\"font-family:Arial,sans-serif;font-size:14px\">\n"
-        f"{body}<p>--<br><a href=\"https://acme-widgets.example/help\">Help centre</a></p>"
+        '<html><head><meta charset="utf-8"><style>p{margin:0 0 1em}</style></head>'
+        '<body><div style="font-family:Arial,sans-serif;font-size:14px">\n'
+        f'{body}<p>--<br><a href="https://acme-widgets.example/help">Help centre</a></p>'
         "</div></body></html>"
     )
 
@@ -172,23 +172,40 @@ def gen_messages(n: int, seed: int) -> list[MessageData]:
             subject_norm = normalise_subject(subj)
             recipients = [a.email for a in (*to, *cc)]
             fp = content_fingerprint(
-                sender=sender.email, sender_name=f"{sender.email} {sender.name}",
-                subject_norm=subject_norm, sent_at=sent, text=text,
-                html_text=html_to_text(html), recipients=recipients)
-            out.append(MessageData(
-                tenant_id=TENANT, mailbox_id=MAILBOX,
-                external_id=f"{rng.getrandbits(60):015x}{serial:05x}",
-                external_thread_id=thread_ext,
-                internet_message_id=mid_raw, message_id_norm=mid_norm,
-                in_reply_to=refs[-1] if refs else None, references=list(refs),
-                from_=sender, to=to, cc=cc, subject=subj, subject_norm=subject_norm,
-                sent_at=sent, received_at=sent + timedelta(seconds=rng.uniform(1, 90)),
-                text=text, html=html,
-                labels=["INBOX", "UNREAD"] if inbound and rng.random() < 0.5
-                else (["INBOX"] if inbound else ["SENT"]),
-                content_fingerprint=fp,
-                direction="inbound" if inbound else "outbound",
-            ))
+                sender=sender.email,
+                sender_name=f"{sender.email} {sender.name}",
+                subject_norm=subject_norm,
+                sent_at=sent,
+                text=text,
+                html_text=html_to_text(html),
+                recipients=recipients,
+            )
+            out.append(
+                MessageData(
+                    tenant_id=TENANT,
+                    mailbox_id=MAILBOX,
+                    external_id=f"{rng.getrandbits(60):015x}{serial:05x}",
+                    external_thread_id=thread_ext,
+                    internet_message_id=mid_raw,
+                    message_id_norm=mid_norm,
+                    in_reply_to=refs[-1] if refs else None,
+                    references=list(refs),
+                    from_=sender,
+                    to=to,
+                    cc=cc,
+                    subject=subj,
+                    subject_norm=subject_norm,
+                    sent_at=sent,
+                    received_at=sent + timedelta(seconds=rng.uniform(1, 90)),
+                    text=text,
+                    html=html,
+                    labels=["INBOX", "UNREAD"]
+                    if inbound and rng.random() < 0.5
+                    else (["INBOX"] if inbound else ["SENT"]),
+                    content_fingerprint=fp,
+                    direction="inbound" if inbound else "outbound",
+                )
+            )
             refs.append(mid_norm)  # type: ignore[arg-type]
             previous_text = text
             sent += timedelta(seconds=rng.uniform(120, 2 * 86400))
@@ -208,28 +225,75 @@ class CopyBatch:
     events: list[tuple] = field(default_factory=list)
 
     def rows(self) -> int:
-        return (len(self.threads) + len(self.messages) + len(self.participants)
-                + len(self.copies) + len(self.events))
+        return (
+            len(self.threads)
+            + len(self.messages)
+            + len(self.participants)
+            + len(self.copies)
+            + len(self.events)
+        )
 
 
-THREAD_COLS = ("tenant_id", "thread_id", "mailbox_id", "external_thread_id", "subject",
-               "message_count", "participant_count", "first_message_at", "last_message_at",
-               "latest_message_id")
-MESSAGE_COLS = ("tenant_id", "message_id", "mailbox_id", "thread_id", "external_id",
-                "direction", "internet_message_id", "message_id_norm", "in_reply_to",
-                "references", "subject", "subject_norm", "from_address", "from_name",
-                "sent_at", "received_at", "text_body", "html_body", "html_key",
-                "has_attachments", "content_fingerprint", "raw_sha256", "raw_key",
-                "conflict_of")
+THREAD_COLS = (
+    "tenant_id",
+    "thread_id",
+    "mailbox_id",
+    "external_thread_id",
+    "subject",
+    "message_count",
+    "participant_count",
+    "first_message_at",
+    "last_message_at",
+    "latest_message_id",
+)
+MESSAGE_COLS = (
+    "tenant_id",
+    "message_id",
+    "mailbox_id",
+    "thread_id",
+    "external_id",
+    "direction",
+    "internet_message_id",
+    "message_id_norm",
+    "in_reply_to",
+    "references",
+    "subject",
+    "subject_norm",
+    "from_address",
+    "from_name",
+    "sent_at",
+    "received_at",
+    "text_body",
+    "html_body",
+    "html_key",
+    "has_attachments",
+    "content_fingerprint",
+    "raw_sha256",
+    "raw_key",
+    "conflict_of",
+)
 PARTICIPANT_COLS = ("tenant_id", "message_id", "role", "position", "address", "display_name")
-COPY_COLS = ("tenant_id", "mailbox_id", "external_id", "message_id", "labels", "raw_sha256",
-             "raw_key", "received_at")
+COPY_COLS = (
+    "tenant_id",
+    "mailbox_id",
+    "external_id",
+    "message_id",
+    "labels",
+    "raw_sha256",
+    "raw_key",
+    "received_at",
+)
 EVENT_COLS = ("tenant_id", "kind", "mailbox_id", "thread_id", "message_id", "payload")
 
 
 def _roles(m: MessageData) -> list[tuple[str, list[Address]]]:
-    return [("from", [m.from_] if m.from_ else []), ("to", m.to), ("cc", m.cc),
-            ("bcc", m.bcc), ("reply_to", m.reply_to)]
+    return [
+        ("from", [m.from_] if m.from_ else []),
+        ("to", m.to),
+        ("cc", m.cc),
+        ("bcc", m.bcc),
+        ("reply_to", m.reply_to),
+    ]
 
 
 def copy_rows(batches: list[list[MessageData]]) -> list[CopyBatch]:
@@ -256,25 +320,67 @@ def copy_rows(batches: list[list[MessageData]]) -> list[CopyBatch]:
             msgs = members[tid]
             by_time = sorted(msgs, key=lambda x: (x[1].sent_at or x[1].received_at, x[0]))
             people = {p.email for _, m in msgs for _, ps in _roles(m) for p in ps if p.email}
-            cb.threads.append((TENANT, tid, MAILBOX, key, by_time[0][1].subject, len(msgs),
-                               len(people), by_time[0][1].sent_at, by_time[-1][1].sent_at,
-                               max(msgs, key=lambda x: (x[1].sent_at, x[0]))[0]))
+            cb.threads.append(
+                (
+                    TENANT,
+                    tid,
+                    MAILBOX,
+                    key,
+                    by_time[0][1].subject,
+                    len(msgs),
+                    len(people),
+                    by_time[0][1].sent_at,
+                    by_time[-1][1].sent_at,
+                    max(msgs, key=lambda x: (x[1].sent_at, x[0]))[0],
+                )
+            )
             cb.events.append((TENANT, "thread.created", MAILBOX, tid, None, "{}"))
         for mid, m in assigned:
             tid = thread_ids[m.thread_key]
-            cb.messages.append((
-                TENANT, mid, MAILBOX, tid, m.external_id, m.direction, m.internet_message_id,
-                m.message_id_norm, m.in_reply_to, m.references, m.subject, m.subject_norm,
-                m.from_.email if m.from_ else "", m.from_.name if m.from_ else "",
-                m.sent_at, m.received_at, m.text, m.html, None, bool(m.attachments),
-                m.content_fingerprint, m.raw_sha256, None, None))
+            cb.messages.append(
+                (
+                    TENANT,
+                    mid,
+                    MAILBOX,
+                    tid,
+                    m.external_id,
+                    m.direction,
+                    m.internet_message_id,
+                    m.message_id_norm,
+                    m.in_reply_to,
+                    m.references,
+                    m.subject,
+                    m.subject_norm,
+                    m.from_.email if m.from_ else "",
+                    m.from_.name if m.from_ else "",
+                    m.sent_at,
+                    m.received_at,
+                    m.text,
+                    m.html,
+                    None,
+                    bool(m.attachments),
+                    m.content_fingerprint,
+                    m.raw_sha256,
+                    None,
+                    None,
+                )
+            )
             for role, people in _roles(m):
                 for pos, p in enumerate(people):
                     cb.participants.append((TENANT, mid, role, pos, p.email, p.name))
-            cb.copies.append((TENANT, MAILBOX, m.external_id, mid, m.labels, m.raw_sha256,
-                              None, m.received_at))
-            cb.events.append((TENANT, "message.created", MAILBOX, tid, mid,
-                              orjson.dumps({"external_id": m.external_id}).decode()))
+            cb.copies.append(
+                (TENANT, MAILBOX, m.external_id, mid, m.labels, m.raw_sha256, None, m.received_at)
+            )
+            cb.events.append(
+                (
+                    TENANT,
+                    "message.created",
+                    MAILBOX,
+                    tid,
+                    mid,
+                    orjson.dumps({"external_id": m.external_id}).decode(),
+                )
+            )
         out.append(cb)
     return out
 
@@ -286,17 +392,17 @@ async def run_copy(dsn: str, prepared: list[CopyBatch], analyze: bool) -> Clock:
         clock.start()
         for i, cb in enumerate(prepared):
             async with conn.transaction():
-                await conn.copy_records_to_table("threads", records=cb.threads,
-                                                 columns=THREAD_COLS)
-                await conn.copy_records_to_table("messages", records=cb.messages,
-                                                 columns=MESSAGE_COLS)
-                await conn.copy_records_to_table("message_participants",
-                                                 records=cb.participants,
-                                                 columns=PARTICIPANT_COLS)
-                await conn.copy_records_to_table("message_copies", records=cb.copies,
-                                                 columns=COPY_COLS)
-                await conn.copy_records_to_table("events", records=cb.events,
-                                                 columns=EVENT_COLS)
+                await conn.copy_records_to_table("threads", records=cb.threads, columns=THREAD_COLS)
+                await conn.copy_records_to_table(
+                    "messages", records=cb.messages, columns=MESSAGE_COLS
+                )
+                await conn.copy_records_to_table(
+                    "message_participants", records=cb.participants, columns=PARTICIPANT_COLS
+                )
+                await conn.copy_records_to_table(
+                    "message_copies", records=cb.copies, columns=COPY_COLS
+                )
+                await conn.copy_records_to_table("events", records=cb.events, columns=EVENT_COLS)
             if i == 0 and analyze:
                 await clock.paused(analyze_db(dsn))
         clock.stop()
@@ -317,8 +423,13 @@ async def open_pool(dsn: str) -> tuple[asyncpg.Pool, list[int]]:
 
 
 async def run_cascade(
-    pool: asyncpg.Pool, pids: list[int], batches: Sequence[Sequence[MessageData | DeadItem]],
-    store_dir: str, *, mailbox: str = MAILBOX, analyze_dsn: str | None = None,
+    pool: asyncpg.Pool,
+    pids: list[int],
+    batches: Sequence[Sequence[MessageData | DeadItem]],
+    store_dir: str,
+    *,
+    mailbox: str = MAILBOX,
+    analyze_dsn: str | None = None,
 ) -> tuple[Clock, Counter[str]]:
     """Sequential IngestStage.ingest calls, one per batch, as one mailbox's consumer does."""
     stage = IngestStage(pool, LocalDirectoryStore(store_dir))
@@ -380,26 +491,65 @@ async def auxx_one(conn: asyncpg.Connection, m: MessageData) -> str:
             return "duplicate"
         agree = [r[0] for r in hits if r[1] == m.content_fingerprint]
         if agree:  # merged: one more copy row (does not happen with these messages)
-            await conn.execute(_D_COPY, TENANT, MAILBOX, m.external_id, agree[0], m.labels,
-                               m.raw_sha256, m.received_at)
+            await conn.execute(
+                _D_COPY,
+                TENANT,
+                MAILBOX,
+                m.external_id,
+                agree[0],
+                m.labels,
+                m.raw_sha256,
+                m.received_at,
+            )
             return "merged"
         tid, created = await conn.fetchrow(_D_THREAD, TENANT, MAILBOX, m.thread_key, m.subject)
         sender = m.from_ or Address("")
         mid = await conn.fetchval(
-            _D_MESSAGE, TENANT, MAILBOX, tid, m.external_id, m.direction,
-            m.internet_message_id, m.message_id_norm, m.in_reply_to, m.references, m.subject,
-            m.subject_norm, sender.email, sender.name, m.sent_at, m.received_at, m.text, m.html,
-            bool(m.attachments), m.content_fingerprint, m.raw_sha256)
-        await conn.executemany(_D_PARTICIPANT, [
-            (TENANT, mid, role, pos, p.email, p.name)
-            for role, people in _roles(m) for pos, p in enumerate(people)])
-        await conn.execute(_D_COPY, TENANT, MAILBOX, m.external_id, mid, m.labels,
-                           m.raw_sha256, m.received_at)
+            _D_MESSAGE,
+            TENANT,
+            MAILBOX,
+            tid,
+            m.external_id,
+            m.direction,
+            m.internet_message_id,
+            m.message_id_norm,
+            m.in_reply_to,
+            m.references,
+            m.subject,
+            m.subject_norm,
+            sender.email,
+            sender.name,
+            m.sent_at,
+            m.received_at,
+            m.text,
+            m.html,
+            bool(m.attachments),
+            m.content_fingerprint,
+            m.raw_sha256,
+        )
+        await conn.executemany(
+            _D_PARTICIPANT,
+            [
+                (TENANT, mid, role, pos, p.email, p.name)
+                for role, people in _roles(m)
+                for pos, p in enumerate(people)
+            ],
+        )
+        await conn.execute(
+            _D_COPY, TENANT, MAILBOX, m.external_id, mid, m.labels, m.raw_sha256, m.received_at
+        )
         await conn.execute(_D_THREAD_META, TENANT, tid, m.sent_at, mid)
         if created:
             await conn.execute(_D_EVENT, TENANT, "thread.created", MAILBOX, tid, None, "{}")
-        await conn.execute(_D_EVENT, TENANT, "message.created", MAILBOX, tid, mid,
-                           orjson.dumps({"external_id": m.external_id}).decode())
+        await conn.execute(
+            _D_EVENT,
+            TENANT,
+            "message.created",
+            MAILBOX,
+            tid,
+            mid,
+            orjson.dumps({"external_id": m.external_id}).decode(),
+        )
         return "conflict" if hits else "new"
 
 
@@ -425,20 +575,37 @@ async def run_auxx(
 
 _LEGACY = {
     # charset: (text with characters only that charset has, body encoding)
-    "iso-8859-1": ("Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
-                   "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?", QP),
-    "windows-1252": ("Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
-                     "dash — bullet • trademark ™ per‰.", QP),
-    "iso-2022-jp": ("お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
-                    "請求書を添付しましたのでご確認ください。", None),
-    "koi8-r": ("Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
-               "пожалуйста, проверьте реквизиты и подтвердите оплату.", BASE64),
+    "iso-8859-1": (
+        "Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
+        "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?",
+        QP,
+    ),
+    "windows-1252": (
+        "Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
+        "dash — bullet • trademark ™ per‰.",
+        QP,
+    ),
+    "iso-2022-jp": (
+        "お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
+        "請求書を添付しましたのでご確認ください。",
+        None,
+    ),
+    "koi8-r": (
+        "Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
+        "пожалуйста, проверьте реквизиты и подтвердите оплату.",
+        BASE64,
+    ),
 }
 
 
 # display-name additions in each header charset (RFC 2047 encoded words)
-_NAME_SUFFIX = {"utf-8": "", "iso-8859-1": "Müller", "windows-1252": "Šárka",
-                "iso-2022-jp": "山田", "koi8-r": "Иванов"}
+_NAME_SUFFIX = {
+    "utf-8": "",
+    "iso-8859-1": "Müller",
+    "windows-1252": "Šárka",
+    "iso-2022-jp": "山田",
+    "koi8-r": "Иванов",
+}
 
 
 def _charset(name: str, body_encoding: int | None) -> Charset:
@@ -463,8 +630,9 @@ def gen_raw(n: int, seed: int) -> list[bytes]:
         for j in range(size):
             serial += 1
             sender, rcpt = (customer, OWNER) if j % 2 == 0 else (OWNER, customer)
-            kind = rng.choices(("plain", "alternative", "attachment", "legacy"),
-                               weights=(30, 30, 10, 30))[0]
+            kind = rng.choices(
+                ("plain", "alternative", "attachment", "legacy"), weights=(30, 30, 10, 30)
+            )[0]
             paras = _paragraphs(rng, rng.randint(900, 2500))
             text = "\n\n".join(paras) + f"\n\nBest regards,\n{sender.name}\n"
             header_cs = "utf-8"
@@ -486,24 +654,26 @@ def gen_raw(n: int, seed: int) -> list[bytes]:
                 else:
                     alt = MIMEMultipart("alternative")
                     alt.attach(plain)
-                    alt.attach(MIMEText(_html_of(paras), "html",
-                                        _charset("utf-8", QP)))  # type: ignore[arg-type]
+                    alt.attach(MIMEText(_html_of(paras), "html", _charset("utf-8", QP)))  # type: ignore[arg-type]
                     msg = alt
                     if kind == "attachment":
                         mixed = MIMEMultipart("mixed")
                         mixed.attach(alt)
                         data = rng.randbytes(rng.randint(2_000, 30_000))
                         att = MIMEApplication(data, "pdf")
-                        att.add_header("Content-Disposition", "attachment",
-                                       filename=f"invoice-{serial}.pdf")
+                        att.add_header(
+                            "Content-Disposition", "attachment", filename=f"invoice-{serial}.pdf"
+                        )
                         mixed.attach(att)
                         msg = mixed
                 subj = subject
             if j:
                 subj = "Re: " + subj
             msg["Subject"] = Header(subj, header_cs) if not subj.isascii() else subj
-            msg["From"] = formataddr((f"{sender.name} {_NAME_SUFFIX[header_cs]}".strip(),
-                                      sender.email), charset=header_cs)
+            msg["From"] = formataddr(
+                (f"{sender.name} {_NAME_SUFFIX[header_cs]}".strip(), sender.email),
+                charset=header_cs,
+            )
             msg["To"] = formataddr((rcpt.name, rcpt.email))
             if rng.random() < 0.4:
                 msg["Cc"] = formataddr((other.name, other.email))
@@ -548,20 +718,26 @@ def _noop(x: int) -> int:
 
 
 async def run_e2e(
-    dsn: str, raws: list[bytes], chunk: int, store_dir: str, mode: str, *,
-    executor: ProcessPoolExecutor | None = None, depth: int = 2, analyze: bool = True,
+    dsn: str,
+    raws: list[bytes],
+    chunk: int,
+    store_dir: str,
+    mode: str,
+    *,
+    executor: ProcessPoolExecutor | None = None,
+    depth: int = 2,
+    analyze: bool = True,
 ) -> tuple[Clock, Counter[str]]:
     """parse_raw + ingest; parsing runs `depth` chunks ahead of the database work
     (except `inline`), in order, as `inboxd import` does."""
-    chunks = [raws[i:i + chunk] for i in range(0, len(raws), chunk)]
+    chunks = [raws[i : i + chunk] for i in range(0, len(raws), chunk)]
     loop = asyncio.get_running_loop()
 
     def submit(ch: list[bytes]) -> Awaitable[list]:
         if mode == "thread":
             return asyncio.ensure_future(anyio.to_thread.run_sync(parse_chunk, ch))
         if mode == "anyio-process":
-            return asyncio.ensure_future(
-                anyio.to_process.run_sync(_parse_chunk_stripped, ch))
+            return asyncio.ensure_future(anyio.to_process.run_sync(_parse_chunk_stripped, ch))
         assert executor is not None
         return loop.run_in_executor(executor, _parse_chunk_stripped, ch)
 
@@ -739,8 +915,9 @@ class DelayProxy:
     async def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._process = ctx.Process(target=_relay_main, daemon=True,
-                                    args=(self.host, self.port, self.half, child))
+        self._process = ctx.Process(
+            target=_relay_main, daemon=True, args=(self.host, self.port, self.half, child)
+        )
         self._process.start()
         self.listen_port = await anyio.to_thread.run_sync(parent.recv)
 
@@ -763,8 +940,9 @@ class Server:
     async def start(self) -> None:
         if self.rtt_ms > 0:
             parts = urlsplit(self.dsn)
-            self.proxy = DelayProxy(parts.hostname or "127.0.0.1", parts.port or 5432,
-                                    self.rtt_ms / 1000)
+            self.proxy = DelayProxy(
+                parts.hostname or "127.0.0.1", parts.port or 5432, self.rtt_ms / 1000
+            )
             await self.proxy.start()
 
     def dsn_of(self, name: str, *, direct: bool = False) -> str:
@@ -772,12 +950,16 @@ class Server:
         parts = urlsplit(self.dsn)._replace(path="/" + name)
         if self.proxy is not None and not direct:
             user = parts.netloc.rpartition("@")[0]
-            parts = parts._replace(netloc=f"{user + '@' if user else ''}127.0.0.1:"
-                                          f"{self.proxy.listen_port}")
+            parts = parts._replace(
+                netloc=f"{user + '@' if user else ''}127.0.0.1:{self.proxy.listen_port}"
+            )
         return urlunsplit(parts)
 
-    async def fresh(self, tag: str, mailboxes: Sequence[tuple[str, str]] = ((MAILBOX, "gmail"),),
-                    ) -> str:
+    async def fresh(
+        self,
+        tag: str,
+        mailboxes: Sequence[tuple[str, str]] = ((MAILBOX, "gmail"),),
+    ) -> str:
         name = f"bench_ingest_{os.getpid()}_{tag}"
         admin = await asyncpg.connect(self.dsn)
         try:
@@ -790,8 +972,7 @@ class Server:
         try:
             await apply_schema(conn)
             for mailbox, provider in mailboxes:
-                await ensure_mailbox(conn, TENANT, mailbox, provider=provider,
-                                     address=OWNER.email)
+                await ensure_mailbox(conn, TENANT, mailbox, provider=provider, address=OWNER.email)
         finally:
             await conn.close()
         await self.checkpoint()
@@ -823,14 +1004,18 @@ async def summary(dsn: str) -> tuple:
     """Row counts and thread metadata totals: equal when two paths wrote the same rows."""
     conn = await asyncpg.connect(dsn)
     try:
-        return tuple(await conn.fetchrow(
-            "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM threads), "
-            "(SELECT count(*) FROM message_participants), (SELECT count(*) FROM message_copies), "
-            "(SELECT count(*) FROM events), (SELECT sum(message_count) FROM threads), "
-            "(SELECT sum(participant_count) FROM threads), "
-            "(SELECT count(*) FROM threads t JOIN messages m ON m.tenant_id = t.tenant_id "
-            "   AND m.message_id = t.latest_message_id "
-            "   AND m.sent_at = t.last_message_at AND t.first_message_at <= t.last_message_at)"))
+        return tuple(
+            await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM threads), "
+                "(SELECT count(*) FROM message_participants), "
+                "(SELECT count(*) FROM message_copies), "
+                "(SELECT count(*) FROM events), (SELECT sum(message_count) FROM threads), "
+                "(SELECT sum(participant_count) FROM threads), "
+                "(SELECT count(*) FROM threads t JOIN messages m ON m.tenant_id = t.tenant_id "
+                "   AND m.message_id = t.latest_message_id "
+                "   AND m.sent_at = t.last_message_at AND t.first_message_at <= t.last_message_at)"
+            )
+        )
     finally:
         await conn.close()
 
@@ -850,15 +1035,16 @@ def verdict(value: float, target: float) -> str:
     return "ok" if value >= target else "MISSED"
 
 
-HEADER = (f"  {'':<50} {'msgs':>7} {'wall s':>8} {'msg/s':>9}  {'client CPU':>10} "
-          f"{'server CPU':>10}")
+HEADER = f"  {'':<50} {'msgs':>7} {'wall s':>8} {'msg/s':>9}  {'client CPU':>10} {'server CPU':>10}"
 
 
 def row(label: str, n: int, clock: Clock, extra: str = "") -> str:
     server = f"{clock.server:>9.2f}s" if clock.server is not None else f"{'n/a':>10}"
     client = f"{clock.client:>9.2f}s" if clock.pids or clock.client else f"{'':>10}"
-    return (f"  {label:<50} {n:>7,} {clock.wall:>8.3f} {fmt_rate(rate(n, clock.wall)):>9}  "
-            f"{client} {server}  {extra}").rstrip()
+    return (
+        f"  {label:<50} {n:>7,} {clock.wall:>8.3f} {fmt_rate(rate(n, clock.wall)):>9}  "
+        f"{client} {server}  {extra}"
+    ).rstrip()
 
 
 def ratio(name: str, value: float, target: float, fmt: str = ".2f") -> str:
@@ -877,26 +1063,42 @@ async def main(args: argparse.Namespace) -> int:
     try:
         admin = await asyncpg.connect(args.dsn)
         version = await admin.fetchval("SHOW server_version")
-        settings = dict(await admin.fetch(
-            "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN "
-            "('shared_buffers','synchronous_commit','fsync','max_wal_size','work_mem','jit')"))
+        settings = dict(
+            await admin.fetch(
+                "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN "
+                "('shared_buffers','synchronous_commit','fsync','max_wal_size','work_mem','jit')"
+            )
+        )
         await admin.close()
         shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
         print(f"PostgreSQL {version} ({shown})")
-        print(f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}, "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+        print(
+            f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}, "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"
+        )
         rtts = [await measure_rtt(server.dsn_of("postgres", direct=True))]
         if args.rtt_ms:
             rtts.append(await measure_rtt(server.dsn_of("postgres")))
-            print(f"every timed connection goes through a relay adding {args.rtt_ms:g} ms "
-                  "round-trip time (--rtt-ms)")
-        print("measured round trip (SELECT 1): " + ", ".join(
-            f"{label} {v * 1000:.3f} ms" for label, v in zip(("direct", "through the relay"),
-                                                              rtts, strict=False)))
-        print("client CPU = this process (all threads); server CPU = the PostgreSQL backends "
-              "serving the timed connections;\nANALYZE after the first batch "
-              + ("(untimed, as autovacuum would on a live server)" if analyze
-                 else "disabled (--no-analyze)"))
+            print(
+                f"every timed connection goes through a relay adding {args.rtt_ms:g} ms "
+                "round-trip time (--rtt-ms)"
+            )
+        print(
+            "measured round trip (SELECT 1): "
+            + ", ".join(
+                f"{label} {v * 1000:.3f} ms"
+                for label, v in zip(("direct", "through the relay"), rtts, strict=False)
+            )
+        )
+        print(
+            "client CPU = this process (all threads); server CPU = the PostgreSQL backends "
+            "serving the timed connections;\nANALYZE after the first batch "
+            + (
+                "(untimed, as autovacuum would on a live server)"
+                if analyze
+                else "disabled (--no-analyze)"
+            )
+        )
         if only & {"a", "b", "c", "d"}:
             await run_rows(args, server, store_root, analyze, only)
         if "e" in only:
@@ -907,19 +1109,22 @@ async def main(args: argparse.Namespace) -> int:
         shutil.rmtree(store_root, ignore_errors=True)
 
 
-async def run_rows(args: argparse.Namespace, server: Server, store_root: str, analyze: bool,
-                   only: set[str]) -> None:
+async def run_rows(
+    args: argparse.Namespace, server: Server, store_root: str, analyze: bool, only: set[str]
+) -> None:
     t0 = time.perf_counter()
     msgs = gen_messages(args.messages, args.seed)
-    batches = [msgs[i:i + args.batch_size] for i in range(0, len(msgs), args.batch_size)]
+    batches = [msgs[i : i + args.batch_size] for i in range(0, len(msgs), args.batch_size)]
     prepared = copy_rows(batches)
     n, n_rows = len(msgs), sum(cb.rows() for cb in prepared)
-    print(f"\ngenerated {n:,} MessageData in {sum(len(cb.threads) for cb in prepared):,} threads "
-          f"(1-5 messages); {n_rows:,} rows to write "
-          f"({sum(len(cb.participants) for cb in prepared):,} participants); mean text "
-          f"{statistics.mean(len(m.text or '') for m in msgs) / 1024:.1f} KB, "
-          f"{sum(1 for m in msgs if m.html) / n:.0%} with HTML; batches of {args.batch_size} "
-          f"({time.perf_counter() - t0:.1f} s, not timed)")
+    print(
+        f"\ngenerated {n:,} MessageData in {sum(len(cb.threads) for cb in prepared):,} threads "
+        f"(1-5 messages); {n_rows:,} rows to write "
+        f"({sum(len(cb.participants) for cb in prepared):,} participants); mean text "
+        f"{statistics.mean(len(m.text or '') for m in msgs) / 1024:.1f} KB, "
+        f"{sum(1 for m in msgs if m.html) / n:.0%} with HTML; batches of {args.batch_size} "
+        f"({time.perf_counter() - t0:.1f} s, not timed)"
+    )
     print("\nMessageData -> rows, each path on a fresh database:")
     print(HEADER)
     results: dict[str, float] = {}
@@ -929,18 +1134,31 @@ async def run_rows(args: argparse.Namespace, server: Server, store_root: str, an
         clock = await run_copy(dsn, prepared, analyze)
         results["a"] = rate(n, clock.wall)
         sums["a"] = await summary(dsn)
-        print(row("(a) COPY ceiling (copy_records_to_table)", n, clock,
-                  f"{fmt_rate(rate(n_rows, clock.wall))} rows/s"))
+        print(
+            row(
+                "(a) COPY ceiling (copy_records_to_table)",
+                n,
+                clock,
+                f"{fmt_rate(rate(n_rows, clock.wall))} rows/s",
+            )
+        )
     if only & {"b", "c"}:
         dsn = await server.fresh("b")
         pool, pids = await open_pool(dsn)
         try:
-            clock, counts = await run_cascade(pool, pids, batches, store_root,
-                                              analyze_dsn=dsn if analyze else None)
+            clock, counts = await run_cascade(
+                pool, pids, batches, store_root, analyze_dsn=dsn if analyze else None
+            )
             results["b"] = rate(n, clock.wall)
             sums["b"] = await summary(dsn)
-            print(row("(b) cascade, new messages", n, clock,
-                      f"{fmt_rate(rate(n_rows, clock.wall))} rows/s  {dict(counts)}"))
+            print(
+                row(
+                    "(b) cascade, new messages",
+                    n,
+                    clock,
+                    f"{fmt_rate(rate(n_rows, clock.wall))} rows/s  {dict(counts)}",
+                )
+            )
             if "c" in only:
                 passes: list[Clock] = []
                 for _ in range(args.resync_passes):
@@ -951,9 +1169,16 @@ async def run_rows(args: argparse.Namespace, server: Server, store_root: str, an
                     passes.append(clock)
                 best = min(passes, key=lambda c: c.wall)
                 results["c"] = rate(n, best.wall)
-                print(row(f"(c) cascade, re-sync (all duplicates), best of {len(passes)}", n,
-                          best, "passes: " + ", ".join(fmt_rate(rate(n, c.wall))
-                                                       for c in passes) + " msg/s"))
+                print(
+                    row(
+                        f"(c) cascade, re-sync (all duplicates), best of {len(passes)}",
+                        n,
+                        best,
+                        "passes: "
+                        + ", ".join(fmt_rate(rate(n, c.wall)) for c in passes)
+                        + " msg/s",
+                    )
+                )
         finally:
             await pool.close()
     if "d" in only:
@@ -963,23 +1188,30 @@ async def run_rows(args: argparse.Namespace, server: Server, store_root: str, an
         results["d"] = rate(len(dm), clock.wall)
         if len(dm) == n:
             sums["d"] = await summary(dsn)
-        print(row("(d) per message: 1 transaction, ~11 round trips", len(dm), clock,
-                  f"{dict(counts)}"))
+        print(
+            row(
+                "(d) per message: 1 transaction, ~11 round trips", len(dm), clock, f"{dict(counts)}"
+            )
+        )
     for k in ("b", "d"):
         if "a" in sums and k in sums:
             same = "same" if sums[k] == sums["a"] else f"DIFFERENT: {sums[k]}"
             print(f"  rows written by ({k}) vs (a): {same}")
     if "a" in sums:
-        print("    (messages, threads, participants, copies, events, Σ message_count, "
-              f"Σ participant_count, threads with a consistent latest message) = {sums['a']}")
+        print(
+            "    (messages, threads, participants, copies, events, Σ message_count, "
+            f"Σ participant_count, threads with a consistent latest message) = {sums['a']}"
+        )
     out = []
     if {"a", "b"} <= set(results):
         out.append(ratio("b/a", results["b"] / results["a"], TARGET_B_OVER_A))
     if {"b", "d"} <= set(results):
         out.append(ratio("b/d", results["b"] / results["d"], TARGET_B_OVER_D, ".1f"))
     if "c" in results:
-        out.append(f"c = {fmt_rate(results['c'])} msg/s (target ≥ {TARGET_C:,.0f}: "
-                   f"{verdict(results['c'], TARGET_C)})")
+        out.append(
+            f"c = {fmt_rate(results['c'])} msg/s (target ≥ {TARGET_C:,.0f}: "
+            f"{verdict(results['c'], TARGET_C)})"
+        )
         if "b" in results:
             out.append(f"c/b = {results['c'] / results['b']:.0f}")
     if "a" in results and "d" in results:
@@ -987,19 +1219,22 @@ async def run_rows(args: argparse.Namespace, server: Server, store_root: str, an
     print("\n  ratios, same run: " + ";  ".join(out))
 
 
-async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
-                  analyze: bool) -> None:
+async def run_raw(args: argparse.Namespace, server: Server, store_root: str, analyze: bool) -> None:
     t0 = time.perf_counter()
     raws = gen_raw(args.raw_messages, args.seed + 1)
     n = len(raws)
-    print(f"\ngenerated {n:,} raw RFC 5322 messages, mean "
-          f"{statistics.mean(len(r) for r in raws) / 1024:.1f} KB "
-          f"({time.perf_counter() - t0:.1f} s, not timed)")
-    print(f"raw MIME -> rows (import door: external id = raw sha256, raw bytes kept in a "
-          f"LocalDirectoryStore),\nchunks of {args.raw_batch} = one ingest batch each, every "
-          f"database fresh; worker-process CPU is not in 'client CPU':")
+    print(
+        f"\ngenerated {n:,} raw RFC 5322 messages, mean "
+        f"{statistics.mean(len(r) for r in raws) / 1024:.1f} KB "
+        f"({time.perf_counter() - t0:.1f} s, not timed)"
+    )
+    print(
+        f"raw MIME -> rows (import door: external id = raw sha256, raw bytes kept in a "
+        f"LocalDirectoryStore),\nchunks of {args.raw_batch} = one ingest batch each, every "
+        f"database fresh; worker-process CPU is not in 'client CPU':"
+    )
     print(HEADER)
-    chunks = [raws[i:i + args.raw_batch] for i in range(0, n, args.raw_batch)]
+    chunks = [raws[i : i + args.raw_batch] for i in range(0, n, args.raw_batch)]
     boxes = ((MAILBOX, "gmail"), ("import", "import"))
 
     clock = Clock([])
@@ -1009,8 +1244,14 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
     clock.server = None
     parse_rate = rate(n, clock.wall)
     dead = sum(1 for p in parsed if isinstance(p, DeadItem))
-    print(row("parse_raw only, in this process (1 core)", n, clock,
-              "baseline" + (f"; dead items: {dead}" if dead else "")))
+    print(
+        row(
+            "parse_raw only, in this process (1 core)",
+            n,
+            clock,
+            "baseline" + (f"; dead items: {dead}" if dead else ""),
+        )
+    )
 
     with ProcessPoolExecutor(max_workers=2) as ex:
         list(ex.map(_noop, range(4)))  # workers started outside the clock
@@ -1020,10 +1261,16 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
             pass
         clock.stop()
         clock.server = None
-    print(row("parse_raw only, 2 worker processes", n, clock,
-              f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only"))
+    print(
+        row(
+            "parse_raw only, 2 worker processes",
+            n,
+            clock,
+            f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only",
+        )
+    )
 
-    batches = [parsed[i:i + args.raw_batch] for i in range(0, n, args.raw_batch)]
+    batches = [parsed[i : i + args.raw_batch] for i in range(0, n, args.raw_batch)]
     ingest_rate = 0.0
     for keep_raw in (True, False):
         if not keep_raw:
@@ -1034,16 +1281,30 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
         pool, pids = await open_pool(dsn)
         try:
             clock, counts = await run_cascade(
-                pool, pids, batches, os.path.join(store_root, f"ingest{int(keep_raw)}"),
-                mailbox="import", analyze_dsn=dsn if analyze else None)
+                pool,
+                pids,
+                batches,
+                os.path.join(store_root, f"ingest{int(keep_raw)}"),
+                mailbox="import",
+                analyze_dsn=dsn if analyze else None,
+            )
         finally:
             await pool.close()
         if keep_raw:
             ingest_rate = rate(n, clock.wall)
-        label = ("ingest only (pre-parsed), raw bytes stored" if keep_raw
-                 else "ingest only (pre-parsed), raw bytes NOT stored")
-        print(row(label, n, clock, f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only  "
-                  f"{dict(counts)}"))
+        label = (
+            "ingest only (pre-parsed), raw bytes stored"
+            if keep_raw
+            else "ingest only (pre-parsed), raw bytes NOT stored"
+        )
+        print(
+            row(
+                label,
+                n,
+                clock,
+                f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only  {dict(counts)}",
+            )
+        )
     del parsed, batches
 
     best = ("", 0.0)
@@ -1060,45 +1321,73 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str,
         if workers:
             with ProcessPoolExecutor(max_workers=workers) as ex:
                 list(ex.map(_noop, range(workers * 2)))
-                clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode,
-                                              executor=ex, depth=workers + 1, analyze=analyze)
+                clock, counts = await run_e2e(
+                    dsn,
+                    raws,
+                    args.raw_batch,
+                    store,
+                    mode,
+                    executor=ex,
+                    depth=workers + 1,
+                    analyze=analyze,
+                )
         elif mode == "anyio-process":
             async with anyio.create_task_group() as tg:  # start 2 workers outside the clock
                 for _ in range(2):
                     tg.start_soon(anyio.to_process.run_sync, _noop, 0)
-            clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode, depth=3,
-                                          analyze=analyze)
+            clock, counts = await run_e2e(
+                dsn, raws, args.raw_batch, store, mode, depth=3, analyze=analyze
+            )
         else:
-            clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode,
-                                          analyze=analyze)
+            clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode, analyze=analyze)
         r = rate(n, clock.wall)
         if r > best[1]:
             best = (label, r)
-        print(row(label, n, clock, f"{r / parse_rate:.2f}× parse-only, "
-                  f"{r / ingest_rate:.2f}× ingest-only  {dict(counts)}"))
-    print(f"\n  (e) best end to end = {fmt_rate(best[1])} msg/s ({best[0].split(': ', 1)[1]}) "
-          f"(target ≥ {TARGET_E:,.0f}: {verdict(best[1], TARGET_E)}); beside parse-only "
-          f"{fmt_rate(parse_rate)} msg/s and ingest-only {fmt_rate(ingest_rate)} msg/s")
+        print(
+            row(
+                label,
+                n,
+                clock,
+                f"{r / parse_rate:.2f}× parse-only, "
+                f"{r / ingest_rate:.2f}× ingest-only  {dict(counts)}",
+            )
+        )
+    print(
+        f"\n  (e) best end to end = {fmt_rate(best[1])} msg/s ({best[0].split(': ', 1)[1]}) "
+        f"(target ≥ {TARGET_E:,.0f}: {verdict(best[1], TARGET_E)}); beside parse-only "
+        f"{fmt_rate(parse_rate)} msg/s and ingest-only {fmt_rate(ingest_rate)} msg/s"
+    )
 
 
 def cli() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--batch-size", type=int, default=1_000)
-    p.add_argument("--dsn", default=os.environ.get("INBOXD_BENCH_DSN", DEFAULT_DSN),
-                   help="admin DSN of the server; fresh bench_* databases are made there")
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("INBOXD_BENCH_DSN", DEFAULT_DSN),
+        help="admin DSN of the server; fresh bench_* databases are made there",
+    )
     p.add_argument("--raw-messages", type=int, default=5_000, help="(e) raw MIME messages")
     p.add_argument("--raw-batch", type=int, default=500, help="(e) parse chunk = ingest batch")
-    p.add_argument("--auxx-messages", type=int, default=0,
-                   help="(d) only the first M messages (0 = all)")
+    p.add_argument(
+        "--auxx-messages", type=int, default=0, help="(d) only the first M messages (0 = all)"
+    )
     p.add_argument("--resync-passes", type=int, default=3)
     p.add_argument("--only", default="a,b,c,d,e", help="comma list of a,b,c,d,e")
     p.add_argument("--seed", type=int, default=20240301)
     p.add_argument("--keep", action="store_true", help="keep the databases (for EXPLAIN)")
-    p.add_argument("--rtt-ms", type=float, default=0.0,
-                   help="add this round-trip time between client and server (TCP relay)")
-    p.add_argument("--no-analyze", action="store_true",
-                   help="no ANALYZE after the first batch (plans stay those of empty tables)")
+    p.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="add this round-trip time between client and server (TCP relay)",
+    )
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="no ANALYZE after the first batch (plans stay those of empty tables)",
+    )
     args = p.parse_args()
     return anyio.run(main, args)
 

@@ -19,12 +19,18 @@ _WORDS = (
     "there these they this those through under until very what when where which while "
     "who why with without yes no not and but or if so as at by for in of on to up"
 ).split()
-_FIRST = ("anna ben carla david emma felix greta hans ines jonas karin lars maria nina "
-          "oskar paula quentin rosa stefan tina ulrich vera walter xenia yusuf zoe "
-          "li wei sofia mateo chloe noah amelia liam olivia lucas mia ethan").split()
-_LAST = ("miller schmidt garcia rossi dubois novak kowalski jensen silva tanaka kim "
-         "nguyen patel smith brown wilson taylor anderson thomas moore martin lee "
-         "walker young king wright scott green baker adams nelson hill").split()
-_DOMAINS = ("gmail.com outlook.com yahoo.co.uk example.org contoso.example "
-            "fabrikam.example northwind.example globex.example initech.example "
-            "umbrella.example hooli.example stark-industries.example").split()
+_FIRST = (
+    "anna ben carla david emma felix greta hans ines jonas karin lars maria nina "
+    "oskar paula quentin rosa stefan tina ulrich vera walter xenia yusuf zoe "
+    "li wei sofia mateo chloe noah amelia liam olivia lucas mia ethan"
+).split()
+_LAST = (
+    "miller schmidt garcia rossi dubois novak kowalski jensen silva tanaka kim "
+    "nguyen patel smith brown wilson taylor anderson thomas moore martin lee "
+    "walker young king wright scott green baker adams nelson hill"
+).split()
+_DOMAINS = (
+    "gmail.com outlook.com yahoo.co.uk example.org contoso.example "
+    "fabrikam.example northwind.example globex.example initech.example "
+    "umbrella.example hooli.example stark-industries.example"
+).split()

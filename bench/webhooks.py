@@ -119,19 +119,36 @@ class Result:
 
 # --- request generation ------------------------------------------------------------------
 
+
 def standard_requests(n: int) -> list[tuple[dict[str, str], bytes]]:
     now = str(int(time.time()))
     out = []
     for i in range(n):
-        body = orjson.dumps({
-            "type": "email.delivered", "created_at": "2026-11-30T09:00:00.000Z",
-            "data": {"email_id": f"em_{i}", "to": [f"user{i % 5000}@example.com"],
-                     "subject": "Your invoice", "created_at": "2026-11-30T08:59:00.000Z"}})
+        body = orjson.dumps(
+            {
+                "type": "email.delivered",
+                "created_at": "2026-11-30T09:00:00.000Z",
+                "data": {
+                    "email_id": f"em_{i}",
+                    "to": [f"user{i % 5000}@example.com"],
+                    "subject": "Your invoice",
+                    "created_at": "2026-11-30T08:59:00.000Z",
+                },
+            }
+        )
         msg_id = f"msg_{secrets.token_hex(8)}"
         mac = hmac.new(SW_KEY, f"{msg_id}.{now}.".encode() + body, hashlib.sha256).digest()
-        out.append(({"webhook-id": msg_id, "webhook-timestamp": now,
-                     "webhook-signature": "v1," + base64.b64encode(mac).decode(),
-                     "Content-Type": "application/json"}, body))
+        out.append(
+            (
+                {
+                    "webhook-id": msg_id,
+                    "webhook-timestamp": now,
+                    "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+                    "Content-Type": "application/json",
+                },
+                body,
+            )
+        )
     return out
 
 
@@ -142,18 +159,30 @@ def sendgrid_requests(n: int, batch: int, private_key) -> list[tuple[dict[str, s
     now = str(int(time.time()))
     out = []
     for i in range(n):
-        events = [{"email": f"user{(i * batch + j) % 5000}@example.com",
-                   "timestamp": int(time.time()), "event": "delivered",
-                   "sg_event_id": secrets.token_hex(11),
-                   "sg_message_id": f"{secrets.token_hex(11)}.filter0001.1.0",
-                   "smtp-id": f"<m{i}.{j}@app.example>", "response": "250 OK"}
-                  for j in range(batch)]
+        events = [
+            {
+                "email": f"user{(i * batch + j) % 5000}@example.com",
+                "timestamp": int(time.time()),
+                "event": "delivered",
+                "sg_event_id": secrets.token_hex(11),
+                "sg_message_id": f"{secrets.token_hex(11)}.filter0001.1.0",
+                "smtp-id": f"<m{i}.{j}@app.example>",
+                "response": "250 OK",
+            }
+            for j in range(batch)
+        ]
         body = orjson.dumps(events)
         signature = private_key.sign(now.encode() + body, ec.ECDSA(hashes.SHA256()))
-        out.append(({"X-Twilio-Email-Event-Webhook-Signature":
-                     base64.b64encode(signature).decode(),
-                     "X-Twilio-Email-Event-Webhook-Timestamp": now,
-                     "Content-Type": "application/json"}, body))
+        out.append(
+            (
+                {
+                    "X-Twilio-Email-Event-Webhook-Signature": base64.b64encode(signature).decode(),
+                    "X-Twilio-Email-Event-Webhook-Timestamp": now,
+                    "Content-Type": "application/json",
+                },
+                body,
+            )
+        )
     return out
 
 
@@ -167,6 +196,7 @@ def write_requests(path: Path, requests: list[tuple[dict[str, str], bytes]]) -> 
 
 # --- server process ------------------------------------------------------------------------
 
+
 async def serve(args: argparse.Namespace) -> None:
     """`_serve`: the daemon's listener with the two bench sources, until stdin closes."""
     from inboxd.adapters.esp.registry import build_esp_source
@@ -179,6 +209,7 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
+
     class VerifyOnly:
         """The intake's interface, answering at once: nothing is stored."""
 
@@ -186,32 +217,48 @@ async def serve(args: argparse.Namespace) -> None:
             task_status.started()
             await anyio.sleep_forever()
 
-        async def submit(self, tenant_id, source, provider, events, policy, *, received_at,
-                         replay_token=None) -> Stored:
+        async def submit(
+            self, tenant_id, source, provider, events, policy, *, received_at, replay_token=None
+        ) -> Stored:
             return Stored(len(events), 0)
 
     def source(source_id: str, table: dict) -> HookSource:
         adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
-        return HookSource(tenant_id=TENANT, source_id=source_id, adapter=adapter,
-                          policy=SourcePolicy(adapter.default_payload_fields),
-                          limiter=RateLimiter(1e9, 1e9))
+        return HookSource(
+            tenant_id=TENANT,
+            source_id=source_id,
+            adapter=adapter,
+            policy=SourcePolicy(adapter.default_payload_fields),
+            limiter=RateLimiter(1e9, 1e9),
+        )
 
-    table = HookTable({
-        (TENANT, "sw"): source("sw", {"provider": "resend",
-                                      "secret": "whsec_" + base64.b64encode(SW_KEY).decode()}),
-        (TENANT, "sg"): source("sg", {"provider": "sendgrid", "public_key": args.public_key}),
-    })
+    table = HookTable(
+        {
+            (TENANT, "sw"): source(
+                "sw", {"provider": "resend", "secret": "whsec_" + base64.b64encode(SW_KEY).decode()}
+            ),
+            (TENANT, "sg"): source("sg", {"provider": "sendgrid", "public_key": args.public_key}),
+        }
+    )
     pool = await asyncpg.create_pool(args.dsn, min_size=4, max_size=8)
-    intake = (DeliveryIntake(pool, writers=args.writers) if args.mode == "persisted"
-              else VerifyOnly())
+    intake = (
+        DeliveryIntake(pool, writers=args.writers) if args.mode == "persisted" else VerifyOnly()
+    )
 
     async def ready() -> bool:
         return True
 
-    state = HttpState(pool=pool, dsn=args.dsn, store=LocalDirectoryStore(Path(args.tmp)),
-                      metrics=Metrics(), tenant_for_token=TokenTable({}), ready=ready,
-                      extra_routes=hook_routes(table, intake, _no_confirm),
-                      body_limit=table.body_limit, before_body=table.check_before_body)
+    state = HttpState(
+        pool=pool,
+        dsn=args.dsn,
+        store=LocalDirectoryStore(Path(args.tmp)),
+        metrics=Metrics(),
+        tenant_for_token=TokenTable({}),
+        ready=ready,
+        extra_routes=hook_routes(table, intake, _no_confirm),
+        body_limit=table.body_limit,
+        before_body=table.check_before_body,
+    )
     if not args.default_gc:
         tune_gc()  # as `inboxd run` does
     async with anyio.create_task_group() as tg:
@@ -233,14 +280,29 @@ _LATENCY = re.compile(r"^\s+(50|99)(?:\.0+)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
-def run_wrk(port: int, source: str, requests_file: Path, args: argparse.Namespace
-            ) -> tuple[int, float, int, float, float]:
+def run_wrk(
+    port: int, source: str, requests_file: Path, args: argparse.Namespace
+) -> tuple[int, float, int, float, float]:
     env = {**os.environ, "BENCH_REQUESTS": str(requests_file)}
     connections = args.connections if source == "sw" else args.sg_connections
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{args.duration}s", "--latency",
-         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}"],
-        capture_output=True, text=True, env=env, check=True).stdout
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{args.duration}s",
+            "--latency",
+            "--timeout",
+            "10s",
+            "-s",
+            str(LUA),
+            f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     match = re.search(r"(\d+) requests in ([\d.]+)(s|m)", out)
     if match is None:
         raise RuntimeError(f"unexpected wrk output:\n{out}")
@@ -286,12 +348,31 @@ async def count_rows(dsn: str) -> int:
         await conn.close()
 
 
-async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
-                  public_key: str, requests_file: Path, per_request: int) -> Result:
+async def one_run(
+    args,
+    admin_dsn: str,
+    scenario: str,
+    mode: str,
+    tmp: Path,
+    public_key: str,
+    requests_file: Path,
+    per_request: int,
+) -> Result:
     name = f"bench_webhooks_{os.getpid()}_{scenario}_{mode}"
     dsn = await fresh_database(admin_dsn, name)
-    command = [sys.executable, __file__, "_serve", "--mode", mode, "--dsn", dsn,
-               "--tmp", str(tmp), "--public-key", public_key]
+    command = [
+        sys.executable,
+        __file__,
+        "_serve",
+        "--mode",
+        mode,
+        "--dsn",
+        dsn,
+        "--tmp",
+        str(tmp),
+        "--public-key",
+        public_key,
+    ]
     if args.uvloop:
         command.append("--uvloop")
     if args.default_gc:
@@ -299,12 +380,22 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
     command += ["--writers", str(args.writers)]
     if args.profile:
         # py-spy (pip install py-spy): collapsed stacks of the server, one file per run
-        command = ["py-spy", "record", "--format", "raw", "--rate", "250", "-o",
-                   f"{args.profile}/{scenario}-{mode}.txt", "--", *command]
+        command = [
+            "py-spy",
+            "record",
+            "--format",
+            "raw",
+            "--rate",
+            "250",
+            "-o",
+            f"{args.profile}/{scenario}-{mode}.txt",
+            "--",
+            *command,
+        ]
     # A plain Popen: the driver does nothing else while a run is on.
     server = subprocess.Popen(  # noqa: ASYNC220
-        command,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         line = server.stdout.readline()
         while line and not line.startswith("ready "):  # py-spy's own lines come first
@@ -314,7 +405,8 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
         port = int(line.split()[1])
         cpu_before = (cpu_seconds([server.pid]), cpu_seconds(postgres_pids()))
         requests, seconds, non_2xx, p50, p99 = await anyio.to_thread.run_sync(
-            run_wrk, port, scenario, requests_file, args)
+            run_wrk, port, scenario, requests_file, args
+        )
         server_cpu = cpu_used(cpu_before[0], cpu_seconds([server.pid]))
         postgres_cpu = cpu_used(cpu_before[1], cpu_seconds(postgres_pids()))
     finally:
@@ -327,8 +419,19 @@ async def one_run(args, admin_dsn: str, scenario: str, mode: str, tmp: Path,
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
-    return Result(scenario, mode, requests, seconds, non_2xx, p50, p99, per_request, rows,
-                  server_cpu / seconds, postgres_cpu / seconds)
+    return Result(
+        scenario,
+        mode,
+        requests,
+        seconds,
+        non_2xx,
+        p50,
+        p99,
+        per_request,
+        rows,
+        server_cpu / seconds,
+        postgres_cpu / seconds,
+    )
 
 
 async def drive(args: argparse.Namespace) -> None:
@@ -338,8 +441,11 @@ async def drive(args: argparse.Namespace) -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
     private_key = ec.generate_private_key(ec.SECP256R1())
-    public_key = base64.b64encode(private_key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    public_key = base64.b64encode(
+        private_key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    ).decode()
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-webhooks-") as tmp_name:
         tmp = Path(tmp_name)
@@ -348,39 +454,54 @@ async def drive(args: argparse.Namespace) -> None:
             per_request = 1 if scenario == "sw" else args.batch
             for mode in ("verify-only", "persisted"):
                 # Fresh signatures per run: their timestamps must be within 5 minutes.
-                generated = (standard_requests(n) if scenario == "sw" else
-                             sendgrid_requests(max(1, n // per_request), per_request,
-                                               private_key))
+                generated = (
+                    standard_requests(n)
+                    if scenario == "sw"
+                    else sendgrid_requests(max(1, n // per_request), per_request, private_key)
+                )
                 requests_file = tmp / f"{scenario}.requests"
                 write_requests(requests_file, generated)
-                result = await one_run(args, args.dsn, scenario, mode, tmp, public_key,
-                                       requests_file, per_request)
+                result = await one_run(
+                    args, args.dsn, scenario, mode, tmp, public_key, requests_file, per_request
+                )
                 results.append(result)
-                print(f"  {scenario:3} {mode:12} {result.req_s:9,.0f} req/s "
-                      f"{result.events_s:9,.0f} events/s  p50 {result.p50_ms:6.2f} ms  "
-                      f"p99 {result.p99_ms:6.2f} ms  non-2xx {result.non_2xx}"
-                      + (f"  rows {result.rows:,} = {result.rows_s:,.0f}/s"
-                         if result.rows is not None else "")
-                      + f"  cpu server {result.server_cpu_s:.2f} postgres "
-                        f"{result.postgres_cpu_s:.2f}", flush=True)
+                print(
+                    f"  {scenario:3} {mode:12} {result.req_s:9,.0f} req/s "
+                    f"{result.events_s:9,.0f} events/s  p50 {result.p50_ms:6.2f} ms  "
+                    f"p99 {result.p99_ms:6.2f} ms  non-2xx {result.non_2xx}"
+                    + (
+                        f"  rows {result.rows:,} = {result.rows_s:,.0f}/s"
+                        if result.rows is not None
+                        else ""
+                    )
+                    + f"  cpu server {result.server_cpu_s:.2f} postgres "
+                    f"{result.postgres_cpu_s:.2f}",
+                    flush=True,
+                )
     print_table(results, args)
 
 
 def print_table(results: list[Result], args: argparse.Namespace) -> None:
-    print(f"\nwrk -t1 -c{args.connections} (sw) / -c{args.sg_connections} (sg) "
-          f"-d{args.duration}s, sg batches of {args.batch}, loopback, "
-          f"{os.cpu_count()} cores, PostgreSQL synchronous_commit as configured\n")
-    print("| scenario | path | requests/s | events/s | committed rows/s | p50 ms | p99 ms "
-          "| non-2xx | server CPU (cores) | PostgreSQL CPU (cores) | persisted / verify-only |")
+    print(
+        f"\nwrk -t1 -c{args.connections} (sw) / -c{args.sg_connections} (sg) "
+        f"-d{args.duration}s, sg batches of {args.batch}, loopback, "
+        f"{os.cpu_count()} cores, PostgreSQL synchronous_commit as configured\n"
+    )
+    print(
+        "| scenario | path | requests/s | events/s | committed rows/s | p50 ms | p99 ms "
+        "| non-2xx | server CPU (cores) | PostgreSQL CPU (cores) | persisted / verify-only |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     by_key = {(r.scenario, r.mode): r for r in results}
     for r in results:
         base = by_key.get((r.scenario, "verify-only"))
         ratio = f"{r.events_s / base.events_s:.2f}" if r.mode == "persisted" and base else ""
         rows = f"{r.rows_s:,.0f}" if r.rows_s is not None else ""
-        print(f"| {r.scenario} | {r.mode} | {r.req_s:,.0f} | {r.events_s:,.0f} | {rows} "
-              f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.non_2xx} | {r.server_cpu_s:.2f} "
-              f"| {r.postgres_cpu_s:.2f} | {ratio} |")
+        print(
+            f"| {r.scenario} | {r.mode} | {r.req_s:,.0f} | {r.events_s:,.0f} | {rows} "
+            f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.non_2xx} | {r.server_cpu_s:.2f} "
+            f"| {r.postgres_cpu_s:.2f} | {ratio} |"
+        )
 
 
 def main() -> None:
@@ -395,22 +516,35 @@ def main() -> None:
     serve_parser.add_argument("--default-gc", action="store_true")
     serve_parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
-    parser.add_argument("--connections", type=int, default=32,
-                        help="concurrent connections for sw (one event per request)")
-    parser.add_argument("--sg-connections", type=int, default=8,
-                        help="concurrent connections for sg (batches)")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=32,
+        help="concurrent connections for sw (one event per request)",
+    )
+    parser.add_argument(
+        "--sg-connections", type=int, default=8, help="concurrent connections for sg (batches)"
+    )
     parser.add_argument("--batch", type=int, default=25, help="events per SendGrid request")
     parser.add_argument("--only", default="sw,sg", help="scenarios: sw, sg")
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres",
-                        help="admin DSN; bench databases are created and dropped")
+    parser.add_argument(
+        "--dsn",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="admin DSN; bench databases are created and dropped",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--uvloop", action="store_true", help="serve on uvloop")
-    parser.add_argument("--writers", type=int, default=2,
-                        help="DeliveryIntake writers of the persisted server")
-    parser.add_argument("--default-gc", action="store_true",
-                        help="keep Python's default collector settings (no tune_gc)")
-    parser.add_argument("--profile", metavar="DIR",
-                        help="record the server with py-spy into DIR (slower runs)")
+    parser.add_argument(
+        "--writers", type=int, default=2, help="DeliveryIntake writers of the persisted server"
+    )
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep Python's default collector settings (no tune_gc)",
+    )
+    parser.add_argument(
+        "--profile", metavar="DIR", help="record the server with py-spy into DIR (slower runs)"
+    )
     args = parser.parse_args()
     if args.command == "_serve":
         anyio.run(serve, args, backend_options={"use_uvloop": args.uvloop})

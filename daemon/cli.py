@@ -38,9 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="inboxd: every way email reaches an organisation, into PostgreSQL, "
-                    "exactly once.",
+        "exactly once.",
         epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
-               "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.")
+        "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.",
+    )
     from inboxd.daemon.commands import (
         check_config,
         events,
@@ -85,16 +86,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         structlog.get_logger(__name__).debug("command_crashed", exc_info=exc)
         text = " ".join(str(leaf).split())[:300]
-        print(f"{PROG}: error: unexpected {type(leaf).__name__}: {text} "
-              "(run with --log-level debug for details)", file=sys.stderr)
+        print(
+            f"{PROG}: error: unexpected {type(leaf).__name__}: {text} "
+            "(run with --log-level debug for details)",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
 
 
 def _leaf(exc: BaseException) -> BaseException:
     """The first meaningful exception inside (nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup):
-        inner = [e for e in exc.exceptions
-                 if not isinstance(e, asyncio.CancelledError)] or list(exc.exceptions)
+        inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)] or list(
+            exc.exceptions
+        )
         exc = inner[0]
     return exc
 

@@ -151,7 +151,9 @@ class ConfigReport:
 
 
 def load_main(
-    path: str | os.PathLike[str], *, check_secrets: bool = False,
+    path: str | os.PathLike[str],
+    *,
+    check_secrets: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> MainConfig:
     """Read and validate the main config file.
@@ -168,7 +170,9 @@ def load_main(
 
 
 def load_tenants(
-    main: MainConfig, *, check_secrets: bool = False,
+    main: MainConfig,
+    *,
+    check_secrets: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> TenantSet:
     """Read every `*.toml` in `main.tenants_dir` (sorted by name; hidden files skipped).
@@ -182,20 +186,38 @@ def load_tenants(
     options = Options(check_secrets, environ)
     directory = main.tenants_dir
     try:
-        files = sorted(p for p in directory.iterdir()
-                       if p.suffix == ".toml" and not p.name.startswith(".") and p.is_file())
+        files = sorted(
+            p
+            for p in directory.iterdir()
+            if p.suffix == ".toml" and not p.name.startswith(".") and p.is_file()
+        )
     except FileNotFoundError:
-        return TenantSet({}, [ConfigProblem(main.config_path, "tenants.dir",
-                                            f"directory {directory} does not exist")])
+        return TenantSet(
+            {},
+            [
+                ConfigProblem(
+                    main.config_path, "tenants.dir", f"directory {directory} does not exist"
+                )
+            ],
+        )
     except OSError as exc:
-        return TenantSet({}, [ConfigProblem(main.config_path, "tenants.dir",
-                                            f"cannot read directory {directory}: "
-                                            f"{exc.strerror or exc}")])
+        return TenantSet(
+            {},
+            [
+                ConfigProblem(
+                    main.config_path,
+                    "tenants.dir",
+                    f"cannot read directory {directory}: {exc.strerror or exc}",
+                )
+            ],
+        )
     return parse_tenant_files(files, options)
 
 
 def inspect_config(
-    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
+    path: str | os.PathLike[str],
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> ConfigReport:
     """Validate the main file and every tenant file, resolving every secret reference.
 
@@ -211,7 +233,9 @@ def inspect_config(
 
 
 def check_config(
-    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
+    path: str | os.PathLike[str],
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> list[ConfigProblem]:
     """Every problem of the main file and its tenant files (`inspect_config`); [] if none."""
     return inspect_config(path, environ=environ).problems
@@ -229,8 +253,9 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
     raw = r.read_toml()
     if raw is None:
         return None, r.problems
-    elsewhere = {key: f"[{section}] {key}"
-                 for section, keys in _MAIN_SECTIONS.items() for key in keys}
+    elsewhere = {
+        key: f"[{section}] {key}" for section, keys in _MAIN_SECTIONS.items() for key in keys
+    }
     r.unknown_keys(raw, _MAIN_SECTIONS, "", elsewhere=elsewhere, sections=True)
 
     def section(name: str) -> dict[str, Any]:
@@ -241,36 +266,44 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
             r.unknown_keys(table, _MAIN_SECTIONS[name], name)
         return table
 
-    database, listener, queue, workers = (section(n) for n in
-                                          ("database", "listener", "queue", "workers"))
+    database, listener, queue, workers = (
+        section(n) for n in ("database", "listener", "queue", "workers")
+    )
     shutdown, sync, tenants, log = (section(n) for n in ("shutdown", "sync", "tenants", "log"))
     defaults = MainConfig(config_path=config_path, tenants_dir=base / DEFAULT_TENANTS_DIR)
-    tenants_dir = r.string(tenants, "dir", "tenants", default=DEFAULT_TENANTS_DIR,
-                           nonempty=True) or DEFAULT_TENANTS_DIR
+    tenants_dir = (
+        r.string(tenants, "dir", "tenants", default=DEFAULT_TENANTS_DIR, nonempty=True)
+        or DEFAULT_TENANTS_DIR
+    )
     main = MainConfig(
         config_path=config_path,
         tenants_dir=relative_to(base, tenants_dir),
         database_dsn=_database_dsn(r, database),
-        listen_host=r.string(listener, "host", "listener", default=defaults.listen_host,
-                             nonempty=True) or defaults.listen_host,
+        listen_host=r.string(
+            listener, "host", "listener", default=defaults.listen_host, nonempty=True
+        )
+        or defaults.listen_host,
         # 0 asks the kernel for a free port (tests, several instances on one host).
-        listen_port=r.integer(listener, "port", "listener", defaults.listen_port,
-                              minimum=0, maximum=65535),
-        max_body_bytes=r.integer(listener, "max_body_bytes", "listener",
-                                 defaults.max_body_bytes, minimum=1),
+        listen_port=r.integer(
+            listener, "port", "listener", defaults.listen_port, minimum=0, maximum=65535
+        ),
+        max_body_bytes=r.integer(
+            listener, "max_body_bytes", "listener", defaults.max_body_bytes, minimum=1
+        ),
         object_store=_object_store(r, raw.get("object_store"), base),
-        queue_capacity=r.integer(queue, "capacity", "queue", defaults.queue_capacity,
-                                 minimum=1),
-        ingest_workers=r.integer(workers, "ingest", "workers", defaults.ingest_workers,
-                                 minimum=1),
+        queue_capacity=r.integer(queue, "capacity", "queue", defaults.queue_capacity, minimum=1),
+        ingest_workers=r.integer(workers, "ingest", "workers", defaults.ingest_workers, minimum=1),
         batch_size=r.integer(workers, "batch_size", "workers", defaults.batch_size, minimum=1),
-        shutdown_deadline_s=r.number(shutdown, "deadline_s", "shutdown",
-                                     defaults.shutdown_deadline_s),
+        shutdown_deadline_s=r.number(
+            shutdown, "deadline_s", "shutdown", defaults.shutdown_deadline_s
+        ),
         lease_ttl_s=r.number(sync, "lease_ttl_s", "sync", defaults.lease_ttl_s),
-        poll_scan_interval_s=r.number(sync, "poll_scan_interval_s", "sync",
-                                      defaults.poll_scan_interval_s),
-        push_quiet_after_s=r.number(sync, "push_quiet_after_s", "sync",
-                                    defaults.push_quiet_after_s),
+        poll_scan_interval_s=r.number(
+            sync, "poll_scan_interval_s", "sync", defaults.poll_scan_interval_s
+        ),
+        push_quiet_after_s=r.number(
+            sync, "push_quiet_after_s", "sync", defaults.push_quiet_after_s
+        ),
         log_level=r.choice(log, "level", "log", LOG_LEVELS, None) or defaults.log_level,
         raw=raw,
     )
@@ -285,9 +318,10 @@ def _database_dsn(r: Reader, database: dict[str, Any]) -> str | None:
     if dsn.startswith(("env:", "file:")):
         r.secret(dsn, "database.dsn")
     elif dsn_has_password(dsn):
-        r.problem("database.dsn",
-                  f"contains a literal password ({mask_dsn(dsn)}): {USE_A_REFERENCE}, "
-                  f"or set {ENV_DSN}")
+        r.problem(
+            "database.dsn",
+            f"contains a literal password ({mask_dsn(dsn)}): {USE_A_REFERENCE}, or set {ENV_DSN}",
+        )
     return dsn
 
 
@@ -299,19 +333,18 @@ def _object_store(r: Reader, value: Any, base: Path) -> dict[str, Any]:
         return _default_object_store()
     kind = table.get("kind", "local")
     if kind not in _OBJECT_STORE_KEYS:
-        r.problem("object_store.kind",
-                  f'expected "local" or "s3", got {describe(kind)}')
+        r.problem("object_store.kind", f'expected "local" or "s3", got {describe(kind)}')
         return _default_object_store()
-    r.unknown_keys(table, _OBJECT_STORE_KEYS[kind], "object_store",
-                   what=f'key for kind "{kind}"')
+    r.unknown_keys(table, _OBJECT_STORE_KEYS[kind], "object_store", what=f'key for kind "{kind}"')
     if kind == "local":
         path = r.string(table, "path", "object_store", required=True, nonempty=True)
         if path is None:
             return _default_object_store()
         return {"kind": "local", "path": str(relative_to(base, path))}
-    spec: dict[str, Any] = {"kind": "s3",
-                            "bucket": r.string(table, "bucket", "object_store",
-                                               required=True, nonempty=True)}
+    spec: dict[str, Any] = {
+        "kind": "s3",
+        "bucket": r.string(table, "bucket", "object_store", required=True, nonempty=True),
+    }
     for key in ("prefix", "endpoint_url", "region"):
         if (text := r.string(table, key, "object_store", default=None)) is not None:
             spec[key] = text

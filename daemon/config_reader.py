@@ -90,8 +90,14 @@ class Reader:
             return None
 
     def unknown_keys(
-        self, table: Mapping[str, Any], known: Iterable[str], prefix: str, *,
-        elsewhere: Mapping[str, str] | None = None, what: str = "key", sections: bool = False,
+        self,
+        table: Mapping[str, Any],
+        known: Iterable[str],
+        prefix: str,
+        *,
+        elsewhere: Mapping[str, str] | None = None,
+        what: str = "key",
+        sections: bool = False,
     ) -> None:
         """A problem for each key of `table` not in `known`, with the closest known key
         (or where else the key belongs, `elsewhere`) as a hint."""
@@ -120,8 +126,7 @@ class Reader:
         """(key, table) of an array of tables such as `[[mailboxes]]`; [] when absent."""
         value = raw.get(name, [])
         if not isinstance(value, list):
-            self.problem(name, f"expected an array of tables ([[{name}]]), "
-                               f"got {describe(value)}")
+            self.problem(name, f"expected an array of tables ([[{name}]]), got {describe(value)}")
             return []
         out = []
         for i, item in enumerate(value):
@@ -140,8 +145,14 @@ class Reader:
         return True
 
     def string(
-        self, table: Mapping[str, Any], name: str, prefix: str, *, default: str | None = None,
-        required: bool = False, nonempty: bool = False,
+        self,
+        table: Mapping[str, Any],
+        name: str,
+        prefix: str,
+        *,
+        default: str | None = None,
+        required: bool = False,
+        nonempty: bool = False,
     ) -> str | None:
         if self._missing(table, name, prefix, required):
             return default
@@ -155,8 +166,15 @@ class Reader:
         return value
 
     def choice(
-        self, table: Mapping[str, Any], name: str, prefix: str, choices: Sequence[str],
-        default: str | None, *, required: bool = False, context: str = "",
+        self,
+        table: Mapping[str, Any],
+        name: str,
+        prefix: str,
+        choices: Sequence[str],
+        default: str | None,
+        *,
+        required: bool = False,
+        context: str = "",
     ) -> str | None:
         value = self.string(table, name, prefix, required=required)
         if value is None:
@@ -166,12 +184,13 @@ class Reader:
         options = ", ".join(f'"{c}"' for c in choices)
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
         hint = f'; did you mean "{close[0]}"?' if close else ""
-        self.problem(join_key(prefix, name),
-                     f"expected one of {options}{context}, got {describe(value)}{hint}")
+        self.problem(
+            join_key(prefix, name),
+            f"expected one of {options}{context}, got {describe(value)}{hint}",
+        )
         return default
 
-    def ident(self, table: Mapping[str, Any], name: str, prefix: str, *,
-              kind: str) -> str | None:
+    def ident(self, table: Mapping[str, Any], name: str, prefix: str, *, kind: str) -> str | None:
         value = self.string(table, name, prefix, required=True)
         if value is None:
             return None
@@ -181,8 +200,16 @@ class Reader:
             self.problem(join_key(prefix, name), str(exc))
             return None
 
-    def integer(self, table: Mapping[str, Any], name: str, prefix: str, default: int, *,
-                minimum: int, maximum: int | None = None) -> int:
+    def integer(
+        self,
+        table: Mapping[str, Any],
+        name: str,
+        prefix: str,
+        default: int,
+        *,
+        minimum: int,
+        maximum: int | None = None,
+    ) -> int:
         if self._missing(table, name, prefix, False):
             return default
         value = table[name]
@@ -191,8 +218,9 @@ class Reader:
             self.problem(key, f"expected an integer, got {describe(value)}")
             return default
         if value < minimum or (maximum is not None and value > maximum):
-            bounds = (f"between {minimum} and {maximum}" if maximum is not None
-                      else f"at least {minimum}")
+            bounds = (
+                f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+            )
             self.problem(key, f"must be {bounds}, got {value}")
             return default
         return value
@@ -232,8 +260,9 @@ class Reader:
         out: dict[str, Any] = {}
         for name, value in table.items():
             key = join_key(prefix, name)
-            out[name] = (self.secret(value, key) if is_secret_key(name)
-                         else self._freeze_value(value, key))
+            out[name] = (
+                self.secret(value, key) if is_secret_key(name) else self._freeze_value(value, key)
+            )
         return MappingProxyType(out)
 
     def _freeze_value(self, value: Any, key: str) -> Any:

@@ -54,7 +54,9 @@ def reveal(value: Any) -> str:
 
 
 def build_hook_sources(
-    tenants: Mapping[str, TenantConfig], *, fetch: Fetch | None = None,
+    tenants: Mapping[str, TenantConfig],
+    *,
+    fetch: Fetch | None = None,
 ) -> tuple[dict[tuple[str, str], HookSource], list[ConfigProblem]]:
     """The served sources of all tenants, and a problem per unusable source."""
     sources: dict[tuple[str, str], HookSource] = {}
@@ -64,18 +66,24 @@ def build_hook_sources(
             source_id = str(table.get("id"))
             try:
                 sources[(tenant.tenant_id, source_id)] = _build(
-                    tenant.tenant_id, source_id, table, fetch)
+                    tenant.tenant_id, source_id, table, fetch
+                )
             except (SourceConfigError, SecretError) as exc:
                 key, sep, message = str(exc).partition(": ")
                 where = f"delivery_sources[{index}]"
-                problems.append(ConfigProblem(
-                    tenant.source_file, f"{where}.{key}" if sep else where,
-                    message if sep else str(exc)))
+                problems.append(
+                    ConfigProblem(
+                        tenant.source_file,
+                        f"{where}.{key}" if sep else where,
+                        message if sep else str(exc),
+                    )
+                )
     return sources, problems
 
 
-def _build(tenant_id: str, source_id: str, table: Mapping[str, Any],
-           fetch: Fetch | None) -> HookSource:
+def _build(
+    tenant_id: str, source_id: str, table: Mapping[str, Any], fetch: Fetch | None
+) -> HookSource:
     adapter = build_esp_source(source_id, table, reveal, fetch=fetch)
     fields = table.get("payload_fields", adapter.default_payload_fields)
     if not isinstance(fields, list | tuple) or not all(isinstance(f, str) for f in fields):
@@ -87,17 +95,19 @@ def _build(tenant_id: str, source_id: str, table: Mapping[str, Any],
     rate = _number(table, "rate_limit_per_s", DEFAULT_RATE_PER_S, 0.001, 1e9)
     burst = _number(table, "rate_limit_burst", max(DEFAULT_RATE_BURST, rate), 1, 1e9)
     return HookSource(
-        tenant_id=tenant_id, source_id=source_id, adapter=adapter,
+        tenant_id=tenant_id,
+        source_id=source_id,
+        adapter=adapter,
         policy=SourcePolicy(payload_fields=tuple(fields), keep_recipients=recipients == "keep"),
-        max_body_bytes=int(max_body), limiter=RateLimiter(rate, burst))
+        max_body_bytes=int(max_body),
+        limiter=RateLimiter(rate, burst),
+    )
 
 
-def _number(table: Mapping[str, Any], key: str, default: float, low: float,
-            high: float) -> float:
+def _number(table: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise SourceConfigError(f"{key}: expected a number from {low:g} to {high:g}, "
-                                f"got {value!r}")
+        raise SourceConfigError(f"{key}: expected a number from {low:g} to {high:g}, got {value!r}")
     return float(value)
 
 

@@ -81,12 +81,18 @@ class IngestQueue:
                 try:
                     job.results = await self._stage.ingest(job.batch)
                 except Exception:  # a bug must not take every mailbox down with it
-                    log.exception("ingest_worker_batch_crashed", tenant=job.batch.tenant_id,
-                                  mailbox=job.batch.mailbox_id, size=len(job.batch.items))
+                    log.exception(
+                        "ingest_worker_batch_crashed",
+                        tenant=job.batch.tenant_id,
+                        mailbox=job.batch.mailbox_id,
+                        size=len(job.batch.items),
+                    )
                 finally:
                     if job.results is None:  # cancelled mid-batch: the transaction rolled back
-                        job.results = [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail="shutdown")
-                                       for i in range(len(job.batch.items))]
+                        job.results = [
+                            ItemResult(i, Outcome.RETRIABLE_FAILURE, detail="shutdown")
+                            for i in range(len(job.batch.items))
+                        ]
                     self._queued_items -= len(job.batch.items)
                     self._metrics.set_queue(self._queued_items)
                     self._metrics.observe_outcomes(job.results)

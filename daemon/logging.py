@@ -38,8 +38,9 @@ def _orjson_dumps(obj: Any, **_: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
-def configure_logging(json: bool | None = None, *, level: str = "warning",
-                      final: bool = False) -> None:
+def configure_logging(
+    json: bool | None = None, *, level: str = "warning", final: bool = False
+) -> None:
     """Configure structlog (and the stdlib root logger) for a command.
 
     `json`: True for JSON lines, False for console lines, None to pick JSON exactly
@@ -65,13 +66,17 @@ def configure_logging(json: bool | None = None, *, level: str = "warning",
             # Tracebacks as data, without local variables: locals hold message bodies
             # and DSNs, which must never reach a log (STYLE.md rule 11).
             structlog.processors.ExceptionRenderer(
-                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
             structlog.processors.JSONRenderer(serializer=_orjson_dumps),
         ]
     else:
         # plain tracebacks: rich's default formatter prints local variables
-        renderer = [structlog.dev.ConsoleRenderer(
-            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)]
+        renderer = [
+            structlog.dev.ConsoleRenderer(
+                colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+            )
+        ]
     structlog.configure(
         processors=[*shared, *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
@@ -81,10 +86,12 @@ def configure_logging(json: bool | None = None, *, level: str = "warning",
     # Libraries that use the stdlib (asyncpg, botocore) log through the root logger;
     # their records get the same shape, so stderr stays one format.
     handler = std_logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
+        )
+    )
     root = std_logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(level_no, std_logging.WARNING))

@@ -153,7 +153,8 @@ class MailboxRunner:
         finally:
             self._run_scope = None
             self.deps.metrics.sync_finished(
-                provider, duration_s=anyio.current_time() - started, failed=failed)
+                provider, duration_s=anyio.current_time() - started, failed=failed
+            )
 
     async def _sync(self) -> None:
         tenant, mailbox = self.key
@@ -161,12 +162,16 @@ class MailboxRunner:
         async with pool.acquire() as conn:
             throttled_until = await conn.fetchval(
                 "SELECT throttle_until FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 "
-                "AND throttle_until > now()", tenant, mailbox)
+                "AND throttle_until > now()",
+                tenant,
+                mailbox,
+            )
             if throttled_until is not None:
                 self._log.debug("sync_skipped_throttled", until=str(throttled_until))
                 return
-            token = await leases.acquire_lease(conn, tenant, mailbox, self.deps.owner,
-                                               self.deps.lease_ttl_s)
+            token = await leases.acquire_lease(
+                conn, tenant, mailbox, self.deps.owner, self.deps.lease_ttl_s
+            )
         if token is None:
             self._log.debug("sync_skipped_leased_elsewhere")
             return
@@ -204,7 +209,9 @@ class MailboxRunner:
         async with pool.acquire() as conn:
             cursor = await conn.fetchval(
                 "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
-                tenant, mailbox)
+                tenant,
+                mailbox,
+            )
         send, receive = anyio.create_memory_object_stream[Page](max_buffer_size=PAGE_PREFETCH)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_pages, cursor, send)
@@ -222,18 +229,26 @@ class MailboxRunner:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async for page in pages:
-            batch = IngestBatch(tenant, mailbox, page.items, backfill=page.backfill,
-                                fetch_attachment=getattr(self.source, "fetch_attachment", None)
-                                if getattr(self.source, "lazy_attachments", False) else None)
+            batch = IngestBatch(
+                tenant,
+                mailbox,
+                page.items,
+                backfill=page.backfill,
+                fetch_attachment=getattr(self.source, "fetch_attachment", None)
+                if getattr(self.source, "lazy_attachments", False)
+                else None,
+            )
             results = await self.deps.queue.ingest(batch)
             await self.source.settle(page, results)
             if not page_is_clean(results):
                 raise PageNotClean(
                     f"{sum(1 for r in results if r.outcome.value == 'retriable_failure')} "
-                    "items failed retriably; the page will be read again")
+                    "items failed retriably; the page will be read again"
+                )
             async with pool.acquire() as conn:
                 if page.cursor_after is not None and not await leases.commit_cursor(
-                        conn, tenant, mailbox, token, page.cursor_after):
+                    conn, tenant, mailbox, token, page.cursor_after
+                ):
                     raise LeaseLost("the mailbox lease moved to another process")
                 if await leases.take_cancel(conn, tenant, mailbox):
                     self._log.info("sync_cancel_flag_honoured")
@@ -247,8 +262,9 @@ class MailboxRunner:
         while True:
             await anyio.sleep(interval_s)
             async with self.deps.pool.acquire() as conn:
-                ok = await leases.renew_lease(conn, tenant, mailbox, self.deps.owner, token,
-                                              self.deps.lease_ttl_s)
+                ok = await leases.renew_lease(
+                    conn, tenant, mailbox, self.deps.owner, token, self.deps.lease_ttl_s
+                )
             if not ok:
                 self._log.warning("lease_lost")
                 if self._run_scope is not None:
@@ -260,7 +276,8 @@ class MailboxRunner:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
             try:
                 async with self.deps.pool.acquire() as conn:
-                    await scheduling.record_failure(conn, tenant, mailbox, error,
-                                                    attention=attention)
+                    await scheduling.record_failure(
+                        conn, tenant, mailbox, error, attention=attention
+                    )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self._log.warning("failure_not_recorded", error=str(exc))

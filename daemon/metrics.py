@@ -52,7 +52,8 @@ class _CursorLag(Collector):
         family = GaugeMetricFamily(
             "inboxd_cursor_lag_seconds",
             "Seconds since the mailbox's cursor last reached the provider's head.",
-            labels=["tenant", "mailbox"])
+            labels=["tenant", "mailbox"],
+        )
         for (tenant, mailbox), lag_s in sorted(self._metrics.cursor_lags().items()):
             family.add_metric([tenant, mailbox], lag_s)
         yield family
@@ -69,21 +70,33 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ingest_items = Counter(
-            "inboxd_ingest_items", "Items answered by the ingest stage, by outcome.",
-            ["outcome"], registry=r)
+            "inboxd_ingest_items",
+            "Items answered by the ingest stage, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
-            "inboxd_queue_depth", "Items waiting in the bounded ingest queue.", registry=r)
+            "inboxd_queue_depth", "Items waiting in the bounded ingest queue.", registry=r
+        )
         self.queue_capacity = Gauge(
-            "inboxd_queue_capacity", "Capacity of the bounded ingest queue.", registry=r)
+            "inboxd_queue_capacity", "Capacity of the bounded ingest queue.", registry=r
+        )
         self.sync_runs = Counter(
-            "inboxd_sync_runs", "Mailbox sync runs started, by provider.", ["provider"],
-            registry=r)
+            "inboxd_sync_runs", "Mailbox sync runs started, by provider.", ["provider"], registry=r
+        )
         self.sync_failures = Counter(
-            "inboxd_sync_failures", "Mailbox sync runs that ended in an error, by provider.",
-            ["provider"], registry=r)
+            "inboxd_sync_failures",
+            "Mailbox sync runs that ended in an error, by provider.",
+            ["provider"],
+            registry=r,
+        )
         self.sync_duration = Histogram(
-            "inboxd_sync_duration_seconds", "Duration of finished sync runs, by provider.",
-            ["provider"], buckets=_SYNC_BUCKETS_S, registry=r)
+            "inboxd_sync_duration_seconds",
+            "Duration of finished sync runs, by provider.",
+            ["provider"],
+            buckets=_SYNC_BUCKETS_S,
+            registry=r,
+        )
         #: Unix time source of the cursor-lag collector (replaceable in tests).
         self.clock: Callable[[], float] = time.time
         # (tenant, mailbox) → when its cursor last reached the provider's head,
@@ -93,24 +106,37 @@ class Metrics:
         self.webhook_verification_failures = Counter(
             "inboxd_webhook_verification_failures",
             "Webhook requests rejected because their signature or token did not verify.",
-            ["source"], registry=r)
+            ["source"],
+            registry=r,
+        )
         self.delivery_events = Counter(
             "inboxd_delivery_events",
             "Delivery events received by webhook, by provider and whether they were new.",
-            ["provider", "result"], registry=r)
+            ["provider", "result"],
+            registry=r,
+        )
         self.dead_items = Counter(
-            "inboxd_dead_items", "Items recorded as dead (permanent failures).", registry=r)
+            "inboxd_dead_items", "Items recorded as dead (permanent failures).", registry=r
+        )
         self.http_requests = Counter(
-            "inboxd_http_requests", "HTTP requests answered, by route template and status.",
-            ["route", "method", "status"], registry=r)
+            "inboxd_http_requests",
+            "HTTP requests answered, by route template and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
         self.http_duration = Histogram(
             "inboxd_http_request_duration_seconds",
             "Time to answer an HTTP request (SSE streams excluded), by route template.",
-            ["route"], buckets=_HTTP_BUCKETS_S, registry=r)
+            ["route"],
+            buckets=_HTTP_BUCKETS_S,
+            registry=r,
+        )
         self.sse_clients = Gauge(
-            "inboxd_sse_clients", "Connected Server-Sent Events clients.", registry=r)
+            "inboxd_sse_clients", "Connected Server-Sent Events clients.", registry=r
+        )
         self.sse_events_sent = Counter(
-            "inboxd_sse_events_sent", "Events written to SSE clients.", registry=r)
+            "inboxd_sse_events_sent", "Events written to SSE clients.", registry=r
+        )
         # Show every outcome from the start (a 0 is information; a missing series is not).
         for outcome in Outcome:
             self.ingest_items.labels(outcome=outcome.value)

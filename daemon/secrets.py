@@ -43,9 +43,17 @@ _PREFIXES = ("env:", "file:")
 # Config keys whose value is a credential and so must be a reference. Exact names,
 # plus any key ending in one of the suffixes (`client_secret`, `refresh_token`,
 # `smtp_password`, `service_account_credentials`, ...).
-SECRET_KEY_NAMES = frozenset({
-    "password", "token", "secret", "credentials", "api_key", "private_key", "signing_key",
-})
+SECRET_KEY_NAMES = frozenset(
+    {
+        "password",
+        "token",
+        "secret",
+        "credentials",
+        "api_key",
+        "private_key",
+        "signing_key",
+    }
+)
 SECRET_KEY_SUFFIXES = ("_secret", "_password", "_token", "_credentials")
 
 USE_A_REFERENCE = 'use a secret reference, "env:NAME" or "file:/path"'
@@ -94,7 +102,8 @@ class Secret:
             value = environ.get(self.target, "").strip()
             if not value:
                 raise SecretError(
-                    f"{self.ref}: environment variable {self.target} is not set or empty")
+                    f"{self.ref}: environment variable {self.target} is not set or empty"
+                )
             return value
         path = Path(self.target).expanduser()
         try:
@@ -125,8 +134,10 @@ def secret_ref_error(value: object) -> str | None:
     if not text.startswith(_PREFIXES):
         if not text:
             return f"empty value: {USE_A_REFERENCE} (or remove the key)"
-        return (f"literal secrets are not allowed in config files: {USE_A_REFERENCE} "
-                "(the value is not shown)")
+        return (
+            f"literal secrets are not allowed in config files: {USE_A_REFERENCE} "
+            "(the value is not shown)"
+        )
     kind, _, target = text.partition(":")
     if not target.strip():
         example = "env:MY_TOKEN" if kind == "env" else "file:/run/secrets/my-token"

@@ -16,8 +16,12 @@ from inboxd.pipeline.errors import ConfigError
 
 
 def _maildir(mailbox: MailboxConfig, page_size: int) -> Source:
-    source = MaildirSource(mailbox.tenant_id, mailbox.mailbox_id,
-                           MaildirConfig.from_settings(mailbox.settings), page_size=page_size)
+    source = MaildirSource(
+        mailbox.tenant_id,
+        mailbox.mailbox_id,
+        MaildirConfig.from_settings(mailbox.settings),
+        page_size=page_size,
+    )
     source.ensure_layout()
     return source
 
@@ -35,5 +39,6 @@ def build_source(mailbox: MailboxConfig, *, page_size: int) -> Source:
     builder = _BUILDERS.get(mailbox.provider)
     if builder is None:
         raise ConfigError(
-            f"provider {mailbox.provider!r} is not available in this version of inboxd")
+            f"provider {mailbox.provider!r} is not available in this version of inboxd"
+        )
     return builder(mailbox, page_size)

@@ -75,8 +75,14 @@ class Daemon:
     """Builds the task tree above and runs it until a stop signal."""
 
     def __init__(
-        self, main: MainConfig, tenants: dict[str, TenantConfig], *, pool: asyncpg.Pool,
-        dsn: str, store: ObjectStore, metrics: Metrics | None = None,
+        self,
+        main: MainConfig,
+        tenants: dict[str, TenantConfig],
+        *,
+        pool: asyncpg.Pool,
+        dsn: str,
+        store: ObjectStore,
+        metrics: Metrics | None = None,
         on_ready: Callable[[int], None] | None = None,
     ) -> None:
         self.state = DaemonState(main, dict(tenants))
@@ -85,8 +91,11 @@ class Daemon:
         self.store = store
         self.metrics = metrics or Metrics()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.queue = IngestQueue(IngestStage(pool, store), self.metrics,
-                                 capacity_pages=max(1, main.queue_capacity // main.batch_size))
+        self.queue = IngestQueue(
+            IngestStage(pool, store),
+            self.metrics,
+            capacity_pages=max(1, main.queue_capacity // main.batch_size),
+        )
         self._deps = RunnerDeps(pool, self.queue, self.metrics, self.owner, main.lease_ttl_s)
         self._on_ready = on_ready
         self._stop = anyio.Event()
@@ -117,8 +126,9 @@ class Daemon:
     async def _serve(self, main: MainConfig) -> None:
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._signals)
-            port = await outer.start(serve_http, main.listen_host, main.listen_port,
-                                     self._http_state())
+            port = await outer.start(
+                serve_http, main.listen_host, main.listen_port, self._http_state()
+            )
             with self._workers_scope:
                 async with anyio.create_task_group() as workers:
                     for _ in range(main.ingest_workers):
@@ -131,8 +141,7 @@ class Daemon:
                         await intake.start(self._doorbell)
                         intake.start_soon(systemd.run_watchdog, self._ready)
                         systemd.notify("READY=1")
-                        self._log.info("daemon_ready", port=port,
-                                       mailboxes=len(self.state.runners))
+                        self._log.info("daemon_ready", port=port, mailboxes=len(self.state.runners))
                         if self._on_ready is not None:
                             self._on_ready(port)
                         await self._stop.wait()
@@ -150,8 +159,9 @@ class Daemon:
         else:
             self._log.info("daemon_stopping", deadline_s=self.state.main.shutdown_deadline_s)
             systemd.notify("STOPPING=1")
-            self._workers_scope.deadline = (anyio.current_time()
-                                            + self.state.main.shutdown_deadline_s)
+            self._workers_scope.deadline = (
+                anyio.current_time() + self.state.main.shutdown_deadline_s
+            )
         self.state.stopping = True
         self._stop.set()
 
@@ -205,8 +215,9 @@ class Daemon:
             self._tokens.replace(_api_tokens(merged))
         except ValueError as exc:  # e.g. two tenants sharing a token: keep the old table
             self._log.error("api_tokens_not_reloaded", error=str(exc))
-        self._log.info("config_reloaded", tenants=len(merged), mailboxes=len(wanted),
-                       broken_files=len(broken))
+        self._log.info(
+            "config_reloaded", tenants=len(merged), mailboxes=len(wanted), broken_files=len(broken)
+        )
 
     def _load_hooks(self, tenants: dict[str, TenantConfig]) -> None:
         sources, problems = build_hook_sources(tenants)
@@ -219,12 +230,17 @@ class Daemon:
         try:
             source: Source = build_source(mailbox, page_size=self.state.main.batch_size)
         except Exception as exc:
-            self._log.error("mailbox_not_started", tenant=mailbox.tenant_id,
-                            mailbox=mailbox.mailbox_id, error=str(exc))
+            self._log.error(
+                "mailbox_not_started",
+                tenant=mailbox.tenant_id,
+                mailbox=mailbox.mailbox_id,
+                error=str(exc),
+            )
             try:
                 async with self.pool.acquire() as conn:
-                    await scheduling.record_failure(conn, mailbox.tenant_id, mailbox.mailbox_id,
-                                                    str(exc), attention=True)
+                    await scheduling.record_failure(
+                        conn, mailbox.tenant_id, mailbox.mailbox_id, str(exc), attention=True
+                    )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as db_exc:
                 self._log.warning("failure_not_recorded", error=str(db_exc))
             return
@@ -235,8 +251,12 @@ class Daemon:
         runner.ring()  # first sync at start
 
     async def _sync_mailbox_rows(self, tenants: dict[str, TenantConfig]) -> None:
-        rows = [scheduling.MailboxRow(m.tenant_id, m.mailbox_id, m.provider, m.address, m.sync_mode,
-                                      m.poll_interval_s) for m in _mailboxes(tenants)]
+        rows = [
+            scheduling.MailboxRow(
+                m.tenant_id, m.mailbox_id, m.provider, m.address, m.sync_mode, m.poll_interval_s
+            )
+            for m in _mailboxes(tenants)
+        ]
         async with self.pool.acquire() as conn:
             await scheduling.upsert_configured_mailboxes(conn, rows)
             await ensure_tenants(conn, list(tenants))  # webhook events need their tenant row
@@ -245,14 +265,22 @@ class Daemon:
         interval_s = self.state.main.poll_scan_interval_s
         while True:
             await anyio.sleep(interval_s)
-            polled = [key for key, r in self.state.runners.items()
-                      if r.fingerprint.sync_mode in ("poll", "auto")]
+            polled = [
+                key
+                for key, r in self.state.runners.items()
+                if r.fingerprint.sync_mode in ("poll", "auto")
+            ]
             if not polled:
                 continue
             try:
                 async with self.pool.acquire() as conn:
-                    due = await scheduling.claim_due(conn, self.owner, mailboxes=polled,
-                                                     cooldown_s=interval_s, limit=POLL_CLAIM_LIMIT)
+                    due = await scheduling.claim_due(
+                        conn,
+                        self.owner,
+                        mailboxes=polled,
+                        cooldown_s=interval_s,
+                        limit=POLL_CLAIM_LIMIT,
+                    )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self._log.warning("poll_scan_failed", error=str(exc))
                 continue
@@ -298,12 +326,18 @@ class Daemon:
     # http -----------------------------------------------------------------------------
 
     def _http_state(self) -> HttpState:
-        return HttpState(pool=self.pool, dsn=self.dsn, store=self.store, metrics=self.metrics,
-                         tenant_for_token=self._tokens, ready=self._ready,
-                         max_body_bytes=self.state.main.max_body_bytes,
-                         extra_routes=hook_routes(self.hooks, self.intake, confirm_subscription),
-                         body_limit=self.hooks.body_limit,
-                         before_body=self.hooks.check_before_body)
+        return HttpState(
+            pool=self.pool,
+            dsn=self.dsn,
+            store=self.store,
+            metrics=self.metrics,
+            tenant_for_token=self._tokens,
+            ready=self._ready,
+            max_body_bytes=self.state.main.max_body_bytes,
+            extra_routes=hook_routes(self.hooks, self.intake, confirm_subscription),
+            body_limit=self.hooks.body_limit,
+            before_body=self.hooks.check_before_body,
+        )
 
     async def _ready(self) -> bool:
         if self.state.stopping:
@@ -318,8 +352,7 @@ class Daemon:
 
 
 def _api_tokens(tenants: dict[str, TenantConfig]) -> dict[str, str]:
-    return {t.tenant_id: t.api_token.reveal() for t in tenants.values()
-            if t.api_token is not None}
+    return {t.tenant_id: t.api_token.reveal() for t in tenants.values() if t.api_token is not None}
 
 
 def _mailboxes(tenants: dict[str, TenantConfig]) -> list[MailboxConfig]:

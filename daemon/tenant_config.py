@@ -76,8 +76,7 @@ class MailboxConfig:
     address: str = ""
     sync_mode: str = DEFAULT_SYNC_MODE
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
-    settings: Mapping[str, Any] = field(
-        default_factory=lambda: MappingProxyType({}), hash=False)
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def runnable(self) -> bool:
@@ -134,8 +133,11 @@ def parse_tenant_files(files: list[Path], options: Options) -> TenantSet:
     """
     parsed = [_parse_tenant_file(path, options) for path in files]
     _check_unique_ids(parsed)
-    tenants = {p.tenant.tenant_id: p.tenant for p in parsed
-               if p.tenant is not None and not p.reader.problems}
+    tenants = {
+        p.tenant.tenant_id: p.tenant
+        for p in parsed
+        if p.tenant is not None and not p.reader.problems
+    }
     problems = [problem for p in parsed for problem in p.reader.problems]
     return TenantSet(tenants, problems, tuple(files))
 
@@ -174,14 +176,23 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
     processors = _parse_raw_tables(r, raw, "processors", "processor")
     if tenant_id is not None:
         result.tenant = TenantConfig(
-            tenant_id=tenant_id, name=name, source_file=path, api_token=api_token,
-            mailboxes=tuple(mailboxes), delivery_sources=delivery_sources,
-            processors=processors)
+            tenant_id=tenant_id,
+            name=name,
+            source_file=path,
+            api_token=api_token,
+            mailboxes=tuple(mailboxes),
+            delivery_sources=delivery_sources,
+            processors=processors,
+        )
     return result
 
 
 def _parse_mailbox(
-    r: Reader, table: dict[str, Any], prefix: str, tenant_id: str, base: Path,
+    r: Reader,
+    table: dict[str, Any],
+    prefix: str,
+    tenant_id: str,
+    base: Path,
 ) -> tuple[str | None, MailboxConfig | None]:
     """The mailbox id (None if invalid) and the mailbox (None when its id or provider
     is unusable); problems recorded."""
@@ -189,20 +200,30 @@ def _parse_mailbox(
     provider = r.choice(table, "provider", prefix, PROVIDERS, None, required=True)
     address = r.string(table, "address", prefix, default="") or ""
     if address and "@" not in address:
-        r.problem(join_key(prefix, "address"),
-                  f"expected an email address, got {describe(address)}")
+        r.problem(
+            join_key(prefix, "address"), f"expected an email address, got {describe(address)}"
+        )
     modes = _PROVIDER_SYNC_MODES.get(provider or "", SYNC_MODES)
-    sync_mode = r.choice(table, "sync_mode", prefix, modes, DEFAULT_SYNC_MODE,
-                         context=(f' for provider "{provider}"'
-                                  if provider in _PROVIDER_SYNC_MODES else ""))
-    poll_interval_s = r.number(table, "poll_interval_s", prefix,
-                               _PROVIDER_POLL_INTERVAL_S.get(provider or "",
-                                                             DEFAULT_POLL_INTERVAL_S))
+    sync_mode = r.choice(
+        table,
+        "sync_mode",
+        prefix,
+        modes,
+        DEFAULT_SYNC_MODE,
+        context=(f' for provider "{provider}"' if provider in _PROVIDER_SYNC_MODES else ""),
+    )
+    poll_interval_s = r.number(
+        table,
+        "poll_interval_s",
+        prefix,
+        _PROVIDER_POLL_INTERVAL_S.get(provider or "", DEFAULT_POLL_INTERVAL_S),
+    )
     extra = {k: v for k, v in table.items() if k not in _MAILBOX_KEYS}
     settings: Mapping[str, Any]
     if provider == "maildir":
-        r.unknown_keys(extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix,
-                       what='key for provider "maildir"')
+        r.unknown_keys(
+            extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
+        )
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
     else:
         for key in extra:
@@ -213,13 +234,17 @@ def _parse_mailbox(
     if mailbox_id is None or provider is None:
         return mailbox_id, None
     return mailbox_id, MailboxConfig(
-        tenant_id=tenant_id, mailbox_id=mailbox_id, provider=provider, address=address,
-        sync_mode=sync_mode or DEFAULT_SYNC_MODE, poll_interval_s=poll_interval_s,
-        settings=settings)
+        tenant_id=tenant_id,
+        mailbox_id=mailbox_id,
+        provider=provider,
+        address=address,
+        sync_mode=sync_mode or DEFAULT_SYNC_MODE,
+        poll_interval_s=poll_interval_s,
+        settings=settings,
+    )
 
 
-def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str,
-                      base: Path) -> dict[str, Any]:
+def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path) -> dict[str, Any]:
     text = r.string(table, "path", prefix, required=True, nonempty=True)
     if text is None:
         return {}
@@ -232,7 +257,10 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str,
 
 
 def _parse_raw_tables(
-    r: Reader, raw: dict[str, Any], name: str, kind: str,
+    r: Reader,
+    raw: dict[str, Any],
+    name: str,
+    kind: str,
 ) -> tuple[Mapping[str, Any], ...]:
     """`[[delivery_sources]]` / `[[processors]]`: tables with a unique `id` and a
     `provider`; everything else kept as written (secrets checked and wrapped)."""
@@ -260,14 +288,21 @@ def _check_unique_ids(files: list[_TenantFile]) -> None:
         if parsed.tenant_id is not None:
             owner = tenant_owner.setdefault(parsed.tenant_id, r.file)
             if owner != r.file:
-                r.problem("id", f'duplicate tenant id "{parsed.tenant_id}": '
-                                f"already defined in {owner}")
+                r.problem(
+                    "id", f'duplicate tenant id "{parsed.tenant_id}": already defined in {owner}'
+                )
         for key, mailbox_id in parsed.mailbox_ids:
             claim = (r.file, parsed.tenant_id or "?", key)
             owner_file, owner_tenant, owner_key = mailbox_owner.setdefault(mailbox_id, claim)
             if (owner_file, owner_key) == (r.file, key):
                 continue
-            where = (f"{owner_key} of this file" if owner_file == r.file
-                     else f'tenant "{owner_tenant}" ({owner_file}: {owner_key})')
-            r.problem(key, f'duplicate mailbox id "{mailbox_id}": already used by {where}; '
-                           "mailbox ids are unique across all tenants")
+            where = (
+                f"{owner_key} of this file"
+                if owner_file == r.file
+                else f'tenant "{owner_tenant}" ({owner_file}: {owner_key})'
+            )
+            r.problem(
+                key,
+                f'duplicate mailbox id "{mailbox_id}": already used by {where}; '
+                "mailbox ids are unique across all tenants",
+            )

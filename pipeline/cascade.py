@@ -139,7 +139,10 @@ def group_in_batch(items: list[MessageData]) -> tuple[list[int], dict[int, tuple
 
 
 async def classify(
-    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str, items: list[MessageData],
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    mailbox_id: str,
+    items: list[MessageData],
 ) -> tuple[dict[int, Decision], dict[int, tuple[int, Outcome]]]:
     """Run the cascade for a batch; two queries at most.
 
@@ -208,8 +211,11 @@ async def classify(
 
 
 async def _confirm_fallbacks(
-    conn: asyncpg.Connection, tenant_id: str, items: list[MessageData],
-    fallbacks: dict[int, int], decisions: dict[int, Decision],
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    items: list[MessageData],
+    fallbacks: dict[int, int],
+    decisions: dict[int, Decision],
 ) -> None:
     """A fallback match stands only if the placeholder's recorded body (if any) agrees.
 
@@ -219,7 +225,9 @@ async def _confirm_fallbacks(
     rows = await conn.fetch(
         "SELECT message_id, text_body, html_body FROM messages "
         "WHERE tenant_id = $1 AND message_id = ANY($2::bigint[])",
-        tenant_id, list(set(fallbacks.values())))
+        tenant_id,
+        list(set(fallbacks.values())),
+    )
     bodies = {r[0]: r[1] or html_to_text(r[2]) for r in rows}
     for idx, placeholder in fallbacks.items():
         recorded = normalise_body(bodies.get(placeholder))

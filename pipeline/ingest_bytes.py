@@ -67,8 +67,12 @@ class StoredBytes:
 
 
 async def store_message_bytes(
-    store: ObjectStore, tenant: str, fetch: AttachmentFetcher | None,
-    items: Sequence[MessageData], outcomes: Sequence[Outcome], decisions: dict[int, Decision],
+    store: ObjectStore,
+    tenant: str,
+    fetch: AttachmentFetcher | None,
+    items: Sequence[MessageData],
+    outcomes: Sequence[Outcome],
+    decisions: dict[int, Decision],
 ) -> StoredBytes:
     """Store raw MIME, large HTML and attachments, only for items that need them.
 
@@ -146,7 +150,9 @@ async def store_dead_raw(
 
 
 async def record_retried_attachments(
-    conn: asyncpg.Connection, tenant: str, decisions: dict[int, Decision],
+    conn: asyncpg.Connection,
+    tenant: str,
+    decisions: dict[int, Decision],
     att_state: dict[int, AttachmentState],
 ) -> None:
     """Mark attachments of duplicates stored now that a retried store succeeded."""
@@ -163,7 +169,12 @@ async def record_retried_attachments(
             "UPDATE attachments a SET stored = true, store_error = NULL, storage_key = u.key "
             "FROM unnest($2::bigint[], $3::text[], $4::text[]) AS u(message_id, sha, key) "
             "WHERE a.tenant_id = $1 AND a.message_id = u.message_id AND a.sha256 = u.sha "
-            "AND NOT a.stored", tenant, ids, shas, keys)
+            "AND NOT a.stored",
+            tenant,
+            ids,
+            shas,
+            keys,
+        )
 
 
 async def _fetch_attachments(fetch: AttachmentFetcher | None, item: MessageData) -> None:
@@ -189,8 +200,12 @@ async def _fetch_attachments(fetch: AttachmentFetcher | None, item: MessageData)
 
 
 def _queue_attachments(
-    tenant: str, k: int, item: MessageData, stored: StoredBytes,
-    puts: list[tuple[str, bytes, str]], owners: list[tuple[str, int, int]],
+    tenant: str,
+    k: int,
+    item: MessageData,
+    stored: StoredBytes,
+    puts: list[tuple[str, bytes, str]],
+    owners: list[tuple[str, int, int]],
 ) -> None:
     """Queue attachment bytes under deterministic keys; unfetched ones stay unstored."""
     state: AttachmentState = []

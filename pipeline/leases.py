@@ -150,7 +150,11 @@ RETURNING true
 
 
 async def acquire_lease(
-    conn: Executor, tenant_id: str, mailbox_id: str, owner: str, ttl_s: float,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    ttl_s: float,
 ) -> int | None:
     """Take the mailbox's lease for `ttl_s` seconds; the new fencing token, or None.
 
@@ -170,7 +174,12 @@ async def acquire_lease(
 
 
 async def renew_lease(
-    conn: Executor, tenant_id: str, mailbox_id: str, owner: str, token: int, ttl_s: float,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    token: int,
+    ttl_s: float,
 ) -> bool:
     """Extend a held lease to now() + ttl_s; False when it was lost.
 
@@ -181,12 +190,17 @@ async def renew_lease(
     """
     _require_owner(owner)
     renewed = await conn.fetchval(
-        _RENEW, tenant_id, mailbox_id, owner, token, _positive("ttl_s", ttl_s))
+        _RENEW, tenant_id, mailbox_id, owner, token, _positive("ttl_s", ttl_s)
+    )
     return bool(renewed)
 
 
 async def release_lease(
-    conn: Executor, tenant_id: str, mailbox_id: str, owner: str, token: int,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    token: int,
 ) -> None:
     """Give the lease up so another replica may sync at once (no wait for expiry).
 
@@ -198,8 +212,13 @@ async def release_lease(
 
 # --- cursor ------------------------------------------------------------------------------
 
+
 async def commit_cursor(
-    conn: Executor, tenant_id: str, mailbox_id: str, token: int, cursor: str,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    token: int,
+    cursor: str,
 ) -> bool:
     """Write the sync cursor, fenced by the lease token; False: stale holder, stop.
 
@@ -216,7 +235,11 @@ async def commit_cursor(
 
 
 async def reset_cursor(
-    conn: Executor, tenant_id: str, mailbox_id: str, token: int, reason: str,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    token: int,
+    reason: str,
 ) -> bool:
     """Forget an expired cursor (full resync next) and record why; False: stale holder.
 
@@ -236,25 +259,38 @@ async def reset_cursor(
 
 # --- cancel flag -------------------------------------------------------------------------
 
+
 async def request_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
     """Ask the mailbox's running (or next) sync to stop between pages; False: no mailbox."""
-    return bool(await conn.fetchval(
-        "UPDATE mailboxes SET cancel_requested = true "
-        "WHERE tenant_id = $1 AND mailbox_id = $2 RETURNING true", tenant_id, mailbox_id))
+    return bool(
+        await conn.fetchval(
+            "UPDATE mailboxes SET cancel_requested = true "
+            "WHERE tenant_id = $1 AND mailbox_id = $2 RETURNING true",
+            tenant_id,
+            mailbox_id,
+        )
+    )
 
 
 async def cancel_requested(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
     """True when a cancel is pending (False also for a mailbox that does not exist)."""
-    return bool(await conn.fetchval(
-        "SELECT cancel_requested FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
-        tenant_id, mailbox_id))
+    return bool(
+        await conn.fetchval(
+            "SELECT cancel_requested FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+            tenant_id,
+            mailbox_id,
+        )
+    )
 
 
 async def clear_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> None:
     """Withdraw a pending cancel (after the sync stopped for it)."""
     await conn.execute(
         "UPDATE mailboxes SET cancel_requested = false "
-        "WHERE tenant_id = $1 AND mailbox_id = $2 AND cancel_requested", tenant_id, mailbox_id)
+        "WHERE tenant_id = $1 AND mailbox_id = $2 AND cancel_requested",
+        tenant_id,
+        mailbox_id,
+    )
 
 
 async def take_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
@@ -263,15 +299,20 @@ async def take_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
     What a sync calls between pages: a cancel requested concurrently is either
     seen now or stays set for the next check, never lost.
     """
-    return bool(await conn.fetchval(
-        "UPDATE mailboxes SET cancel_requested = false "
-        "WHERE tenant_id = $1 AND mailbox_id = $2 AND cancel_requested RETURNING true",
-        tenant_id, mailbox_id))
+    return bool(
+        await conn.fetchval(
+            "UPDATE mailboxes SET cancel_requested = false "
+            "WHERE tenant_id = $1 AND mailbox_id = $2 AND cancel_requested RETURNING true",
+            tenant_id,
+            mailbox_id,
+        )
+    )
 
 
 # --- helpers -----------------------------------------------------------------------------
 
 # Also used by scheduling.py, which works on the same row under the same rules.
+
 
 def one_line(text: str, limit: int = ERROR_MAX_CHARS) -> str:
     """`text` with whitespace runs (newlines included) collapsed, cut to `limit` chars."""

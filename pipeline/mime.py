@@ -50,6 +50,7 @@ MAX_ADDRESSES_PER_HEADER = 1_000
 # Parts walked per message; one corpus file has ~3,000 parts.
 MAX_PARTS = 5_000
 
+
 class _Message(Message):
     """compat32 Message whose boundary tolerates folding (RFC 2045 allows a quoted
     boundary to be folded; the stdlib then looks for a boundary with CRLF in it
@@ -95,24 +96,51 @@ def parse_raw(
         return DeadItem(tenant_id, mailbox_id, ext_id, "empty", "no bytes", raw, raw_sha256)
     head = raw[:_SNIFF_BYTES]
     if head.startswith(_CFB_MAGIC):
-        return DeadItem(tenant_id, mailbox_id, ext_id, "not_mime",
-                        "an Outlook .msg (CFB) file, not RFC 5322 mail", raw, raw_sha256)
+        return DeadItem(
+            tenant_id,
+            mailbox_id,
+            ext_id,
+            "not_mime",
+            "an Outlook .msg (CFB) file, not RFC 5322 mail",
+            raw,
+            raw_sha256,
+        )
     if b"\x00" in head.partition(b"\n\n")[0].partition(b"\r\n\r\n")[0]:
-        return DeadItem(tenant_id, mailbox_id, ext_id, "not_mime",
-                        "binary data (NUL bytes), not RFC 5322 mail", raw, raw_sha256)
+        return DeadItem(
+            tenant_id,
+            mailbox_id,
+            ext_id,
+            "not_mime",
+            "binary data (NUL bytes), not RFC 5322 mail",
+            raw,
+            raw_sha256,
+        )
     try:
         msg = _parse_lenient(raw)
     except Exception as exc:  # the stdlib is documented not to raise; be sure
         return DeadItem(
-            tenant_id, mailbox_id, ext_id, "parse_error", f"{type(exc).__name__}: {exc}"[:300],
-            raw, raw_sha256,
+            tenant_id,
+            mailbox_id,
+            ext_id,
+            "parse_error",
+            f"{type(exc).__name__}: {exc}"[:300],
+            raw,
+            raw_sha256,
         )
     try:
-        return _to_message_data(msg, raw, raw_sha256, tenant_id, mailbox_id, ext_id, source,
-                                received_at)
+        return _to_message_data(
+            msg, raw, raw_sha256, tenant_id, mailbox_id, ext_id, source, received_at
+        )
     except RecursionError:
-        return DeadItem(tenant_id, mailbox_id, ext_id, "too_deep",
-                        "MIME structure nested too deeply to walk", raw, raw_sha256)
+        return DeadItem(
+            tenant_id,
+            mailbox_id,
+            ext_id,
+            "too_deep",
+            "MIME structure nested too deeply to walk",
+            raw,
+            raw_sha256,
+        )
 
 
 def _parse_lenient(raw: bytes) -> Message:
@@ -129,14 +157,15 @@ def _parse_lenient(raw: bytes) -> Message:
     A message that still has no header is parsed as a body-only message.
     """
     if raw.startswith(_BOM):
-        raw = raw[len(_BOM):]
+        raw = raw[len(_BOM) :]
     if b"\n" not in raw[:_SNIFF_BYTES] and b"\r" in raw:
         raw = raw.replace(b"\r", b"\n")
     msg = _PARSER.parsebytes(raw)
     if msg.keys():
         return msg
-    head, sep, body = raw.partition(b"\n\n") if b"\r\n\r\n" not in raw else raw.partition(
-        b"\r\n\r\n")
+    head, sep, body = (
+        raw.partition(b"\n\n") if b"\r\n\r\n" not in raw else raw.partition(b"\r\n\r\n")
+    )
     repaired = _OBS_COLON.sub(rb"\1:", head)
     if repaired != head:
         retry = _PARSER.parsebytes(repaired + sep + body)
@@ -146,8 +175,14 @@ def _parse_lenient(raw: bytes) -> Message:
 
 
 def _to_message_data(
-    msg: Message, raw: bytes, raw_sha256: str, tenant_id: str, mailbox_id: str, ext_id: str,
-    source: str, received_at: datetime | None,
+    msg: Message,
+    raw: bytes,
+    raw_sha256: str,
+    tenant_id: str,
+    mailbox_id: str,
+    ext_id: str,
+    source: str,
+    received_at: datetime | None,
 ) -> MessageData:
     cs = _text_charset(msg)
     mid_raw = _header_text(_raw_header(msg, "Message-ID"))
@@ -364,9 +399,7 @@ def _bodies(msg: Message) -> tuple[str | None, str | None, list[AttachmentData]]
         disposition = disposition.strip().lower()
         filename = _filename(part)
         is_body_text = (
-            ctype in ("text/plain", "text/html")
-            and disposition != "attachment"
-            and not filename
+            ctype in ("text/plain", "text/html") and disposition != "attachment" and not filename
         )
         payload = _payload_bytes(part)
         if is_body_text:
@@ -424,8 +457,11 @@ def _filename(part: Message) -> str:
         if not (raw_cd.isascii() and raw_ct.isascii()):
             # 8-bit bytes in the parameter: the stdlib has already turned them
             # into U+FFFD, so read the parameter from the recovered header text
-            name = _param_8bit(recover_header_bytes(raw_cd), "filename") or _param_8bit(
-                recover_header_bytes(raw_ct), "name") or name
+            name = (
+                _param_8bit(recover_header_bytes(raw_cd), "filename")
+                or _param_8bit(recover_header_bytes(raw_ct), "name")
+                or name
+            )
     except Exception:
         name = None
     if name is None:

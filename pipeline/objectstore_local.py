@@ -163,12 +163,15 @@ class LocalDirectoryStore:
         paths = list(to_sync)
         synced = await run_bounded(
             lambda path: anyio.to_thread.run_sync(_fsync_path, path, limiter=self._sync_limiter),
-            paths, concurrency=SYNC_CONCURRENCY)
+            paths,
+            concurrency=SYNC_CONCURRENCY,
+        )
         for path, outcome in zip(paths, synced, strict=True):
             if isinstance(outcome, BaseException):
                 for i in to_sync[path]:
                     results[i] = ObjectStoreError(
-                        f"syncing object {items[i][0]!r} failed: {outcome}")
+                        f"syncing object {items[i][0]!r} failed: {outcome}"
+                    )
         return results
 
     async def get(self, key: str) -> bytes:

@@ -77,19 +77,37 @@ async def record_outbound(
             "INSERT INTO threads (tenant_id, mailbox_id, external_thread_id, subject) "
             "VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, mailbox_id, external_thread_id) "
             "DO UPDATE SET updated_at = now() RETURNING thread_id",
-            tenant_id, mailbox_id, thread_id, subject)
+            tenant_id,
+            mailbox_id,
+            thread_id,
+            subject,
+        )
         message_id = await conn.fetchval(
             "INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction, "
             "send_status, internet_message_id, message_id_norm, from_address, subject, "
             "subject_norm, sent_at, text_body, html_body, esp_message_id) VALUES ($1, $2, $3, "
             "$4, 'outbound', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING message_id",
-            tenant_id, mailbox_id, tid, placeholder_message_id, send_status, message_id_header,
-            mid, from_address.lower(), subject, normalise_subject(subject), sent_at, text, html,
-            esp_message_id)
+            tenant_id,
+            mailbox_id,
+            tid,
+            placeholder_message_id,
+            send_status,
+            message_id_header,
+            mid,
+            from_address.lower(),
+            subject,
+            normalise_subject(subject),
+            sent_at,
+            text,
+            html,
+            esp_message_id,
+        )
         await recompute_threads(conn, tenant_id, {tid})
         if announce or client_id is not None:
             payload: dict[str, object] = {
-                "placeholder_message_id": placeholder_message_id, "send_status": send_status}
+                "placeholder_message_id": placeholder_message_id,
+                "send_status": send_status,
+            }
             if client_id is not None:
                 payload["client_id"] = client_id
             events = EventBuffer()

@@ -38,7 +38,11 @@ class EventBuffer:
     payloads: list[str] = field(default_factory=list)
 
     def add(
-        self, kind: str, *, thread_id: int | None = None, message_id: int | None = None,
+        self,
+        kind: str,
+        *,
+        thread_id: int | None = None,
+        message_id: int | None = None,
         payload: dict[str, object] | None = None,
     ) -> None:
         self.kinds.append(kind)
@@ -46,8 +50,7 @@ class EventBuffer:
         self.message_ids.append(message_id)
         self.payloads.append(orjson.dumps(payload or {}).decode())
 
-    async def flush(self, conn: asyncpg.Connection, tenant_id: str, mailbox_id: str | None
-                    ) -> None:
+    async def flush(self, conn: asyncpg.Connection, tenant_id: str, mailbox_id: str | None) -> None:
         """Insert the events and queue the NOTIFY (sent by PostgreSQL at commit)."""
         if not self.kinds:
             return
@@ -55,10 +58,16 @@ class EventBuffer:
         # tenant could commit out of id order and a reader resuming "after id N"
         # would skip the slower one for good. Serialising the tenant's event
         # writes from here to commit makes commit order = id order.
-        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                           EVENTS_LOCK_CLASS, tenant_id)
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))", EVENTS_LOCK_CLASS, tenant_id
+        )
         ids = await conn.fetch(
-            _INSERT, tenant_id, mailbox_id, self.kinds, self.thread_ids, self.message_ids,
+            _INSERT,
+            tenant_id,
+            mailbox_id,
+            self.kinds,
+            self.thread_ids,
+            self.message_ids,
             self.payloads,
         )
         last = max(r[0] for r in ids)

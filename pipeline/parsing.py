@@ -81,8 +81,9 @@ async def parse_in_workers(
         _limiter = anyio.CapacityLimiter(PARSE_WORKERS)
     items: list[Item] = []
     for start in range(0, len(raws), PARSE_CHUNK_SIZE):
-        chunk = list(raws[start:start + PARSE_CHUNK_SIZE])
+        chunk = list(raws[start : start + PARSE_CHUNK_SIZE])
         parsed = await anyio.to_process.run_sync(
-            parse_many_in_worker, chunk, tenant_id, mailbox_id, source, limiter=_limiter)
+            parse_many_in_worker, chunk, tenant_id, mailbox_id, source, limiter=_limiter
+        )
         items.extend(with_raw(item, raw) for item, raw in zip(parsed, chunk, strict=True))
     return items

@@ -107,13 +107,28 @@ async def insert_messages(
     for k, m in items:
         html_key = html_keys.get(k)
         row = (
-            message_ids[k], thread_ids[k], m.external_id, m.direction,
-            clean(m.internet_message_id), clean(m.message_id_norm), clean(m.in_reply_to),
-            clean(" ".join(m.references)), clean(m.subject), clean(m.subject_norm),
-            clean(m.from_.email) if m.from_ else "", clean(m.from_.name) if m.from_ else "",
-            m.sent_at, m.received_at, clean(m.text), None if html_key else clean(m.html),
-            html_key, bool(m.attachments), m.content_fingerprint, m.raw_sha256,
-            raw_keys.get(k), conflict_of.get(k),
+            message_ids[k],
+            thread_ids[k],
+            m.external_id,
+            m.direction,
+            clean(m.internet_message_id),
+            clean(m.message_id_norm),
+            clean(m.in_reply_to),
+            clean(" ".join(m.references)),
+            clean(m.subject),
+            clean(m.subject_norm),
+            clean(m.from_.email) if m.from_ else "",
+            clean(m.from_.name) if m.from_ else "",
+            m.sent_at,
+            m.received_at,
+            clean(m.text),
+            None if html_key else clean(m.html),
+            html_key,
+            bool(m.attachments),
+            m.content_fingerprint,
+            m.raw_sha256,
+            raw_keys.get(k),
+            conflict_of.get(k),
         )
         for col, value in zip(cols, row, strict=True):
             col.append(value)
@@ -132,8 +147,11 @@ async def insert_participants(
     names: list[str | None] = []
     for message_id, m in items:
         for role, people in (
-            ("from", [m.from_] if m.from_ else []), ("to", m.to), ("cc", m.cc),
-            ("bcc", m.bcc), ("reply_to", m.reply_to),
+            ("from", [m.from_] if m.from_ else []),
+            ("to", m.to),
+            ("cc", m.cc),
+            ("bcc", m.bcc),
+            ("reply_to", m.reply_to),
         ):
             for pos, person in enumerate(people[:32_000]):  # smallint position
                 ids.append(message_id)
@@ -147,7 +165,13 @@ async def insert_participants(
             "(tenant_id, message_id, role, position, address, display_name) "
             "SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::smallint[], $5::text[], "
             "$6::text[]) ON CONFLICT DO NOTHING",
-            tenant_id, ids, roles, positions, addresses, names)
+            tenant_id,
+            ids,
+            roles,
+            positions,
+            addresses,
+            names,
+        )
 
 
 async def insert_attachments(
@@ -161,9 +185,18 @@ async def insert_attachments(
         for pos, att in enumerate(m.attachments[:32_000]):
             key, err = state[pos] if pos < len(state) else (None, "not stored")
             row = (
-                message_id, pos, clean(att.filename) or "", clean(att.content_type),
-                att.disposition, clean(att.content_id), att.size_bytes, att.sha256,
-                key, key is not None and err is None, clean(err), att.provider_ref,
+                message_id,
+                pos,
+                clean(att.filename) or "",
+                clean(att.content_type),
+                att.disposition,
+                clean(att.content_id),
+                att.size_bytes,
+                att.sha256,
+                key,
+                key is not None and err is None,
+                clean(err),
+                att.provider_ref,
             )
             for col, value in zip(cols, row, strict=True):
                 col.append(value)
@@ -174,7 +207,9 @@ async def insert_attachments(
             "provider_ref) SELECT $1, * FROM unnest($2::bigint[], $3::smallint[], $4::text[], "
             "$5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::text[], "
             "$11::bool[], $12::text[], $13::text[]) ON CONFLICT DO NOTHING",
-            tenant_id, *cols)
+            tenant_id,
+            *cols,
+        )
 
 
 async def insert_conflicts(
@@ -187,34 +222,47 @@ async def insert_conflicts(
             "message_id_norm, reason) SELECT $1, n, o, m, 'content fingerprint differs' "
             "FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS u(n, o, m) "
             "ON CONFLICT DO NOTHING",
-            tenant_id, [r[0] for r in rows], [r[1] for r in rows], [clean(r[2]) for r in rows])
+            tenant_id,
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [clean(r[2]) for r in rows],
+        )
 
 
 async def insert_copies(
-    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str,
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    mailbox_id: str,
     copies: list[tuple[int, MessageData, str | None]],
 ) -> set[str]:
     """Record copies; returns the external ids actually inserted (others existed)."""
     if not copies:
         return set()
     rows = await conn.fetch(
-            "INSERT INTO message_copies (tenant_id, mailbox_id, external_id, message_id, labels, "
-            "raw_sha256, raw_key, received_at) SELECT $1, $2, u.ext, u.id, "
-            "CASE WHEN u.labels = '' THEN '{}'::text[] ELSE string_to_array(u.labels, E'\\x1f') "
-            "END, u.sha, u.key, u.received_at FROM unnest($3::text[], $4::bigint[], $5::text[], "
-            "$6::text[], $7::text[], $8::timestamptz[]) AS u(ext, id, labels, sha, key, "
-            "received_at) ON CONFLICT DO NOTHING RETURNING external_id",
-            tenant_id, mailbox_id,
-            [m.external_id for _, m, _ in copies], [mid for mid, _, _ in copies],
-            [clean("\x1f".join(m.labels)) for _, m, _ in copies],
-            [m.raw_sha256 for _, m, _ in copies], [key for _, _, key in copies],
-            [m.received_at for _, m, _ in copies])
+        "INSERT INTO message_copies (tenant_id, mailbox_id, external_id, message_id, labels, "
+        "raw_sha256, raw_key, received_at) SELECT $1, $2, u.ext, u.id, "
+        "CASE WHEN u.labels = '' THEN '{}'::text[] ELSE string_to_array(u.labels, E'\\x1f') "
+        "END, u.sha, u.key, u.received_at FROM unnest($3::text[], $4::bigint[], $5::text[], "
+        "$6::text[], $7::text[], $8::timestamptz[]) AS u(ext, id, labels, sha, key, "
+        "received_at) ON CONFLICT DO NOTHING RETURNING external_id",
+        tenant_id,
+        mailbox_id,
+        [m.external_id for _, m, _ in copies],
+        [mid for mid, _, _ in copies],
+        [clean("\x1f".join(m.labels)) for _, m, _ in copies],
+        [m.raw_sha256 for _, m, _ in copies],
+        [key for _, _, key in copies],
+        [m.received_at for _, m, _ in copies],
+    )
     return {row[0] for row in rows}
 
 
 async def insert_dead_items(
-    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str,
-    deads: list[tuple[int, DeadItem]], raw_keys: dict[int, str | None],
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    mailbox_id: str,
+    deads: list[tuple[int, DeadItem]],
+    raw_keys: dict[int, str | None],
 ) -> set[int]:
     """Record dead items (idempotent per external id); returns the batch indices stored."""
     rows = [(i, d) for i, d in deads if raw_keys.get(i) != "!failed"]
@@ -223,9 +271,14 @@ async def insert_dead_items(
             "INSERT INTO dead_items (tenant_id, mailbox_id, external_id, reason, detail, "
             "raw_sha256, raw_key) SELECT $1, $2, * FROM unnest($3::text[], $4::text[], "
             "$5::text[], $6::text[], $7::text[]) ON CONFLICT DO NOTHING",
-            tenant_id, mailbox_id, [clean(d.external_id) for _, d in rows],
-            [d.reason for _, d in rows], [clean(d.detail) for _, d in rows],
-            [d.raw_sha256 for _, d in rows], [raw_keys.get(i) for i, _ in rows])
+            tenant_id,
+            mailbox_id,
+            [clean(d.external_id) for _, d in rows],
+            [d.reason for _, d in rows],
+            [clean(d.detail) for _, d in rows],
+            [d.raw_sha256 for _, d in rows],
+            [raw_keys.get(i) for i, _ in rows],
+        )
     return {i for i, _ in rows}
 
 
@@ -282,7 +335,9 @@ RETURNING x.thread_id
 
 
 async def promote_outbound(
-    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str,
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    mailbox_id: str,
     promoted: list[tuple[int, MessageData, str | None]],
 ) -> set[int]:
     """The provider's copy of a message the application sent replaces its placeholders.
@@ -295,20 +350,38 @@ async def promote_outbound(
     if not promoted:
         return set()
     ids = [mid for mid, _, _ in promoted]
-    old = {r[0] for r in await conn.fetch(
-        "SELECT thread_id FROM messages WHERE tenant_id = $1 AND message_id = ANY($2::bigint[])",
-        tenant_id, ids)}
+    old = {
+        r[0]
+        for r in await conn.fetch(
+            "SELECT thread_id FROM messages "
+            "WHERE tenant_id = $1 AND message_id = ANY($2::bigint[])",
+            tenant_id,
+            ids,
+        )
+    }
     items = [m for _, m, _ in promoted]
     await conn.execute(
-        _PROMOTE, tenant_id, mailbox_id, ids, [m.external_id for m in items],
-        [clean(m.internet_message_id) for m in items], [m.message_id_norm for m in items],
-        [m.sent_at for m in items], [m.received_at for m in items],
-        [clean(m.text) for m in items], [clean(m.html) for m in items],
-        [m.raw_sha256 for m in items], [key for _, _, key in promoted],
-        [m.content_fingerprint for m in items], [bool(m.attachments) for m in items])
+        _PROMOTE,
+        tenant_id,
+        mailbox_id,
+        ids,
+        [m.external_id for m in items],
+        [clean(m.internet_message_id) for m in items],
+        [m.message_id_norm for m in items],
+        [m.sent_at for m in items],
+        [m.received_at for m in items],
+        [clean(m.text) for m in items],
+        [clean(m.html) for m in items],
+        [m.raw_sha256 for m in items],
+        [key for _, _, key in promoted],
+        [m.content_fingerprint for m in items],
+        [bool(m.attachments) for m in items],
+    )
     keys = [m.thread_key for m in items]
-    await conn.execute(_RENAME_PLACEHOLDER_THREADS, tenant_id, mailbox_id, ids, keys,
-                       PLACEHOLDER_RE)
-    moved = {r[0] for r in await conn.fetch(
-        _MOVE_TO_PROVIDER_THREAD, tenant_id, mailbox_id, ids, keys)}
+    await conn.execute(
+        _RENAME_PLACEHOLDER_THREADS, tenant_id, mailbox_id, ids, keys, PLACEHOLDER_RE
+    )
+    moved = {
+        r[0] for r in await conn.fetch(_MOVE_TO_PROVIDER_THREAD, tenant_id, mailbox_id, ids, keys)
+    }
     return old | moved

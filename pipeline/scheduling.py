@@ -102,8 +102,13 @@ async def record_success(conn: Executor, tenant_id: str, mailbox_id: str) -> Non
 
 
 async def record_failure(
-    conn: Executor, tenant_id: str, mailbox_id: str, error: str, *,
-    retry_after_s: float | None = None, attention: bool = False,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    error: str,
+    *,
+    retry_after_s: float | None = None,
+    attention: bool = False,
 ) -> datetime:
     """A sync run failed: next backoff step, throttle, last error; returns throttle_until.
 
@@ -119,15 +124,26 @@ async def record_failure(
     if retry_after_s is not None:
         retry_after_s = _non_negative("retry_after_s", retry_after_s)
     until = await conn.fetchval(
-        _RECORD_FAILURE, tenant_id, mailbox_id, one_line(error), retry_after_s, attention,
-        BACKOFF_INITIAL_S, BACKOFF_MAX_S)
+        _RECORD_FAILURE,
+        tenant_id,
+        mailbox_id,
+        one_line(error),
+        retry_after_s,
+        attention,
+        BACKOFF_INITIAL_S,
+        BACKOFF_MAX_S,
+    )
     if until is None:
         raise MailboxNotFound(tenant_id, mailbox_id)
     return until
 
 
 async def set_sync_state(
-    conn: Executor, tenant_id: str, mailbox_id: str, state: SyncState, *,
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    state: SyncState,
+    *,
     token: int | None = None,
 ) -> bool:
     """Set sync_state; with `token`, only while that lease is held. False: no row changed.
@@ -140,11 +156,20 @@ async def set_sync_state(
     if token is None:
         done = await conn.fetchval(
             "UPDATE mailboxes SET sync_state = $3 WHERE tenant_id = $1 AND mailbox_id = $2 "
-            "RETURNING true", tenant_id, mailbox_id, state)
+            "RETURNING true",
+            tenant_id,
+            mailbox_id,
+            state,
+        )
     else:
         done = await conn.fetchval(
             f"UPDATE mailboxes SET sync_state = $4 WHERE tenant_id = $1 AND mailbox_id = $2 "
-            f"AND {_HELD} RETURNING true", tenant_id, mailbox_id, token, state)
+            f"AND {_HELD} RETURNING true",
+            tenant_id,
+            mailbox_id,
+            token,
+            state,
+        )
     return bool(done)
 
 
@@ -178,7 +203,11 @@ RETURNING m.tenant_id, m.mailbox_id
 
 
 async def claim_due(
-    conn: Executor, owner: str, *, mailboxes: Sequence[tuple[str, str]], cooldown_s: float,
+    conn: Executor,
+    owner: str,
+    *,
+    mailboxes: Sequence[tuple[str, str]],
+    cooldown_s: float,
     limit: int,
 ) -> list[tuple[str, str]]:
     """Claim up to `limit` of `mailboxes` that are due for a poll; (tenant, mailbox) pairs.
@@ -212,11 +241,13 @@ async def claim_due(
     if not pairs:
         return []
     rows = await conn.fetch(
-        _CLAIM_DUE, owner, [t for t, _ in pairs], [m for _, m in pairs], cooldown_s, limit)
+        _CLAIM_DUE, owner, [t for t, _ in pairs], [m for _, m in pairs], cooldown_s, limit
+    )
     return sorted((r[0], r[1]) for r in rows)
 
 
 # --- configuration -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class MailboxRow:
@@ -235,8 +266,10 @@ class MailboxRow:
         if not self.provider:
             raise ValueError(f"mailbox {self.mailbox_id!r}: provider must not be empty")
         if self.sync_mode not in SYNC_MODES:
-            raise ValueError(f"mailbox {self.mailbox_id!r}: sync_mode {self.sync_mode!r} "
-                             f"is not one of {sorted(SYNC_MODES)}")
+            raise ValueError(
+                f"mailbox {self.mailbox_id!r}: sync_mode {self.sync_mode!r} "
+                f"is not one of {sorted(SYNC_MODES)}"
+            )
         _positive("poll_interval_s", self.poll_interval_s)
 
 
@@ -269,14 +302,18 @@ async def upsert_configured_mailboxes(conn: Executor, rows: Sequence[MailboxRow]
     ordered = sorted(rows, key=lambda r: (r.tenant_id, r.mailbox_id))
     for prev, row in itertools.pairwise(ordered):
         if (prev.tenant_id, prev.mailbox_id) == (row.tenant_id, row.mailbox_id):
-            raise ValueError(f"mailbox {row.mailbox_id!r} of tenant {row.tenant_id!r} "
-                             "is configured twice")
+            raise ValueError(
+                f"mailbox {row.mailbox_id!r} of tenant {row.tenant_id!r} is configured twice"
+            )
     if not ordered:
         return 0
     columns = (
-        [r.tenant_id for r in ordered], [r.mailbox_id for r in ordered],
-        [r.provider for r in ordered], [r.address for r in ordered],
-        [r.sync_mode for r in ordered], [float(r.poll_interval_s) for r in ordered],
+        [r.tenant_id for r in ordered],
+        [r.mailbox_id for r in ordered],
+        [r.provider for r in ordered],
+        [r.address for r in ordered],
+        [r.sync_mode for r in ordered],
+        [float(r.poll_interval_s) for r in ordered],
     )
     async with _connection(conn) as c, c.transaction():
         await c.execute(_UPSERT_TENANTS, columns[0])
@@ -285,6 +322,7 @@ async def upsert_configured_mailboxes(conn: Executor, rows: Sequence[MailboxRow]
 
 
 # --- status ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class MailboxStatus:
@@ -333,7 +371,10 @@ SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
 
 
 async def mailbox_status(
-    conn: Executor, tenant_id: str | None = None, *, mailbox_id: str | None = None,
+    conn: Executor,
+    tenant_id: str | None = None,
+    *,
+    mailbox_id: str | None = None,
 ) -> list[MailboxStatus]:
     """Every mailbox's status (of one tenant / one mailbox id when given), by tenant, id."""
     rows = await conn.fetch(_STATUS, tenant_id, mailbox_id)
@@ -347,11 +388,13 @@ async def tenants_of_mailbox(conn: Executor, mailbox_id: str) -> list[str]:
     when the operator gave only a mailbox id.
     """
     rows = await conn.fetch(
-        "SELECT tenant_id FROM mailboxes WHERE mailbox_id = $1 ORDER BY tenant_id", mailbox_id)
+        "SELECT tenant_id FROM mailboxes WHERE mailbox_id = $1 ORDER BY tenant_id", mailbox_id
+    )
     return [r[0] for r in rows]
 
 
 # --- helpers -----------------------------------------------------------------------------
+
 
 def _non_negative(name: str, value: float) -> float:
     if not (math.isfinite(value) and value >= 0):

@@ -41,12 +41,17 @@ async def apply_schema(conn: asyncpg.Connection) -> bool:
         await conn.execute(text)
         await conn.execute(
             "INSERT INTO inboxd_schema_version (schema_sha256) VALUES ($1) "
-            "ON CONFLICT (schema_sha256) DO UPDATE SET applied_at = now()", digest)
+            "ON CONFLICT (schema_sha256) DO UPDATE SET applied_at = now()",
+            digest,
+        )
     return True
 
 
 async def _applied(conn: asyncpg.Connection, digest: str) -> bool:
     if await conn.fetchval("SELECT to_regclass('inboxd_schema_version')") is None:
         return False
-    return bool(await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM inboxd_schema_version WHERE schema_sha256 = $1)", digest))
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM inboxd_schema_version WHERE schema_sha256 = $1)", digest
+        )
+    )

@@ -19,18 +19,30 @@ def validate_id(kind: str, value: str) -> str:
 
 
 async def ensure_mailbox(
-    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str, *, provider: str,
-    address: str = "", tenant_name: str = "",
+    conn: asyncpg.Connection,
+    tenant_id: str,
+    mailbox_id: str,
+    *,
+    provider: str,
+    address: str = "",
+    tenant_name: str = "",
 ) -> None:
     """Create the tenant and mailbox rows if missing; existing rows are left alone."""
     validate_id("tenant", tenant_id)
     validate_id("mailbox", mailbox_id)
     await conn.execute(
         "INSERT INTO tenants (tenant_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        tenant_id, tenant_name)
+        tenant_id,
+        tenant_name,
+    )
     await conn.execute(
         "INSERT INTO mailboxes (tenant_id, mailbox_id, provider, address) VALUES ($1, $2, $3, $4) "
-        "ON CONFLICT DO NOTHING", tenant_id, mailbox_id, provider, address)
+        "ON CONFLICT DO NOTHING",
+        tenant_id,
+        mailbox_id,
+        provider,
+        address,
+    )
 
 
 async def ensure_tenants(conn: asyncpg.Connection, tenant_ids: list[str]) -> None:
@@ -39,4 +51,6 @@ async def ensure_tenants(conn: asyncpg.Connection, tenant_ids: list[str]) -> Non
         validate_id("tenant", tenant_id)
     await conn.execute(
         "INSERT INTO tenants (tenant_id) SELECT unnest($1::text[]) ORDER BY 1 "
-        "ON CONFLICT DO NOTHING", sorted(set(tenant_ids)))
+        "ON CONFLICT DO NOTHING",
+        sorted(set(tenant_ids)),
+    )

@@ -120,8 +120,9 @@ def stage(pool: asyncpg.Pool, store: LocalDirectoryStore) -> IngestStage:
 def make_mailbox(pool: asyncpg.Pool):
     """Factory: create a tenant + mailbox, return their ids."""
 
-    async def make(tenant: str = "acme", mailbox: str = "inbox", *, provider: str = "import",
-                   address: str = "") -> tuple[str, str]:
+    async def make(
+        tenant: str = "acme", mailbox: str = "inbox", *, provider: str = "import", address: str = ""
+    ) -> tuple[str, str]:
         async with pool.acquire() as conn:
             await ensure_mailbox(conn, tenant, mailbox, provider=provider, address=address)
         return tenant, mailbox

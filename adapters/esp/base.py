@@ -62,10 +62,17 @@ MAX_TOLERANCE_S = 1800.0
 #: Keys of a `[[delivery_sources]]` table that the daemon reads for every
 #: provider; a provider's `from_config` ignores these and refuses other keys it
 #: does not know.
-COMMON_KEYS = frozenset({
-    "id", "provider", "max_body_bytes", "rate_limit_per_s", "rate_limit_burst",
-    "payload_fields", "recipients",
-})
+COMMON_KEYS = frozenset(
+    {
+        "id",
+        "provider",
+        "max_body_bytes",
+        "rate_limit_per_s",
+        "rate_limit_burst",
+        "payload_fields",
+        "recipients",
+    }
+)
 
 #: `reveal(value)` turns a config value that may be a secret reference
 #: (`env:NAME`, `file:/path`, already parsed by the daemon's config loader) into

@@ -25,7 +25,8 @@ def refuse_unknown_keys(table: Mapping[str, Any], known: frozenset[str], provide
     if unknown:
         raise SourceConfigError(
             f"{', '.join(unknown)}: unknown key(s) for provider {provider} "
-            f"(known: {', '.join(sorted(known))})")
+            f"(known: {', '.join(sorted(known))})"
+        )
 
 
 def read_tolerance(table: Mapping[str, Any]) -> float:
@@ -36,8 +37,13 @@ def read_tolerance(table: Mapping[str, Any]) -> float:
     comparison false and pass everything).
     """
     value = table.get("tolerance_s", DEFAULT_TOLERANCE_S)
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or not 0 < value <= MAX_TOLERANCE_S):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_TOLERANCE_S
+    ):
         raise SourceConfigError(
-            f"tolerance_s: must be a number of seconds above 0 and at most {MAX_TOLERANCE_S:g}")
+            f"tolerance_s: must be a number of seconds above 0 and at most {MAX_TOLERANCE_S:g}"
+        )
     return float(value)

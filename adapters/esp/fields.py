@@ -46,8 +46,9 @@ InputError = type[MalformedPayload] | type[VerificationFailed]
 MAX_TIMESTAMP_DIGITS = 12
 
 
-def load_json(data: bytes | str, *, what: str = "body",
-              error: InputError = MalformedPayload) -> Any:
+def load_json(
+    data: bytes | str, *, what: str = "body", error: InputError = MalformedPayload
+) -> Any:
     """`data` parsed as JSON (any document); `error` naming `what` when it is not JSON."""
     try:
         return orjson.loads(data)
@@ -55,8 +56,9 @@ def load_json(data: bytes | str, *, what: str = "body",
         raise error(f"{what} is not JSON") from None
 
 
-def parse_json_object(data: bytes | str, *, what: str = "body",
-                      error: InputError = MalformedPayload) -> dict[str, Any]:
+def parse_json_object(
+    data: bytes | str, *, what: str = "body", error: InputError = MalformedPayload
+) -> dict[str, Any]:
     """`data` as a JSON object; `error` naming `what` when it is not JSON or not an object."""
     parsed = load_json(data, what=what, error=error)
     if not isinstance(parsed, dict):
@@ -83,8 +85,9 @@ def optional_str(obj: Mapping[str, Any], key: str, *, where: str = "") -> str | 
     return value
 
 
-def parse_iso_time(text: str, *, what: str = "event time",
-                   error: InputError = MalformedPayload) -> datetime:
+def parse_iso_time(
+    text: str, *, what: str = "event time", error: InputError = MalformedPayload
+) -> datetime:
     """An ISO-8601 time, tz-aware; `error` naming `what` when `text` is not one.
 
     A time without an offset is read as UTC, never as the host's local time:

@@ -113,9 +113,13 @@ _SIMPLE_TYPES: dict[str, EventType] = {
 }
 
 #: Permanent-failure reasons for addresses already on a Mailgun suppression list.
-_SUPPRESSION_REASONS = frozenset({
-    "suppress-bounce", "suppress-unsubscribe", "suppress-complaint",
-})
+_SUPPRESSION_REASONS = frozenset(
+    {
+        "suppress-bounce",
+        "suppress-unsubscribe",
+        "suppress-complaint",
+    }
+)
 
 #: Permanent-failure reasons that do not show the address is bad (module docstring).
 _NOT_ADDRESS_REASONS = frozenset({"old", "espblock"})
@@ -131,10 +135,16 @@ class MailgunSource:
     #: delivery-status message/description (they quote addresses), no
     #: user-variables (application data of unknown content).
     default_payload_fields: ClassVar[tuple[str, ...]] = (
-        "event-data.event", "event-data.timestamp", "event-data.id",
-        "event-data.severity", "event-data.reason", "event-data.log-level",
-        "event-data.delivery-status.code", "event-data.delivery-status.attempt-no",
-        "event-data.delivery-status.retry-seconds", "event-data.tags",
+        "event-data.event",
+        "event-data.timestamp",
+        "event-data.id",
+        "event-data.severity",
+        "event-data.reason",
+        "event-data.log-level",
+        "event-data.delivery-status.code",
+        "event-data.delivery-status.attempt-no",
+        "event-data.delivery-status.retry-seconds",
+        "event-data.tags",
         "event-data.campaigns",
     )
 
@@ -163,8 +173,9 @@ class MailgunSource:
         (Mailgun signs the token, not the event, so a token seen by one source
         must not pass at another). A fingerprint, never the key: 64 bits of the
         sha256 of a high-entropy key say nothing about it."""
-        return "key:" + hashlib.sha256(b"inboxd replay scope\x00" + self.signing_key
-                                       ).hexdigest()[:16]
+        return (
+            "key:" + hashlib.sha256(b"inboxd replay scope\x00" + self.signing_key).hexdigest()[:16]
+        )
 
     def _verify(self, signature: Any, received_at: float) -> str:
         """The token of a valid `signature` object; VerificationFailed otherwise."""
@@ -179,13 +190,20 @@ class MailgunSource:
         if not offered:
             raise VerificationFailed("signature.signature missing")
         check_timestamp(timestamp, received_at, self.tolerance_s)
-        expected = hmac.new(
-            self.signing_key, (timestamp + token).encode("utf-8"), hashlib.sha256,
-        ).hexdigest().encode("ascii")
+        expected = (
+            hmac.new(
+                self.signing_key,
+                (timestamp + token).encode("utf-8"),
+                hashlib.sha256,
+            )
+            .hexdigest()
+            .encode("ascii")
+        )
         # Compare with every offered signature (no early exit) so the time taken
         # does not tell which one, if any, matched.
-        matches = [hmac.compare_digest(expected, value.lower().encode("utf-8"))
-                   for value in offered]
+        matches = [
+            hmac.compare_digest(expected, value.lower().encode("utf-8")) for value in offered
+        ]
         if not any(matches):
             raise VerificationFailed("signature does not verify")
         return token
@@ -213,8 +231,8 @@ def normalise_event(data: Any) -> DeliveryEvent:
     list_id: str | None = None
     if raw_type == "failed":
         event_type, bounce_type = classify_failure(
-            optional_str(data, "severity", where=_WHERE),
-            optional_str(data, "reason", where=_WHERE))
+            optional_str(data, "severity", where=_WHERE), optional_str(data, "reason", where=_WHERE)
+        )
         if event_type is EventType.BOUNCED:
             bounce_subtype = _status_code(data) or optional_str(data, "reason", where=_WHERE)
     elif raw_type == "unsubscribed":
@@ -248,8 +266,9 @@ def event_id(data: Mapping[str, Any]) -> str | None:
     return f"{mailgun_id}:{float(timestamp)!r}"
 
 
-def classify_failure(severity: str | None,
-                     reason: str | None) -> tuple[EventType, BounceType | None]:
+def classify_failure(
+    severity: str | None, reason: str | None
+) -> tuple[EventType, BounceType | None]:
     """EventType and BounceType of a `failed` event from its severity and reason."""
     if severity == "temporary":
         return EventType.DEFERRED, None
@@ -312,4 +331,3 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Mai
         signing_key=signing_key.strip().encode("utf-8"),
         tolerance_s=read_tolerance(table),
     )
-

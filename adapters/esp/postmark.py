@@ -97,10 +97,16 @@ BOUNCE_TYPES: Mapping[str, BounceType] = {
 #: unsubscribe requests mailed back, open-relay probes). They become UNKNOWN
 #: (`Bounce:{Type}`) rather than bounces: an out-of-office reply is not evidence
 #: against a delivery.
-NOT_FAILURES = frozenset({
-    "AutoResponder", "AddressChange", "ChallengeVerification", "Subscribe", "Unsubscribe",
-    "OpenRelayTest",
-})
+NOT_FAILURES = frozenset(
+    {
+        "AutoResponder",
+        "AddressChange",
+        "ChallengeVerification",
+        "Subscribe",
+        "Unsubscribe",
+        "OpenRelayTest",
+    }
+)
 
 #: SubscriptionChange with `SuppressSending: true`, by `SuppressionReason`
 #: (https://postmarkapp.com/developer/webhooks/subscription-change-webhook).
@@ -166,7 +172,10 @@ class PostmarkSource:
 
     @classmethod
     def from_config(
-        cls, source_id: str, table: Mapping[str, Any], reveal: Reveal,
+        cls,
+        source_id: str,
+        table: Mapping[str, Any],
+        reveal: Reveal,
     ) -> PostmarkSource:
         """Build a source from its `[[delivery_sources]]` table.
 
@@ -190,7 +199,8 @@ class PostmarkSource:
         credentials) or MalformedPayload (not a JSON object with a RecordType).
         """
         check_credentials(
-            request.headers.get("authorization"), self._username_digest, self._password_digest)
+            request.headers.get("authorization"), self._username_digest, self._password_digest
+        )
         return Accepted(events=[normalise(parse_json_object(request.body))])
 
 
@@ -230,8 +240,7 @@ def normalise(payload: dict[str, Any]) -> DeliveryEvent:
     record_type = payload.get("RecordType")
     if not isinstance(record_type, str) or not record_type:
         raise MalformedPayload("RecordType is missing or not a string")
-    provider_type, event_type, bounce_type, bounce_subtype, list_id = classify(
-        record_type, payload)
+    provider_type, event_type, bounce_type, bounce_subtype, list_id = classify(record_type, payload)
     time_field = TIME_FIELDS.get(record_type)
     return DeliveryEvent(
         provider_event_id=bounce_event_id(record_type, payload),
@@ -248,7 +257,8 @@ def normalise(payload: dict[str, Any]) -> DeliveryEvent:
 
 
 def classify(
-    record_type: str, payload: Mapping[str, Any],
+    record_type: str,
+    payload: Mapping[str, Any],
 ) -> tuple[str, EventType, BounceType | None, str | None, str | None]:
     """(provider_type, event_type, bounce_type, bounce_subtype, list_id) of one event."""
     if record_type == "Bounce":

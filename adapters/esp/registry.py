@@ -30,8 +30,9 @@ _BUILDERS: dict[str, Callable[..., EspSource]] = {
 PROVIDERS = frozenset(_BUILDERS)
 
 
-def build_esp_source(source_id: str, table: Mapping[str, Any], reveal: Reveal, *,
-                     fetch: Fetch | None = None) -> EspSource:
+def build_esp_source(
+    source_id: str, table: Mapping[str, Any], reveal: Reveal, *, fetch: Fetch | None = None
+) -> EspSource:
     """The configured source; SourceConfigError naming the key when unusable.
 
     `fetch` (HTTPS GET returning bytes) is how the SES source loads SNS signing
@@ -41,7 +42,8 @@ def build_esp_source(source_id: str, table: Mapping[str, Any], reveal: Reveal, *
     builder = _BUILDERS.get(provider) if isinstance(provider, str) else None
     if builder is None:
         raise SourceConfigError(
-            f"provider: expected one of {', '.join(sorted(PROVIDERS))}, got {provider!r}")
+            f"provider: expected one of {', '.join(sorted(PROVIDERS))}, got {provider!r}"
+        )
     if provider == "ses" and fetch is not None:
         return builder(source_id, table, reveal, fetch=fetch)
     return builder(source_id, table, reveal)

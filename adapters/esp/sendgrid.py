@@ -121,15 +121,25 @@ _SIMPLE_TYPES: dict[str, EventType] = {
 #: `bounce_classification` values that blame the sender, not the address
 #: (SendGrid "Bounce and Block Classifications",
 #: https://docs.sendgrid.com/ui/analytics-and-reporting/bounce-and-block-classifications).
-_SENDER_SIDE_CLASSIFICATIONS = frozenset({
-    "Content", "Reputation", "Frequency or Volume Too High", "Technical Failure",
-})
+_SENDER_SIDE_CLASSIFICATIONS = frozenset(
+    {
+        "Content",
+        "Reputation",
+        "Frequency or Volume Too High",
+        "Technical Failure",
+    }
+)
 
 #: `reason`s of a dropped event that name one of SendGrid's suppression lists
 #: (SendGrid "Drops" docs: unsubscribe, spam report, invalid emails, bounces).
-_SUPPRESSION_DROP_REASONS = frozenset({
-    "Bounced Address", "Unsubscribed Address", "Spam Reporting Address", "Invalid",
-})
+_SUPPRESSION_DROP_REASONS = frozenset(
+    {
+        "Bounced Address",
+        "Unsubscribed Address",
+        "Spam Reporting Address",
+        "Invalid",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +151,18 @@ class SendGridSource:
     #: Ids, types, times and classifications only: `email`, `ip`, `useragent`,
     #: `url`, `reason` and `response` can quote addresses or identify a person.
     default_payload_fields: ClassVar[tuple[str, ...]] = (
-        "event", "timestamp", "sg_event_id", "sg_message_id", "type",
-        "bounce_classification", "status", "asm_group_id", "category", "attempt",
-        "tls", "sg_machine_open",
+        "event",
+        "timestamp",
+        "sg_event_id",
+        "sg_message_id",
+        "type",
+        "bounce_classification",
+        "status",
+        "asm_group_id",
+        "category",
+        "attempt",
+        "tls",
+        "sg_machine_open",
     )
 
     source_id: str
@@ -176,7 +195,9 @@ class SendGridSource:
             raise VerificationFailed("signature header is not base64") from None
         try:
             self.public_key.verify(
-                signature, timestamp.encode("ascii") + request.body, _SIGNATURE_ALGORITHM,
+                signature,
+                timestamp.encode("ascii") + request.body,
+                _SIGNATURE_ALGORITHM,
             )
         except InvalidSignature:
             raise VerificationFailed("signature does not verify") from None
@@ -216,8 +237,8 @@ def malformed_event(item: Mapping[str, Any]) -> DeliveryEvent:
     sg_event_id = item.get("sg_event_id")
     return DeliveryEvent(
         provider_event_id=sg_event_id if isinstance(sg_event_id, str) and sg_event_id else None,
-        provider_type=MALFORMED_PREFIX + (raw_type if isinstance(raw_type, str) and raw_type
-                                          else "?"),
+        provider_type=MALFORMED_PREFIX
+        + (raw_type if isinstance(raw_type, str) and raw_type else "?"),
         event_type=EventType.UNKNOWN,
         occurred_at=None,
         payload=item,
@@ -235,10 +256,10 @@ def normalise_event(item: Mapping[str, Any]) -> DeliveryEvent:
     list_id: str | None = None
     if raw_type == "bounce":
         event_type = EventType.BOUNCED
-        bounce_type = classify_bounce(optional_str(item, "type"),
-                                      optional_str(item, "bounce_classification"))
-        bounce_subtype = (optional_str(item, "bounce_classification")
-                          or optional_str(item, "status"))
+        bounce_type = classify_bounce(
+            optional_str(item, "type"), optional_str(item, "bounce_classification")
+        )
+        bounce_subtype = optional_str(item, "bounce_classification") or optional_str(item, "status")
     elif raw_type == "dropped":
         event_type = classify_drop(optional_str(item, "reason"))
     elif raw_type == "group_unsubscribe":
@@ -325,10 +346,7 @@ def load_public_key(text: str) -> ec.EllipticCurvePublicKey:
         else:
             key = load_der_public_key(base64.b64decode("".join(text.split()), validate=True))
     except (ValueError, UnsupportedAlgorithm):
-        raise SourceConfigError(
-            "public_key: not a base64 DER or PEM public key") from None
-    if not (isinstance(key, ec.EllipticCurvePublicKey)
-            and isinstance(key.curve, ec.SECP256R1)):
+        raise SourceConfigError("public_key: not a base64 DER or PEM public key") from None
+    if not (isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1)):
         raise SourceConfigError("public_key: must be an EC P-256 (prime256v1) public key")
     return key
-

@@ -74,8 +74,9 @@ CONFIG_KEYS = frozenset({"topic_arns"})
 
 #: An SNS topic ARN (aws, aws-cn, aws-us-gov partitions); catches a pasted
 #: subscription ARN or queue ARN at config time instead of 401s at run time.
-_TOPIC_ARN = re.compile(r"arn:aws(?:-[a-z]+)*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]{1,256}",
-                        re.ASCII)
+_TOPIC_ARN = re.compile(
+    r"arn:aws(?:-[a-z]+)*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]{1,256}", re.ASCII
+)
 
 #: Fields kept in delivery_events.payload by default: types, ids, times and
 #: classifications. Not kept: addresses (destination, *Recipients, source),
@@ -173,8 +174,11 @@ class SesSource:
         replaces the certificate download (tests). Raises SourceConfigError.
         """
         refuse_unknown_keys(table, CONFIG_KEYS, cls.provider)
-        return cls(source_id, topic_arns=_topic_arns(table.get("topic_arns")),
-                   certificates=CertificateCache(fetch))
+        return cls(
+            source_id,
+            topic_arns=_topic_arns(table.get("topic_arns")),
+            certificates=CertificateCache(fetch),
+        )
 
     async def accept(self, request: WebhookRequest) -> Accepted:
         """Verify the SNS message and normalise the SES event it carries.
@@ -216,15 +220,17 @@ def normalise(event: Mapping[str, Any], message: SnsMessage) -> list[DeliveryEve
         raise MalformedPayload("ses: eventType/notificationType missing")
     mail = _object(event, "mail")
     detail, drafts = _drafts(raw_type, event, mail)
-    occurred_at = (_timestamp(detail, "timestamp") or _timestamp(mail, "timestamp")
-                   or message.timestamp)
+    occurred_at = (
+        _timestamp(detail, "timestamp") or _timestamp(mail, "timestamp") or message.timestamp
+    )
     common_headers = _object(mail, "commonHeaders")
     provider_message_id = _optional_str(mail, "messageId")
     message_id_header = _optional_str(common_headers, "messageId")
     return [
         DeliveryEvent(
-            provider_event_id=(message.message_id if len(drafts) == 1
-                               else f"{message.message_id}:{index}"),
+            provider_event_id=(
+                message.message_id if len(drafts) == 1 else f"{message.message_id}:{index}"
+            ),
             provider_type=raw_type,
             event_type=draft.event_type,
             occurred_at=occurred_at,
@@ -281,11 +287,13 @@ def _each(event_type: EventType, recipients: Sequence[str]) -> list[_Draft]:
 def bounce_drafts(bounce: Mapping[str, Any]) -> list[_Draft]:
     """One draft per bounced recipient. An unrecognised bounceType is
     undetermined: only a bounce SES calls Permanent may suppress an address."""
-    bounce_type = _BOUNCE_TYPES.get(_optional_str(bounce, "bounceType") or "",
-                                    BounceType.UNDETERMINED)
+    bounce_type = _BOUNCE_TYPES.get(
+        _optional_str(bounce, "bounceType") or "", BounceType.UNDETERMINED
+    )
     subtype = _optional_str(bounce, "bounceSubType")
-    event_type = (EventType.SUPPRESSED if subtype in _SUPPRESSED_BOUNCE_SUBTYPES
-                  else EventType.BOUNCED)
+    event_type = (
+        EventType.SUPPRESSED if subtype in _SUPPRESSED_BOUNCE_SUBTYPES else EventType.BOUNCED
+    )
     recipients = _addresses(bounce, "bouncedRecipients")
     return [_Draft(event_type, r, bounce_type, subtype) for r in recipients] or [
         _Draft(event_type, None, bounce_type, subtype)
@@ -295,9 +303,11 @@ def bounce_drafts(bounce: Mapping[str, Any]) -> list[_Draft]:
 def complaint_drafts(complaint: Mapping[str, Any]) -> list[_Draft]:
     """One draft per complained recipient (SES lists every recipient on the
     complaining domain, since most ISPs redact the complainant)."""
-    event_type = (EventType.SUPPRESSED
-                  if _optional_str(complaint, "complaintSubType") == _SUPPRESSED_COMPLAINT_SUBTYPE
-                  else EventType.COMPLAINED)
+    event_type = (
+        EventType.SUPPRESSED
+        if _optional_str(complaint, "complaintSubType") == _SUPPRESSED_COMPLAINT_SUBTYPE
+        else EventType.COMPLAINED
+    )
     return _each(event_type, _addresses(complaint, "complainedRecipients"))
 
 
@@ -314,8 +324,11 @@ def subscription_drafts(subscription: Mapping[str, Any], recipient: str | None) 
         return [_Draft(EventType.UNSUBSCRIBED, recipient, list_id=contact_list)]
     before = _topic_statuses(_object(subscription, "oldTopicPreferences"))
     drafts = [
-        _Draft(EventType.UNSUBSCRIBED, recipient,
-               list_id=f"{contact_list}/{topic}" if contact_list else topic)
+        _Draft(
+            EventType.UNSUBSCRIBED,
+            recipient,
+            list_id=f"{contact_list}/{topic}" if contact_list else topic,
+        )
         for topic, status in _topic_statuses(new).items()
         if status == _OPT_OUT and before.get(topic) != _OPT_OUT
     ]

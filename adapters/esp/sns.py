@@ -77,10 +77,24 @@ UNSUBSCRIBE_CONFIRMATION = "UnsubscribeConfirmation"
 #: (AWS SNS developer guide, "Verifying the signatures of Amazon SNS messages").
 _SIGNED_KEYS: Mapping[str, tuple[str, ...]] = {
     NOTIFICATION: ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
-    SUBSCRIPTION_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                                "TopicArn", "Type"),
-    UNSUBSCRIBE_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                               "TopicArn", "Type"),
+    SUBSCRIPTION_CONFIRMATION: (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
+    UNSUBSCRIBE_CONFIRMATION: (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
 }
 #: The only signed key that may be absent (a Notification published without one).
 _OPTIONAL_KEYS = frozenset({"Subject"})
@@ -101,11 +115,11 @@ _SNS_HOST = r"sns\.[a-z]+(?:-[a-z]+)+-[0-9]+\.amazonaws\.com(?:\.cn)?(?::443)?"
 #: no query, no fragment — the narrower the pattern, the fewer URLs a sender who
 #: knows an allowlisted TopicArn can make us fetch.
 _SIGNING_CERT_URL = re.compile(
-    r"https://" + _SNS_HOST + r"/SimpleNotificationService-[0-9a-f]{1,64}\.pem", re.ASCII)
+    r"https://" + _SNS_HOST + r"/SimpleNotificationService-[0-9a-f]{1,64}\.pem", re.ASCII
+)
 #: SubscribeURL: the SNS endpoint with the ConfirmSubscription query; no fragment,
 #: no whitespace, no backslash (which some parsers read as a path separator).
 _SUBSCRIBE_URL = re.compile(r"https://" + _SNS_HOST + r"/[^\s#\\]*", re.ASCII)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +176,11 @@ async def verify_sns_message(
     if subscribe_url is not None and not is_subscribe_url(subscribe_url):
         raise VerificationFailed("sns: SubscribeURL is not an SNS address")
     signature = _decode_signature(_required(envelope, "Signature"))
-    timestamp = parse_iso_time(fields["Timestamp"], what="sns: Timestamp",
-                               error=VerificationFailed)
+    timestamp = parse_iso_time(fields["Timestamp"], what="sns: Timestamp", error=VerificationFailed)
 
     key = await certificates.public_key(cert_url)
     try:
-        key.verify(signature, canonical_string(fields, signed_keys), padding.PKCS1v15(),
-                   digest())
+        key.verify(signature, canonical_string(fields, signed_keys), padding.PKCS1v15(), digest())
     except InvalidSignature as exc:
         raise VerificationFailed("sns: signature does not match") from exc
 

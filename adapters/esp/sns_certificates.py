@@ -82,9 +82,10 @@ async def fetch_certificate(url: str) -> bytes:
     try:
         with anyio.fail_after(CERT_FETCH_TIMEOUT_S):
             timeout = aiohttp.ClientTimeout(total=CERT_FETCH_TIMEOUT_S)
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-                url, allow_redirects=False
-            ) as response:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(url, allow_redirects=False) as response,
+            ):
                 if response.status != 200:
                     raise SourceUnavailable(f"sns certificate: HTTP {response.status}")
                 if (response.content_length or 0) > CERT_MAX_BYTES:

@@ -125,7 +125,10 @@ class StandardWebhooksSource:
     __slots__ = ("_keys", "source_id", "tolerance_s")
 
     def __init__(
-        self, source_id: str, keys: tuple[bytes, ...], tolerance_s: float = DEFAULT_TOLERANCE_S,
+        self,
+        source_id: str,
+        keys: tuple[bytes, ...],
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
     ) -> None:
         if not keys:
             raise SourceConfigError("secret: required")
@@ -138,7 +141,10 @@ class StandardWebhooksSource:
 
     @classmethod
     def from_config(
-        cls, source_id: str, table: Mapping[str, Any], reveal: Reveal,
+        cls,
+        source_id: str,
+        table: Mapping[str, Any],
+        reveal: Reveal,
     ) -> StandardWebhooksSource:
         """Build a source from its `[[delivery_sources]]` table.
 
@@ -156,8 +162,10 @@ class StandardWebhooksSource:
         return cls(source_id, tuple(keys), read_tolerance(table))
 
     def __repr__(self) -> str:
-        return (f"StandardWebhooksSource(source_id={self.source_id!r}, "
-                f"keys={len(self._keys)}, tolerance_s={self.tolerance_s})")
+        return (
+            f"StandardWebhooksSource(source_id={self.source_id!r}, "
+            f"keys={len(self._keys)}, tolerance_s={self.tolerance_s})"
+        )
 
     async def accept(self, request: WebhookRequest) -> Accepted:
         """Verify the signature on the raw body, then parse and normalise it.
@@ -175,7 +183,7 @@ def decode_secret(key: str, value: str) -> bytes:
     if not value.startswith(SECRET_PREFIX):
         raise SourceConfigError(f"{key}: must start with {SECRET_PREFIX}")
     try:
-        secret = base64.b64decode(value[len(SECRET_PREFIX):], validate=True)
+        secret = base64.b64decode(value[len(SECRET_PREFIX) :], validate=True)
     except (binascii.Error, ValueError):
         raise SourceConfigError(f"{key}: the part after {SECRET_PREFIX} is not base64") from None
     if not secret:

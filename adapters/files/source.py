@@ -226,8 +226,10 @@ def _walk(
             continue
         st = _entry_stat(entry)
         suffix = path.suffix.lower()
-        if st is None or not stat.S_ISREG(st.st_mode) or suffix not in (
-            _MESSAGE_SUFFIX, _MBOX_SUFFIX
+        if (
+            st is None
+            or not stat.S_ISREG(st.st_mode)
+            or suffix not in (_MESSAGE_SUFFIX, _MBOX_SUFFIX)
         ):
             skipped.append(path)
             continue

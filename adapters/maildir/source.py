@@ -77,8 +77,13 @@ class MaildirSource:
     provider = "maildir"
 
     def __init__(
-        self, tenant_id: str, mailbox_id: str, config: MaildirConfig, *,
-        page_size: int = MAILDIR_PAGE_SIZE, list_pages: int = MAILDIR_LIST_PAGES,
+        self,
+        tenant_id: str,
+        mailbox_id: str,
+        config: MaildirConfig,
+        *,
+        page_size: int = MAILDIR_PAGE_SIZE,
+        list_pages: int = MAILDIR_LIST_PAGES,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
@@ -102,18 +107,20 @@ class MaildirSource:
                 return  # nothing in new/ this run has not tried already
             listed.update(names)
             for start in range(0, len(names), self.page_size):
-                chunk = names[start:start + self.page_size]
+                chunk = names[start : start + self.page_size]
                 raws, kept = await anyio.to_thread.run_sync(self._read, chunk)
                 if raws:
-                    items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id,
-                                                   "maildir")
+                    items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id, "maildir")
                     yield Page(items=items, context=_PageFiles(kept))
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
         files = page.context
         assert isinstance(files, _PageFiles)
-        done = [name for name, r in zip(files.names, results, strict=True)
-                if r.outcome is not Outcome.RETRIABLE_FAILURE]
+        done = [
+            name
+            for name, r in zip(files.names, results, strict=True)
+            if r.outcome is not Outcome.RETRIABLE_FAILURE
+        ]
         await anyio.to_thread.run_sync(self._move_to_cur, done)
 
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:

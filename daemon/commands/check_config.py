@@ -22,14 +22,17 @@ from inboxd.daemon.esp_hooks import build_hook_sources
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "check-config", parents=[parent],
+        "check-config",
+        parents=[parent],
         help="validate a config file and its tenant files",
         description="Validate the main config FILE and every tenant file of its tenants "
-                    "directory: TOML syntax, unknown keys, types, ids, duplicate tenant "
-                    "and mailbox ids, secret references (resolved, never printed). "
-                    "Prints every problem on stderr and exits 2 if there is any.")
-    parser.add_argument("file", metavar="FILE", type=Path, nargs="?",
-                        help="main config file (default: --config)")
+        "directory: TOML syntax, unknown keys, types, ids, duplicate tenant "
+        "and mailbox ids, secret references (resolved, never printed). "
+        "Prints every problem on stderr and exits 2 if there is any.",
+    )
+    parser.add_argument(
+        "file", metavar="FILE", type=Path, nargs="?", help="main config file (default: --config)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -48,8 +51,9 @@ async def run(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(problem, file=sys.stderr)
         count = len(report.problems)
-        raise CommandError(f"{path}: {count} configuration problem{'s' if count > 1 else ''}",
-                           EXIT_USAGE)
+        raise CommandError(
+            f"{path}: {count} configuration problem{'s' if count > 1 else ''}", EXIT_USAGE
+        )
     if not args.json:
         print(f"config OK: {_plural(tenants, 'tenant')}, {_plural(mailboxes, 'mailbox')}")
     return EXIT_OK
@@ -62,8 +66,9 @@ def _as_json(path: Path, report: ConfigReport, tenants: int, mailboxes: int) -> 
         "config": str(path),
         "tenants": tenants,
         "mailboxes": mailboxes,
-        "problems": [{"file": str(p.file), "key": p.key, "message": p.message}
-                     for p in report.problems],
+        "problems": [
+            {"file": str(p.file), "key": p.key, "message": p.message} for p in report.problems
+        ],
     }
 
 

@@ -62,19 +62,27 @@ def global_options() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("global options")
     group.add_argument(
-        "--dsn", metavar="DSN",
+        "--dsn",
+        metavar="DSN",
         help="PostgreSQL DSN, or env:NAME / file:/path (default: $INBOXD_DSN, then "
-             "[database] dsn in --config, then an embedded server in the data directory)")
+        "[database] dsn in --config, then an embedded server in the data directory)",
+    )
     group.add_argument(
-        "--config", metavar="FILE", type=Path,
-        help="main config file (TOML); [database] and [object_store] are read")
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="main config file (TOML); [database] and [object_store] are read",
+    )
     group.add_argument(
-        "--json", action="store_true",
-        help="print the result as one JSON object on stdout")
+        "--json", action="store_true", help="print the result as one JSON object on stdout"
+    )
     group.add_argument(
-        "--log-level", choices=LOG_LEVELS, default="warning",
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
         help="log to stderr from this level on (default: %(default)s); "
-             "logs are JSON lines when stderr is not a terminal")
+        "logs are JSON lines when stderr is not a terminal",
+    )
     return parent
 
 
@@ -110,7 +118,8 @@ async def resolve(args: argparse.Namespace, config: dict[str, Any]) -> DsnChoice
     """
     try:
         return await anyio.to_thread.run_sync(
-            lambda: resolve_dsn(args.dsn, config), abandon_on_cancel=True)
+            lambda: resolve_dsn(args.dsn, config), abandon_on_cancel=True
+        )
     except DsnError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
     except EmbeddedPostgresError as exc:

@@ -39,23 +39,34 @@ from inboxd.pipeline.delivery.worker import replay_events
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "events", help="delivery events: replay stored events",
-        description="Work with stored delivery events (ESP webhooks).")
+        "events",
+        help="delivery events: replay stored events",
+        description="Work with stored delivery events (ESP webhooks).",
+    )
     actions = parser.add_subparsers(dest="events_action", metavar="ACTION", required=True)
     replay = actions.add_parser(
-        "replay", parents=[parent], help="re-queue events for the event workers",
+        "replay",
+        parents=[parent],
+        help="re-queue events for the event workers",
         description="Re-queue stored delivery events; running daemons apply them again. "
-                    "Re-applying changes nothing that is already right. Exit codes: 0 done, "
-                    "1 database failure, 2 usage error.")
+        "Re-applying changes nothing that is already right. Exit codes: 0 done, "
+        "1 database failure, 2 usage error.",
+    )
     replay.add_argument("--dead", action="store_true", help="only dead events")
-    replay.add_argument("--since", metavar="TIME",
-                        help="only events received at or after TIME (ISO 8601; UTC if no offset)")
+    replay.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only events received at or after TIME (ISO 8601; UTC if no offset)",
+    )
     replay.add_argument("--source", metavar="S", help="only this delivery source id")
     replay.add_argument("--tenant", metavar="T", help="only this tenant")
     replay.set_defaults(handler=run_replay)
     status = actions.add_parser(
-        "status", parents=[parent], help="count stored events by source and state",
-        description="Count stored delivery events per tenant, source and state.")
+        "status",
+        parents=[parent],
+        help="count stored events by source and state",
+        description="Count stored delivery events per tenant, source and state.",
+    )
     status.add_argument("--tenant", metavar="T", help="only this tenant")
     status.set_defaults(handler=run_status)
 
@@ -90,13 +101,17 @@ async def run_status(args: argparse.Namespace) -> int:
     if not rows:
         print("no delivery events")
         return EXIT_OK
-    print(f"{'TENANT':16} {'SOURCE':16} {'PENDING':>8} {'APPLIED':>9} {'DEAD':>6}  "
-          "OLDEST PENDING        LAST DEAD ERROR")
+    print(
+        f"{'TENANT':16} {'SOURCE':16} {'PENDING':>8} {'APPLIED':>9} {'DEAD':>6}  "
+        "OLDEST PENDING        LAST DEAD ERROR"
+    )
     for row in rows:
         oldest = format_time(row["oldest_pending"]) if row["oldest_pending"] else "-"
         error = (row["last_dead_error"] or "-")[:60]
-        print(f"{row['tenant_id']:16} {row['source']:16} {row['pending']:>8} "
-              f"{row['applied']:>9} {row['dead']:>6}  {oldest:21} {error}")
+        print(
+            f"{row['tenant_id']:16} {row['source']:16} {row['pending']:>8} "
+            f"{row['applied']:>9} {row['dead']:>6}  {oldest:21} {error}"
+        )
     return EXIT_OK
 
 
@@ -118,8 +133,9 @@ async def run_replay(args: argparse.Namespace) -> int:
     choice = await resolve(args, load_config(args.config))
     async with open_pool(choice, max_size=1) as pool, pool.acquire() as conn:
         with database_call(choice):
-            count = await replay_events(conn, tenant_id=tenant, dead_only=args.dead,
-                                        since=since, source=source)
+            count = await replay_events(
+                conn, tenant_id=tenant, dead_only=args.dead, since=since, source=source
+            )
     if args.json:
         emit_json({"command": "events replay", "status": "ok", "requeued": count})
     else:

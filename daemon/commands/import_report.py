@@ -72,23 +72,34 @@ class ImportSummary:
     def print_human(self) -> None:
         out = sys.stdout
         skipped = f", {plural(len(self.skipped), 'other file')} skipped" if self.skipped else ""
-        print(f"{self.status_line()}: {plural(self.messages, 'message')} from "
-              f"{plural(self.files, 'file')}{skipped} in {self.elapsed_s:.2f} s "
-              f"({self.rate:.1f} messages/s)", file=out)
+        print(
+            f"{self.status_line()}: {plural(self.messages, 'message')} from "
+            f"{plural(self.files, 'file')}{skipped} in {self.elapsed_s:.2f} s "
+            f"({self.rate:.1f} messages/s)",
+            file=out,
+        )
         for outcome in Outcome:
             print(f"  {outcome.value:<18} {self.outcomes.get(outcome.value, 0):>8}", file=out)
         if self.dead:
-            print(f"{plural(len(self.dead), 'dead item')} (not mail; recorded in dead_items, "
-                  "not retried):", file=out)
+            print(
+                f"{plural(len(self.dead), 'dead item')} (not mail; recorded in dead_items, "
+                "not retried):",
+                file=out,
+            )
             for ref, reason in self.dead[:DEAD_ITEMS_SHOWN]:
                 print(f"  {ref}: {reason}", file=out)
             if len(self.dead) > DEAD_ITEMS_SHOWN:
-                print(f"  … and {len(self.dead) - DEAD_ITEMS_SHOWN} more (--json lists all)",
-                      file=out)
+                print(
+                    f"  … and {len(self.dead) - DEAD_ITEMS_SHOWN} more (--json lists all)", file=out
+                )
 
     def status_line(self) -> str:
-        return {"ok": "imported", "interrupted": "interrupted",
-                "incomplete": "incomplete", "failed": "stopped"}.get(self.status, self.status)
+        return {
+            "ok": "imported",
+            "interrupted": "interrupted",
+            "incomplete": "incomplete",
+            "failed": "stopped",
+        }.get(self.status, self.status)
 
 
 class ProgressBar:
@@ -118,9 +129,15 @@ class ProgressBar:
         )
 
         self._progress = Progress(
-            TextColumn("importing"), BarColumn(), DownloadColumn(),
-            TextColumn("{task.fields[messages]} messages"), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            TextColumn("importing"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[messages]} messages"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._task = self._progress.add_task("import", total=total_bytes, messages=0)
         return self._progress
 
@@ -149,15 +166,21 @@ def closing_message(summary: ImportSummary, *, rolled_back: bool) -> str | None:
     """The stderr line for an interrupted, incomplete or failed run; None when ok."""
     if summary.status == "interrupted":
         abandoned = "the batch in progress was rolled back; " if rolled_back else ""
-        return (f"inboxd: interrupted: {abandoned}every committed batch is stored; "
-                "re-running the same command imports the rest")
+        return (
+            f"inboxd: interrupted: {abandoned}every committed batch is stored; "
+            "re-running the same command imports the rest"
+        )
     if summary.status == "incomplete":
-        return (f"inboxd: error: {plural(summary.not_imported, 'message')} not imported "
-                f"({summary.error}) and the rest of the input was not read; re-running "
-                "the same command is safe (what is stored is reported as duplicate)")
+        return (
+            f"inboxd: error: {plural(summary.not_imported, 'message')} not imported "
+            f"({summary.error}) and the rest of the input was not read; re-running "
+            "the same command is safe (what is stored is reported as duplicate)"
+        )
     if summary.status == "failed":
-        return (f"inboxd: error: {summary.error}; the messages before it are "
-                "stored, re-running the same command is safe")
+        return (
+            f"inboxd: error: {summary.error}; the messages before it are "
+            "stored, re-running the same command is safe"
+        )
     return None
 
 

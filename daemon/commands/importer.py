@@ -115,7 +115,8 @@ Item = MessageData | DeadItem
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "import", parents=[parent],
+        "import",
+        parents=[parent],
         help="import .eml files, mbox files and Maildirs into a mailbox",
         description=(
             "Import mail from local files into MAILBOX of TENANT (both created if missing). "
@@ -125,19 +126,25 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
             "The schema is applied first (like `inboxd migrate`), so this works on an "
             "empty database. Re-running is safe: messages already stored are reported "
             "as duplicate. Exit codes: 0 done (dead items included), 1 operational "
-            "failure, 2 usage error, 130 interrupted."),
+            "failure, 2 usage error, 130 interrupted."
+        ),
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     parser.add_argument("--tenant", required=True, help="tenant id (a-z 0-9 . _ -)")
     parser.add_argument("--mailbox", required=True, help="mailbox id (a-z 0-9 . _ -)")
     parser.add_argument(
-        "--backfill", action="store_true",
+        "--backfill",
+        action="store_true",
         help="write one mailbox.sync_completed event per batch instead of one event per "
-             "message (for large historical imports the application need not react to)")
+        "message (for large historical imports the application need not react to)",
+    )
     parser.add_argument(
-        "--parse-in", choices=("auto", "thread", "process"), default=DEFAULT_PARSE_MODE,
+        "--parse-in",
+        choices=("auto", "thread", "process"),
+        default=DEFAULT_PARSE_MODE,
         help="parse MIME in a worker thread or in worker processes, one per CPU; auto "
-             "uses processes for inputs of 32 MB or more (default: %(default)s)")
+        "uses processes for inputs of 32 MB or more (default: %(default)s)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -151,9 +158,7 @@ def parse_chunk(
     return parse_many(raws, tenant_id, mailbox_id, "import", keep_raw=keep_raw)
 
 
-def parse_chunk_in_worker(
-    raws: Sequence[bytes], tenant_id: str, mailbox_id: str
-) -> list[Item]:
+def parse_chunk_in_worker(raws: Sequence[bytes], tenant_id: str, mailbox_id: str) -> list[Item]:
     """parse_chunk in a worker process, which leaves Ctrl-C to the parent."""
     return parse_many_in_worker(raws, tenant_id, mailbox_id, "import")
 
@@ -195,8 +200,9 @@ class _Importer:
         self.plan = plan
         self.tenant: str = args.tenant
         self.mailbox: str = args.mailbox
-        self.summary = ImportSummary(self.tenant, self.mailbox, len(plan.files),
-                                     [str(p) for p in plan.skipped])
+        self.summary = ImportSummary(
+            self.tenant, self.mailbox, len(plan.files), [str(p) for p in plan.skipped]
+        )
         self.stop = anyio.Event()
         self.aborted = False
         self.importing = False
@@ -218,8 +224,11 @@ class _Importer:
                     return
                 log.warning("import_stopping", signal=name)
                 if sys.stderr.isatty():
-                    print("inboxd: stopping after the current batch "
-                          "(press Ctrl-C again to abandon it)", file=sys.stderr)
+                    print(
+                        "inboxd: stopping after the current batch "
+                        "(press Ctrl-C again to abandon it)",
+                        file=sys.stderr,
+                    )
                 self.stop.set()
                 self.producer_scope.cancel()
 
@@ -243,25 +252,34 @@ class _Importer:
                         return
                     parse_started = time.monotonic()
                     items = await self._parse([m.raw for m in raws], keep_raw)
-                    log.debug("import_batch_parsed", size=len(items),
-                              parse_s=round(time.monotonic() - parse_started, 3))
+                    log.debug(
+                        "import_batch_parsed",
+                        size=len(items),
+                        parse_s=round(time.monotonic() - parse_started, 3),
+                    )
                     try:
-                        await send.send(_Batch([m.source_ref for m in raws], items,
-                                               sum(m.span_bytes for m in raws)))
+                        await send.send(
+                            _Batch(
+                                [m.source_ref for m in raws], items, sum(m.span_bytes for m in raws)
+                            )
+                        )
                     except anyio.BrokenResourceError:
                         return  # the consumer stopped (failure or stop request)
 
     async def _parse(self, raws: list[bytes], keep_raw: bool) -> list[Item]:
-        chunks = [raws[i:i + PARSE_CHUNK_SIZE] for i in range(0, len(raws), PARSE_CHUNK_SIZE)]
+        chunks = [raws[i : i + PARSE_CHUNK_SIZE] for i in range(0, len(raws), PARSE_CHUNK_SIZE)]
         if keep_raw:
-            parsed = [await anyio.to_thread.run_sync(
-                parse_chunk, chunk, self.tenant, self.mailbox, True) for chunk in chunks]
+            parsed = [
+                await anyio.to_thread.run_sync(parse_chunk, chunk, self.tenant, self.mailbox, True)
+                for chunk in chunks
+            ]
         else:
             parsed = [[] for _ in chunks]
 
             async def one(i: int) -> None:
                 parsed[i] = await anyio.to_process.run_sync(
-                    parse_chunk_in_worker, chunks[i], self.tenant, self.mailbox)
+                    parse_chunk_in_worker, chunks[i], self.tenant, self.mailbox
+                )
 
             async with anyio.create_task_group() as tg:
                 for i in range(len(chunks)):
@@ -280,9 +298,14 @@ class _Importer:
                     break
                 batch_started = time.monotonic()
                 await self._ingest(stage, batch)
-                log.info("import_batch_committed", tenant=self.tenant, mailbox=self.mailbox,
-                         size=len(batch.items), total=self.summary.messages,
-                         ingest_s=round(time.monotonic() - batch_started, 3))
+                log.info(
+                    "import_batch_committed",
+                    tenant=self.tenant,
+                    mailbox=self.mailbox,
+                    size=len(batch.items),
+                    total=self.summary.messages,
+                    ingest_s=round(time.monotonic() - batch_started, 3),
+                )
                 self.progress.advance(batch.span_bytes, self.summary.messages)
 
     async def _ingest(self, stage: IngestStage, batch: _Batch) -> None:
@@ -294,13 +317,19 @@ class _Importer:
             if first_failure:  # STYLE.md rule 8: "unavailable" once, not every attempt
                 first_failure = False
                 exc = state.outcome.exception() if state.outcome else None
-                log.warning("import_batch_retrying", tenant=self.tenant, mailbox=self.mailbox,
-                            items=len(pending), error=str(exc))
+                log.warning(
+                    "import_batch_retrying",
+                    tenant=self.tenant,
+                    mailbox=self.mailbox,
+                    items=len(pending),
+                    error=str(exc),
+                )
 
         retrying = AsyncRetrying(
             stop=stop_any(stop_after_attempt(BATCH_ATTEMPTS), lambda _: self.stop.is_set()),
-            wait=wait_exponential_jitter(initial=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S,
-                                         jitter=RETRY_JITTER_S),
+            wait=wait_exponential_jitter(
+                initial=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S, jitter=RETRY_JITTER_S
+            ),
             retry=retry_if_exception_type(_Unsettled),
             sleep=self._sleep,
             before_sleep=log_retry,
@@ -324,12 +353,14 @@ class _Importer:
         items = [batch.items[i] for i in pending]
         try:
             with anyio.fail_after(BATCH_DEADLINE_S):
-                results = await stage.ingest(IngestBatch(
-                    self.tenant, self.mailbox, items, backfill=self.args.backfill))
+                results = await stage.ingest(
+                    IngestBatch(self.tenant, self.mailbox, items, backfill=self.args.backfill)
+                )
         except TimeoutError:
             detail = f"a batch did not finish within {BATCH_DEADLINE_S:g} s"
-            results = [ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=detail)
-                       for i in range(len(items))]
+            results = [
+                ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=detail) for i in range(len(items))
+            ]
         still: list[int] = []
         detail = ""
         for result in results:
@@ -388,8 +419,13 @@ class _Importer:
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
                 raise database_error(exc, choice) from exc
             stage = IngestStage(pool, store)
-            log.info("import_started", tenant=self.tenant, mailbox=self.mailbox,
-                     files=len(self.plan.files), bytes=self.plan.total_bytes)
+            log.info(
+                "import_started",
+                tenant=self.tenant,
+                mailbox=self.mailbox,
+                files=len(self.plan.files),
+                bytes=self.plan.total_bytes,
+            )
             self.importing = True
             with self.progress.open(self.plan.total_bytes):
                 send, receive = anyio.create_memory_object_stream[_Batch](0)
@@ -400,15 +436,17 @@ class _Importer:
                     except _Unsettled:
                         self.summary.status = "incomplete"
                         self.summary.unread_input = True
-                        self.summary.error = await _explain(pool, target_of(choice),
-                                                            self.summary.error)
+                        self.summary.error = await _explain(
+                            pool, target_of(choice), self.summary.error
+                        )
                     finally:
                         self.producer_scope.cancel()
 
     def _finish(self) -> int:
         exit_code = self._settle()
-        print_report(self.summary, as_json=self.args.json,
-                     rolled_back=self.aborted and self.importing)
+        print_report(
+            self.summary, as_json=self.args.json, rolled_back=self.aborted and self.importing
+        )
         return exit_code
 
     def _settle(self) -> int:

@@ -32,10 +32,12 @@ MIGRATE_TIMEOUT_S = 120.0
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "migrate", parents=[parent],
+        "migrate",
+        parents=[parent],
         help="create or update the database schema (safe to re-run)",
         description="Apply schema.sql to the database. Idempotent: running it again "
-                    "changes nothing. `inboxd import` applies it too.")
+        "changes nothing. `inboxd import` applies it too.",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -53,12 +55,21 @@ async def run(args: argparse.Namespace) -> int:
     elapsed_s = time.monotonic() - started
     target = target_of(choice)
     if args.json:
-        emit_json({"command": "migrate", "status": "ok", "database": database,
-                   "server": target, "dsn_source": choice.source,
-                   "elapsed_s": round(elapsed_s, 3)})
+        emit_json(
+            {
+                "command": "migrate",
+                "status": "ok",
+                "database": database,
+                "server": target,
+                "dsn_source": choice.source,
+                "elapsed_s": round(elapsed_s, 3),
+            }
+        )
     else:
-        print(f"schema applied to database {database} at {target} "
-              f"({choice.source} DSN) in {elapsed_s:.2f} s")
+        print(
+            f"schema applied to database {database} at {target} "
+            f"({choice.source} DSN) in {elapsed_s:.2f} s"
+        )
     return EXIT_OK
 
 
@@ -72,4 +83,5 @@ async def apply_with_deadline(conn: asyncpg.Connection) -> None:
     except TimeoutError as exc:
         raise CommandError(
             f"applying the schema did not finish within {MIGRATE_TIMEOUT_S:g} s "
-            "(another migration holding the lock?)") from exc
+            "(another migration holding the lock?)"
+        ) from exc

@@ -50,10 +50,13 @@ POOL_EXTRA_CONNECTIONS = 6 + DELIVERY_WRITERS + 1
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "run", parents=[parent], help="run the daemon (sync mailboxes, serve HTTP)",
+        "run",
+        parents=[parent],
+        help="run the daemon (sync mailboxes, serve HTTP)",
         description="Run inboxd: sync every configured mailbox, serve /healthz, /readyz, "
-                    "/metrics and the application API. SIGTERM/SIGINT stop gracefully, "
-                    "SIGHUP reloads tenant files, SIGUSR1 cancels running syncs.")
+        "/metrics and the application API. SIGTERM/SIGINT stop gracefully, "
+        "SIGHUP reloads tenant files, SIGUSR1 cancels running syncs.",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -98,15 +101,17 @@ async def run(args: argparse.Namespace) -> int:
         main = load_main(args.config, check_secrets=True)
     except ConfigError as exc:
         _print_problems(exc)
-        raise CommandError(f"{len(exc.problems)} configuration problem(s); not started",
-                           EXIT_USAGE) from exc
+        raise CommandError(
+            f"{len(exc.problems)} configuration problem(s); not started", EXIT_USAGE
+        ) from exc
     tenant_set = load_tenants(main, check_secrets=True)
     problems = tenant_set.problems + build_hook_sources(tenant_set.tenants)[1]
     if problems:
         _print_problems(ConfigError(problems))
         raise CommandError(f"{len(problems)} configuration problem(s); not started", EXIT_USAGE)
-    configure_logging(None, level=args.log_level if args.log_level != "warning"
-                      else main.log_level, final=True)
+    configure_logging(
+        None, level=args.log_level if args.log_level != "warning" else main.log_level, final=True
+    )
     choice = await resolve(args, main.raw)
     pool_size = main.ingest_workers + POOL_EXTRA_CONNECTIONS
     async with open_pool(choice, max_size=pool_size) as pool:

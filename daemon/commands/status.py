@@ -42,18 +42,30 @@ QUERY_TIMEOUT_S = 30.0
 # table shows the start and the end, where the token is.
 CURSOR_SHOWN_CHARS = 24
 ERROR_SHOWN_CHARS = 60
-COLUMNS = ("TENANT", "MAILBOX", "PROVIDER", "MODE", "CURSOR", "LAST SUCCESS", "LAG",
-           "THROTTLE UNTIL", "STATE", "LAST ERROR")
+COLUMNS = (
+    "TENANT",
+    "MAILBOX",
+    "PROVIDER",
+    "MODE",
+    "CURSOR",
+    "LAST SUCCESS",
+    "LAG",
+    "THROTTLE UNTIL",
+    "STATE",
+    "LAST ERROR",
+)
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "status", parents=[parent],
+        "status",
+        parents=[parent],
         help="show each mailbox's cursor, lag, throttle and last error",
         description="Show every mailbox's sync position and health from the database: "
-                    "tenant, mailbox, provider, sync mode, cursor, last successful sync, lag "
-                    "since then, throttle, state and last error. --json prints a list of "
-                    "objects with all fields. Run `inboxd migrate` first on a new database.")
+        "tenant, mailbox, provider, sync mode, cursor, last successful sync, lag "
+        "since then, throttle, state and last error. --json prints a list of "
+        "objects with all fields. Run `inboxd migrate` first on a new database.",
+    )
     parser.add_argument("--tenant", metavar="T", help="only this tenant's mailboxes")
     parser.set_defaults(handler=run)
 
@@ -66,12 +78,16 @@ async def run(args: argparse.Namespace) -> int:
         with database_call(choice):
             statuses = await mailbox_status(pool, tenant)
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps(
-            [as_json(s) for s in statuses], option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.buffer.write(
+            orjson.dumps([as_json(s) for s in statuses], option=orjson.OPT_APPEND_NEWLINE)
+        )
         sys.stdout.flush()
     elif not statuses:
-        print("no mailboxes" + (f" in tenant {tenant}" if tenant else "")
-              + " (they are created from the tenant config by `inboxd run`, or by `inboxd import`)")
+        print(
+            "no mailboxes"
+            + (f" in tenant {tenant}" if tenant else "")
+            + " (they are created from the tenant config by `inboxd run`, or by `inboxd import`)"
+        )
     elif sys.stdout.isatty():
         _print_rich([table_row(s) for s in statuses])
     else:
@@ -88,7 +104,9 @@ def database_call(choice: DsnChoice) -> Iterator[None]:
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
         raise CommandError(
             f"database at {target_of(choice)} has no inboxd schema, or an older one: "
-            "run `inboxd migrate`", EXIT_FAILURE) from exc
+            "run `inboxd migrate`",
+            EXIT_FAILURE,
+        ) from exc
     except TimeoutError as exc:
         raise CommandError(
             f"database at {target_of(choice)} did not answer within {QUERY_TIMEOUT_S:g} s"
@@ -108,7 +126,10 @@ def as_json(status: MailboxStatus) -> dict[str, object]:
 def table_row(s: MailboxStatus) -> tuple[str, ...]:
     state = s.sync_state + (" (cancel requested)" if s.cancel_requested else "")
     return (
-        s.tenant_id, s.mailbox_id, s.provider, s.sync_mode,
+        s.tenant_id,
+        s.mailbox_id,
+        s.provider,
+        s.sync_mode,
         shorten_middle(s.cursor, CURSOR_SHOWN_CHARS) if s.cursor else "-",
         format_time(s.last_success_at) if s.last_success_at else "never",
         format_duration(s.lag_s) if s.lag_s is not None else "-",
@@ -123,7 +144,8 @@ def plain_table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
-        for r in [COLUMNS, *rows])
+        for r in [COLUMNS, *rows]
+    )
 
 
 def _print_rich(rows: list[tuple[str, ...]]) -> None:
@@ -135,8 +157,7 @@ def _print_rich(rows: list[tuple[str, ...]]) -> None:
     for name in COLUMNS:
         table.add_column(name, overflow="fold" if name == "LAST ERROR" else "ellipsis")
     for r in rows:
-        style = "red" if r[8].startswith("needs_attention") else (
-            "yellow" if r[7] != "-" else None)
+        style = "red" if r[8].startswith("needs_attention") else ("yellow" if r[7] != "-" else None)
         table.add_row(*(Text(cell) for cell in r), style=style)  # cells are data, not markup
     Console().print(table)
 
@@ -164,7 +185,7 @@ def shorten_middle(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = (limit - 1) // 2
-    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
 
 
 def shorten_end(text: str, limit: int) -> str:

@@ -41,22 +41,29 @@ from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, ring
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "sync", help="cancel a mailbox's running sync, or start one now",
+        "sync",
+        help="cancel a mailbox's running sync, or start one now",
         description="Steer one mailbox's sync through the database, whichever replica "
-                    "runs it. Exit codes: 0 done, 1 no such mailbox or database failure, "
-                    "2 usage error or a mailbox id found in several tenants.")
+        "runs it. Exit codes: 0 done, 1 no such mailbox or database failure, "
+        "2 usage error or a mailbox id found in several tenants.",
+    )
     actions = parser.add_subparsers(dest="sync_action", metavar="ACTION", required=True)
     for name, help_text, handler in (
-        ("cancel", "stop the mailbox's running sync between pages (cursor kept safe)",
-         run_cancel),
+        ("cancel", "stop the mailbox's running sync between pages (cursor kept safe)", run_cancel),
         ("now", "ring the mailbox's doorbell: a running daemon syncs it at once", run_now),
     ):
-        action = actions.add_parser(name, parents=[parent], help=help_text,
-                                    description=help_text[0].upper() + help_text[1:] + ".")
+        action = actions.add_parser(
+            name,
+            parents=[parent],
+            help=help_text,
+            description=help_text[0].upper() + help_text[1:] + ".",
+        )
         action.add_argument("--mailbox", metavar="M", required=True, help="mailbox id")
         action.add_argument(
-            "--tenant", metavar="T",
-            help="tenant of the mailbox (needed when the id exists in several tenants)")
+            "--tenant",
+            metavar="T",
+            help="tenant of the mailbox (needed when the id exists in several tenants)",
+        )
         action.set_defaults(handler=handler)
 
 
@@ -68,14 +75,26 @@ async def run_cancel(args: argparse.Namespace) -> int:
         running = bool(status and status.leased)
         owner = status.lease_owner if status and running else None
         if args.json:
-            emit_json({"command": "sync cancel", "status": "ok", "tenant": tenant,
-                       "mailbox": mailbox, "running": running, "lease_owner": owner})
+            emit_json(
+                {
+                    "command": "sync cancel",
+                    "status": "ok",
+                    "tenant": tenant,
+                    "mailbox": mailbox,
+                    "running": running,
+                    "lease_owner": owner,
+                }
+            )
         elif running:
-            print(f"cancel requested for {tenant}/{mailbox}: the sync running in {owner} "
-                  "stops after its current page")
+            print(
+                f"cancel requested for {tenant}/{mailbox}: the sync running in {owner} "
+                "stops after its current page"
+            )
         else:
-            print(f"cancel requested for {tenant}/{mailbox}: no sync is running now; "
-                  "the next one stops at its first check")
+            print(
+                f"cancel requested for {tenant}/{mailbox}: no sync is running now; "
+                "the next one stops at its first check"
+            )
 
     return await _with_mailbox(args, act)
 
@@ -86,15 +105,26 @@ async def run_now(args: argparse.Namespace) -> int:
         status = await _status(pool, tenant, mailbox)
         throttle_until = status.throttle_until if status and status.throttled else None
         if args.json:
-            emit_json({"command": "sync now", "status": "ok", "tenant": tenant,
-                       "mailbox": mailbox, "channel": DOORBELL_CHANNEL,
-                       "throttle_until": throttle_until.isoformat() if throttle_until else None})
+            emit_json(
+                {
+                    "command": "sync now",
+                    "status": "ok",
+                    "tenant": tenant,
+                    "mailbox": mailbox,
+                    "channel": DOORBELL_CHANNEL,
+                    "throttle_until": throttle_until.isoformat() if throttle_until else None,
+                }
+            )
             return
-        print(f"doorbell rung for {tenant}/{mailbox}: a running inboxd syncs it now, "
-              "or right after the sync in progress")
+        print(
+            f"doorbell rung for {tenant}/{mailbox}: a running inboxd syncs it now, "
+            "or right after the sync in progress"
+        )
         if throttle_until is not None:
-            print(f"note: the mailbox is throttled until {format_time(throttle_until)} "
-                  "(provider backoff)")
+            print(
+                f"note: the mailbox is throttled until {format_time(throttle_until)} "
+                "(provider backoff)"
+            )
 
     return await _with_mailbox(args, act)
 
@@ -133,5 +163,7 @@ async def find_tenant(pool: asyncpg.Pool, mailbox: str, tenant: str | None) -> s
     if len(tenants) > 1:
         raise CommandError(
             f"mailbox {mailbox} exists in {len(tenants)} tenants ({', '.join(tenants)}): "
-            "choose one with --tenant", EXIT_USAGE)
+            "choose one with --tenant",
+            EXIT_USAGE,
+        )
     return tenants[0]

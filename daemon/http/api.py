@@ -74,10 +74,14 @@ _MAX_HEADER_CHARS = 998
 _MAX_ID_CHARS = 255
 _MAX_CLIENT_ID_CHARS = 200
 _MAX_ATTACHMENT_ID = 2**63 - 1
-_REQUIRED = ("mailbox_id", "message_id_header", "placeholder_message_id", "thread_id",
-             "from_address")
-_OPTIONAL = ("subject", "sent_at", "text", "html", "send_status", "client_id",
-             "esp_message_id")
+_REQUIRED = (
+    "mailbox_id",
+    "message_id_header",
+    "placeholder_message_id",
+    "thread_id",
+    "from_address",
+)
+_OPTIONAL = ("subject", "sent_at", "text", "html", "send_status", "client_id", "esp_message_id")
 _SEND_STATUSES = ("pending", "sent")
 # RFC 6838 §4.2 type/subtype names; anything else is served as octet-stream.
 _MIME_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
@@ -102,8 +106,9 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
         if name not in _REQUIRED and name not in _OPTIONAL:
             problems[name] = "unknown field"
 
-    def text_field(name: str, *, required: bool, max_chars: int | None = None,
-                   nullable: bool = False) -> str | None:
+    def text_field(
+        name: str, *, required: bool, max_chars: int | None = None, nullable: bool = False
+    ) -> str | None:
         value = body.get(name)
         if value is None:
             if required:
@@ -128,14 +133,14 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
             validate_id("mailbox", mailbox_id)
         except ValueError:
             problems["mailbox_id"] = "not a valid mailbox id"
-    message_id_header = text_field("message_id_header", required=True,
-                                   max_chars=_MAX_HEADER_CHARS)
+    message_id_header = text_field("message_id_header", required=True, max_chars=_MAX_HEADER_CHARS)
     if message_id_header is not None and not normalise_message_id(message_id_header):
         problems["message_id_header"] = "not a usable Message-ID"
     placeholder = text_field("placeholder_message_id", required=True, max_chars=_MAX_ID_CHARS)
     if placeholder is not None and not is_placeholder_id(placeholder):
         problems["placeholder_message_id"] = (
-            "must start with pending_, draft_ or new_, or be a UUID")
+            "must start with pending_, draft_ or new_, or be a UUID"
+        )
     thread_id = text_field("thread_id", required=True, max_chars=_MAX_ID_CHARS)
     from_address = text_field("from_address", required=True, max_chars=_MAX_HEADER_CHARS)
     if from_address is not None and "@" not in from_address:
@@ -143,10 +148,12 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
     subject = text_field("subject", required=False, max_chars=_MAX_HEADER_CHARS * 10)
     text = text_field("text", required=False, nullable=True)
     html = text_field("html", required=False, nullable=True)
-    client_id = text_field("client_id", required=False, max_chars=_MAX_CLIENT_ID_CHARS,
-                           nullable=True)
-    esp_message_id = text_field("esp_message_id", required=False,
-                                max_chars=_MAX_HEADER_CHARS, nullable=True)
+    client_id = text_field(
+        "client_id", required=False, max_chars=_MAX_CLIENT_ID_CHARS, nullable=True
+    )
+    esp_message_id = text_field(
+        "esp_message_id", required=False, max_chars=_MAX_HEADER_CHARS, nullable=True
+    )
     send_status = body.get("send_status", "pending")
     if send_status not in _SEND_STATUSES:
         problems["send_status"] = "must be pending or sent"
@@ -167,10 +174,17 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
     if problems:
         json_error(422, "invalid_request", fields=problems)
     return {
-        "mailbox_id": mailbox_id, "message_id_header": message_id_header,
-        "placeholder_message_id": placeholder, "thread_id": thread_id,
-        "from_address": from_address, "subject": subject or "", "sent_at": sent_at,
-        "text": text, "html": html, "send_status": send_status, "client_id": client_id,
+        "mailbox_id": mailbox_id,
+        "message_id_header": message_id_header,
+        "placeholder_message_id": placeholder,
+        "thread_id": thread_id,
+        "from_address": from_address,
+        "subject": subject or "",
+        "sent_at": sent_at,
+        "text": text,
+        "html": html,
+        "send_status": send_status,
+        "client_id": client_id,
         "esp_message_id": esp_message_id or None,
     }
 
@@ -195,16 +209,19 @@ async def outbound_handler(request: web.Request) -> web.Response:
             if await conn.fetchval(_FIND_MAILBOX, tenant, fields["mailbox_id"]) is None:
                 json_error(404, "mailbox_not_found")
             try:
-                message_id = await record_outbound(
-                    conn, tenant_id=tenant, announce=True, **fields)
+                message_id = await record_outbound(conn, tenant_id=tenant, announce=True, **fields)
             except ValueError as exc:
                 json_error(422, "invalid_request", detail=str(exc))
             except asyncpg.UniqueViolationError:
                 existing = await conn.fetchrow(
-                    _FIND_PLACEHOLDER, tenant, fields["mailbox_id"],
-                    fields["placeholder_message_id"])
+                    _FIND_PLACEHOLDER,
+                    tenant,
+                    fields["mailbox_id"],
+                    fields["placeholder_message_id"],
+                )
                 if existing is not None and existing["message_id_norm"] == normalise_message_id(
-                        fields["message_id_header"]):
+                    fields["message_id_header"]
+                ):
                     return json_response({"message_id": existing["message_id"]}, status=200)
                 json_error(409, "placeholder_in_use")
     bound.info("outbound_recorded", message_id=message_id, send_status=fields["send_status"])
@@ -218,10 +235,13 @@ def content_disposition(filename: str, *, fallback: str) -> str:
     user agents, a plain ASCII `filename` for old ones. Path separators and
     control characters are replaced; an empty name becomes `fallback`.
     """
-    name = "".join("_" if ch in "/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F else ch
-                   for ch in filename).strip().strip(".") or fallback
-    ascii_name = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\%' else "_"
-                         for ch in name)
+    name = (
+        "".join("_" if ch in "/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in filename)
+        .strip()
+        .strip(".")
+        or fallback
+    )
+    ascii_name = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\%' else "_" for ch in name)
     encoded = quote(name, safe=_ATTR_CHAR_SAFE, encoding="utf-8", errors="surrogateescape")
     return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{encoded}"
 
@@ -259,13 +279,17 @@ async def attachment_handler(request: web.Request) -> web.StreamResponse:
     except (ObjectStoreError, TimeoutError) as exc:
         bound.warning("attachment_store_unavailable", error=type(exc).__name__)
         json_error(503, "store_unavailable", headers={hdrs.RETRY_AFTER: "5"})
-    return web.Response(body=data, headers={
-        hdrs.CONTENT_TYPE: _safe_content_type(row["content_type"]),
-        hdrs.CONTENT_DISPOSITION: content_disposition(
-            row["filename"], fallback=f"attachment-{attachment_id}"),
-        # Mail attachments are untrusted content served from our origin: never sniffed
-        # into something executable, never rendered with scripts.
-        "X-Content-Type-Options": "nosniff",
-        "Content-Security-Policy": "default-src 'none'; sandbox",
-        hdrs.CACHE_CONTROL: "private, no-store",
-    })
+    return web.Response(
+        body=data,
+        headers={
+            hdrs.CONTENT_TYPE: _safe_content_type(row["content_type"]),
+            hdrs.CONTENT_DISPOSITION: content_disposition(
+                row["filename"], fallback=f"attachment-{attachment_id}"
+            ),
+            # Mail attachments are untrusted content served from our origin: never sniffed
+            # into something executable, never rendered with scripts.
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+            hdrs.CACHE_CONTROL: "private, no-store",
+        },
+    )

@@ -238,7 +238,8 @@ class EventHub:
     async def _listen_on_new_connection(self) -> asyncpg.Connection:
         with anyio.fail_after(LISTEN_CONNECT_TIMEOUT_S):
             conn: asyncpg.Connection = await asyncpg.connect(
-                self._dsn, server_settings={"application_name": LISTENER_APP_NAME})
+                self._dsn, server_settings={"application_name": LISTENER_APP_NAME}
+            )
         try:
             with anyio.fail_after(LISTEN_PING_TIMEOUT_S):
                 await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
@@ -301,15 +302,17 @@ def _resume_point(request: web.Request) -> int | None:
 
 def _encode(row: asyncpg.Record) -> bytes:
     kind = str(row["kind"]).replace("\r", " ").replace("\n", " ")
-    data = orjson.dumps({
-        "event_id": row["event_id"],
-        "kind": row["kind"],
-        "mailbox_id": row["mailbox_id"],
-        "thread_id": row["thread_id"],
-        "message_id": row["message_id"],
-        "payload": orjson.Fragment(row["payload"]),
-        "created_at": row["created_at"],
-    })
+    data = orjson.dumps(
+        {
+            "event_id": row["event_id"],
+            "kind": row["kind"],
+            "mailbox_id": row["mailbox_id"],
+            "thread_id": row["thread_id"],
+            "message_id": row["message_id"],
+            "payload": orjson.Fragment(row["payload"]),
+            "created_at": row["created_at"],
+        }
+    )
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (row["event_id"], kind.encode(), data)
 
 
@@ -338,12 +341,14 @@ async def events_handler(request: web.Request) -> web.StreamResponse:
         if after is None:
             with anyio.fail_after(EVENTS_QUERY_TIMEOUT_S):
                 after = int(await state.pool.fetchval(_HEAD, tenant))
-        response = web.StreamResponse(headers={
-            hdrs.CONTENT_TYPE: "text/event-stream",
-            hdrs.CACHE_CONTROL: "no-cache, no-store",
-            # nginx would otherwise buffer the stream (ngx_http_proxy_module, X-Accel-Buffering)
-            "X-Accel-Buffering": "no",
-        })
+        response = web.StreamResponse(
+            headers={
+                hdrs.CONTENT_TYPE: "text/event-stream",
+                hdrs.CACHE_CONTROL: "no-cache, no-store",
+                # nginx would otherwise buffer the stream (ngx_http_proxy_module, X-Accel-Buffering)
+                "X-Accel-Buffering": "no",
+            }
+        )
         await response.prepare(request)
         bound = log.bind(tenant=tenant)
         bound.debug("sse_client_connected", after=after)
@@ -355,8 +360,9 @@ async def events_handler(request: web.Request) -> web.StreamResponse:
                     rows = await state.pool.fetch(_FETCH, tenant, after, SSE_PAGE_SIZE)
                 if rows:
                     after = rows[-1]["event_id"]
-                    chunk = [_encode(r) for r in rows
-                             if exclude is None or r["client_id"] != exclude]
+                    chunk = [
+                        _encode(r) for r in rows if exclude is None or r["client_id"] != exclude
+                    ]
                     if chunk:
                         await _send(response, b"".join(chunk))
                         state.metrics.sse_event_sent(len(chunk))

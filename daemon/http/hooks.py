@@ -111,7 +111,8 @@ class HookSource:
     policy: SourcePolicy
     max_body_bytes: int = DEFAULT_HOOK_BODY_BYTES
     limiter: RateLimiter = field(
-        default_factory=lambda: RateLimiter(DEFAULT_RATE_PER_S, DEFAULT_RATE_BURST))
+        default_factory=lambda: RateLimiter(DEFAULT_RATE_PER_S, DEFAULT_RATE_BURST)
+    )
 
     @property
     def label(self) -> str:
@@ -180,17 +181,25 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
         accepted = await _accept(request, hook, webhook)
         try:
             stored = await intake.submit(
-                hook.tenant_id, hook.source_id, hook.adapter.provider, accepted.events,
-                hook.policy, received_at=webhook.received_at,
-                replay_token=accepted.replay_token, replay_scope=accepted.replay_scope)
+                hook.tenant_id,
+                hook.source_id,
+                hook.adapter.provider,
+                accepted.events,
+                hook.policy,
+                received_at=webhook.received_at,
+                replay_token=accepted.replay_token,
+                replay_scope=accepted.replay_scope,
+            )
         except ReplayedToken:
             _refuse(request, hook, "replayed token")
         except IntakeUnavailable as exc:
-            log.warning("webhook_not_stored", tenant=hook.tenant_id, source=hook.source_id,
-                        error=str(exc))
+            log.warning(
+                "webhook_not_stored", tenant=hook.tenant_id, source=hook.source_id, error=str(exc)
+            )
             json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
         request.app[HTTP_STATE].metrics.delivery_events_stored(
-            hook.adapter.provider, stored.new, stored.duplicates)
+            hook.adapter.provider, stored.new, stored.duplicates
+        )
         if accepted.confirm_url is not None:
             await _confirm(confirm, hook, accepted.confirm_url)
         return json_response({"stored": stored.new, "duplicates": stored.duplicates})
@@ -198,19 +207,23 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
     return [web.post(HOOK_PATH, handle)]
 
 
-async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest
-                  ) -> Accepted:
+async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest) -> Accepted:
     try:
         return await hook.adapter.accept(webhook)
     except VerificationFailed as exc:
         _refuse(request, hook, str(exc))
     except SourceUnavailable as exc:
-        log.warning("webhook_verification_unavailable", tenant=hook.tenant_id,
-                    source=hook.source_id, error=str(exc))
+        log.warning(
+            "webhook_verification_unavailable",
+            tenant=hook.tenant_id,
+            source=hook.source_id,
+            error=str(exc),
+        )
         json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     except MalformedPayload as exc:
-        log.info("webhook_malformed", tenant=hook.tenant_id, source=hook.source_id,
-                 error=str(exc)[:200])
+        log.info(
+            "webhook_malformed", tenant=hook.tenant_id, source=hook.source_id, error=str(exc)[:200]
+        )
         json_error(400, "malformed_payload")
 
 
@@ -225,7 +238,11 @@ async def _confirm(confirm: Confirm, hook: HookSource, url: str) -> None:
     try:
         await confirm(url)
     except Exception as exc:  # SNS re-sends the confirmation when we do not answer 2xx
-        log.warning("subscription_confirm_failed", tenant=hook.tenant_id,
-                    source=hook.source_id, error=type(exc).__name__)
+        log.warning(
+            "subscription_confirm_failed",
+            tenant=hook.tenant_id,
+            source=hook.source_id,
+            error=type(exc).__name__,
+        )
         json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     log.info("subscription_confirmed", tenant=hook.tenant_id, source=hook.source_id)

@@ -100,10 +100,15 @@ async def _observe(request: web.Request, handler: _Handler) -> web.StreamRespons
         elapsed_s = time.perf_counter() - started
         if status is not None:
             request.app[HTTP_STATE].metrics.observe_http(
-                route, request.method, status,
-                None if route in _STREAMING_ROUTES else elapsed_s)
-        log.debug("http_request", route=route, method=request.method, status=status,
-                  duration_ms=round(elapsed_s * 1000, 1))
+                route, request.method, status, None if route in _STREAMING_ROUTES else elapsed_s
+            )
+        log.debug(
+            "http_request",
+            route=route,
+            method=request.method,
+            status=status,
+            duration_ms=round(elapsed_s * 1000, 1),
+        )
 
 
 @web.middleware
@@ -116,8 +121,11 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects are answers
-        headers = {k: v for k, v in exc.headers.items()
-                   if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+        headers = {
+            k: v
+            for k, v in exc.headers.items()
+            if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
+        }
         slug = (exc.reason or "error").lower().replace(" ", "_").replace("-", "_")
         response = json_response({"error": slug}, status=exc.status, headers=headers)
         if exc.status == 413:
@@ -126,10 +134,10 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
     except ConnectionResetError:
         raise  # the client is gone; nothing to answer
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-        log.warning("http_dependency_unavailable", route=_route_label(request),
-                    error=type(exc).__name__)
-        return json_response({"error": "unavailable"}, status=503,
-                             headers={hdrs.RETRY_AFTER: "5"})
+        log.warning(
+            "http_dependency_unavailable", route=_route_label(request), error=type(exc).__name__
+        )
+        return json_response({"error": "unavailable"}, status=503, headers={hdrs.RETRY_AFTER: "5"})
     except Exception:
         log.exception("http_handler_failed", route=_route_label(request))
         return json_response({"error": "internal"}, status=500)
@@ -220,11 +228,11 @@ def build_app(state: HttpState) -> web.Application:
     router.add_get("/metrics", _metrics, expect_handler=_expect)
     router.add_get("/v1/events", events_handler, allow_head=False, expect_handler=_expect)
     router.add_post("/v1/outbound", outbound_handler, expect_handler=_expect)
-    router.add_get(r"/v1/attachments/{id:\d{1,19}}", attachment_handler,
-                   expect_handler=_expect)
+    router.add_get(r"/v1/attachments/{id:\d{1,19}}", attachment_handler, expect_handler=_expect)
     for route in state.extra_routes:
-        web.RouteDef(route.method, route.path, route.handler,
-                     {"expect_handler": _expect, **route.kwargs}).register(router)
+        web.RouteDef(
+            route.method, route.path, route.handler, {"expect_handler": _expect, **route.kwargs}
+        ).register(router)
     return app
 
 
@@ -248,8 +256,13 @@ async def serve_http(
     app = build_app(app_state)
     hub = app[EVENT_HUB]
     runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
-        lingering_time=LINGERING_CLOSE_S, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        lingering_time=LINGERING_CLOSE_S,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+    )
     await runner.setup()
     try:
         # Bound before the task group exists, so a taken port raises a plain OSError.

@@ -125,11 +125,13 @@ class TokenTable:
         return f"TokenTable({len(self._entries)} tenants)"
 
 
-def json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
-                  ) -> web.Response:
+def json_response(
+    body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
     """A JSON response serialised with orjson."""
-    return web.Response(body=orjson.dumps(body), status=status, headers=headers,
-                        content_type="application/json")
+    return web.Response(
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+    )
 
 
 class ApiError(Exception):
@@ -140,8 +142,9 @@ class ApiError(Exception):
     413 …) the same JSON shape.
     """
 
-    def __init__(self, status: int, error: str, *, headers: Mapping[str, str] | None = None,
-                 **fields: Any) -> None:
+    def __init__(
+        self, status: int, error: str, *, headers: Mapping[str, str] | None = None, **fields: Any
+    ) -> None:
         super().__init__(error)
         self.status = status
         self.body: dict[str, Any] = {"error": error, **fields}
@@ -151,8 +154,9 @@ class ApiError(Exception):
         return json_response(self.body, status=self.status, headers=self.headers)
 
 
-def json_error(status: int, error: str, *, headers: Mapping[str, str] | None = None,
-               **fields: Any) -> NoReturn:
+def json_error(
+    status: int, error: str, *, headers: Mapping[str, str] | None = None, **fields: Any
+) -> NoReturn:
     """Raise `ApiError(status, error, **fields)`."""
     raise ApiError(status, error, headers=headers, **fields)
 

@@ -124,8 +124,9 @@ RETURNING tenant_id, source, message_key, recipient_hash, message_id, status
 """
 
 
-async def recompute_evidence(conn: asyncpg.Connection, keys: Iterable[EvidenceKey]
-                             ) -> list[asyncpg.Record]:
+async def recompute_evidence(
+    conn: asyncpg.Connection, keys: Iterable[EvidenceKey]
+) -> list[asyncpg.Record]:
     """Recompute the evidence rows of `keys`; the rows that changed (inserted or updated).
 
     Call inside the transaction that marked the keys' new events applied.
@@ -138,6 +139,8 @@ async def recompute_evidence(conn: asyncpg.Connection, keys: Iterable[EvidenceKe
         # so two workers can never wait on each other's locks in a cycle.
         "SELECT pg_advisory_xact_lock($1, h) "
         "FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k) s ORDER BY h",
-        EVIDENCE_LOCK_CLASS, ["\x1f".join(key) for key in ordered])
+        EVIDENCE_LOCK_CLASS,
+        ["\x1f".join(key) for key in ordered],
+    )
     columns = [list(column) for column in zip(*ordered, strict=True)]
     return await conn.fetch(_RECOMPUTE, *columns)

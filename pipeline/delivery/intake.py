@@ -173,8 +173,9 @@ class _Submission:
 class DeliveryIntake:
     """Group-committing writer of delivery events. Run `run` in a task group."""
 
-    def __init__(self, pool: asyncpg.Pool, *, writers: int = WRITERS,
-                 max_group: int = MAX_GROUP) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, writers: int = WRITERS, max_group: int = MAX_GROUP
+    ) -> None:
         self._pool = pool
         self._writers = writers
         self._max_group = max_group
@@ -198,8 +199,15 @@ class DeliveryIntake:
             self._receive.close()
 
     async def submit(
-        self, tenant_id: str, source: str, provider: str, events: Sequence[DeliveryEvent],
-        policy: SourcePolicy, *, received_at: float, replay_token: str | None = None,
+        self,
+        tenant_id: str,
+        source: str,
+        provider: str,
+        events: Sequence[DeliveryEvent],
+        policy: SourcePolicy,
+        *,
+        received_at: float,
+        replay_token: str | None = None,
         replay_scope: str | None = None,
     ) -> Stored:
         """Store the events of one verified request; returns after commit.
@@ -213,8 +221,13 @@ class DeliveryIntake:
         # when the adapter gives one (every source sharing a Mailgun key), else
         # the source. The scope is part of the hash, so tokens match on it alone.
         scope = replay_scope or source
-        token_hash = (hashlib.sha256(f"{scope}\x1f{replay_token}".encode(
-            "utf-8", "surrogateescape")).hexdigest() if replay_token is not None else None)
+        token_hash = (
+            hashlib.sha256(
+                f"{scope}\x1f{replay_token}".encode("utf-8", "surrogateescape")
+            ).hexdigest()
+            if replay_token is not None
+            else None
+        )
         if not rows and token_hash is None:
             return Stored(0, 0)
         if not self.running:
@@ -263,9 +276,11 @@ class DeliveryIntake:
             # other; a deadlock or serialization failure can still come from
             # another writer of the table (a replay). Once more, then 503.
             async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(_RACE_ERRORS),
-                    stop=stop_after_attempt(RACE_ATTEMPTS),
-                    wait=wait_random(0, RACE_RETRY_JITTER_S), reraise=True):
+                retry=retry_if_exception_type(_RACE_ERRORS),
+                stop=stop_after_attempt(RACE_ATTEMPTS),
+                wait=wait_random(0, RACE_RETRY_JITTER_S),
+                reraise=True,
+            ):
                 with attempt:
                     outcomes = await self._write(group)
         except Exception as exc:
@@ -301,20 +316,33 @@ class DeliveryIntake:
         # the same order, so they can never deadlock on each other.
         rows.sort(key=lambda row: (row[0], row[1], row[2]))
         token_keys.sort()
-        columns = [list(column) for column in zip(*rows, strict=True)] if rows else [
-            [] for _ in range(_ROW_FIELDS + 1)]
-        tokens = [list(column) for column in zip(*token_keys, strict=True)] if token_keys else [
-            [], [], []]
+        columns = (
+            [list(column) for column in zip(*rows, strict=True)]
+            if rows
+            else [[] for _ in range(_ROW_FIELDS + 1)]
+        )
+        tokens = (
+            [list(column) for column in zip(*token_keys, strict=True)]
+            if token_keys
+            else [[], [], []]
+        )
         async with self._pool.acquire(timeout=COMMIT_TIMEOUT_S) as conn:
-            rows = await conn.fetch(_WRITE_GROUP, *columns[:_ROW_FIELDS], *tokens,
-                                    columns[_ROW_FIELDS], DELIVERY_CHANNEL,
-                                    timeout=COMMIT_TIMEOUT_S)
+            rows = await conn.fetch(
+                _WRITE_GROUP,
+                *columns[:_ROW_FIELDS],
+                *tokens,
+                columns[_ROW_FIELDS],
+                DELIVERY_CHANNEL,
+                timeout=COMMIT_TIMEOUT_S,
+            )
         inserted = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "e"}
         fresh = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "t"}
         outcomes: list[Stored | Exception] = []
         for i, item in enumerate(group):
-            if i in refused or (item.token_hash is not None and (
-                    item.tenant_id, item.token_scope, item.token_hash) not in fresh):
+            if i in refused or (
+                item.token_hash is not None
+                and (item.tenant_id, item.token_scope, item.token_hash) not in fresh
+            ):
                 outcomes.append(ReplayedToken("token already used"))
                 continue
             keys = {(item.tenant_id, item.source, row[2]) for row in item.rows}
@@ -347,8 +375,14 @@ def _repeated_tokens(group: list[_Submission]) -> set[int]:
     return repeated
 
 
-def prepare_rows(tenant_id: str, source: str, provider: str, events: Sequence[DeliveryEvent],
-                 policy: SourcePolicy, received_at: float) -> list[tuple[Any, ...]]:
+def prepare_rows(
+    tenant_id: str,
+    source: str,
+    provider: str,
+    events: Sequence[DeliveryEvent],
+    policy: SourcePolicy,
+    received_at: float,
+) -> list[tuple[Any, ...]]:
     """The delivery_events column values of each event, in `_WRITE_GROUP`'s unnest order."""
     received = datetime.fromtimestamp(received_at, UTC)
     rows = []
@@ -361,15 +395,27 @@ def prepare_rows(tenant_id: str, source: str, provider: str, events: Sequence[De
         if occurred.tzinfo is None or not math.isfinite(occurred.timestamp()):
             occurred = received
         payload = minimise_payload(event.payload, policy.payload_fields)
-        rows.append((
-            tenant_id, source, clean(dedup_key(event)), provider, clean(event.provider_type),
-            str(event.event_type), occurred, received, provider_mid, clean(mid) or None,
-            clean(message_key), recipient if policy.keep_recipients else None,
-            address_hash(recipient) if recipient else "",
-            str(event.bounce_type) if event.bounce_type else None,
-            clean(event.bounce_subtype), clean(event.list_id),
-            _json_for_postgres(payload),
-        ))
+        rows.append(
+            (
+                tenant_id,
+                source,
+                clean(dedup_key(event)),
+                provider,
+                clean(event.provider_type),
+                str(event.event_type),
+                occurred,
+                received,
+                provider_mid,
+                clean(mid) or None,
+                clean(message_key),
+                recipient if policy.keep_recipients else None,
+                address_hash(recipient) if recipient else "",
+                str(event.bounce_type) if event.bounce_type else None,
+                clean(event.bounce_subtype),
+                clean(event.list_id),
+                _json_for_postgres(payload),
+            )
+        )
     return rows
 
 

@@ -34,16 +34,16 @@ __all__ = [
 class EventType(StrEnum):
     """Normalised event types. `UNKNOWN` keeps the provider's type in `provider_type`."""
 
-    ACCEPTED = "accepted"          # the provider took the message for delivery
-    DELIVERED = "delivered"        # the receiving server accepted it
-    DEFERRED = "deferred"          # temporary failure, the provider retries
-    BOUNCED = "bounced"            # delivery failed (see BounceType)
-    COMPLAINED = "complained"      # the recipient marked it as spam (feedback loop)
+    ACCEPTED = "accepted"  # the provider took the message for delivery
+    DELIVERED = "delivered"  # the receiving server accepted it
+    DEFERRED = "deferred"  # temporary failure, the provider retries
+    BOUNCED = "bounced"  # delivery failed (see BounceType)
+    COMPLAINED = "complained"  # the recipient marked it as spam (feedback loop)
     OPENED = "opened"
     CLICKED = "clicked"
     UNSUBSCRIBED = "unsubscribed"  # from a list/purpose (`DeliveryEvent.list_id`)
-    SUPPRESSED = "suppressed"      # the provider refused to send (address on its own list)
-    REJECTED = "rejected"          # the provider refused the message itself (policy, virus)
+    SUPPRESSED = "suppressed"  # the provider refused to send (address on its own list)
+    REJECTED = "rejected"  # the provider refused the message itself (policy, virus)
     UNKNOWN = "unknown"
 
 

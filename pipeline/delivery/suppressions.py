@@ -63,8 +63,9 @@ RETURNING tenant_id, address_hash, scope, reason, source, event_id, (xmax = 0) A
 """
 
 
-async def apply_suppressions(conn: asyncpg.Connection, events: Sequence[tuple[str, int]]
-                             ) -> list[asyncpg.Record]:
+async def apply_suppressions(
+    conn: asyncpg.Connection, events: Sequence[tuple[str, int]]
+) -> list[asyncpg.Record]:
     """Upsert the suppressions the given (tenant_id, event_id) events call for.
 
     Returns the rows inserted or taken over; `inserted` tells new rows apart.

@@ -79,8 +79,13 @@ RETRY_PAUSE_S = 2.0
 REPLAY_TOKEN_KEEP_S = 3600.0
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.ConnectionDoesNotExistError,
-    asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError, asyncpg.TooManyConnectionsError,
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.TooManyConnectionsError,
 )
 
 _CLAIM = """
@@ -150,7 +155,9 @@ async def _apply_one_by_one(pool: asyncpg.Pool, limit: int) -> int:
         due = await conn.fetch(
             "SELECT tenant_id, event_id, attempts FROM delivery_events "
             "WHERE state = 'pending' AND next_attempt_at <= now() "
-            "ORDER BY next_attempt_at, event_id LIMIT $1", limit)
+            "ORDER BY next_attempt_at, event_id LIMIT $1",
+            limit,
+        )
     for row in due:
         key = (row["tenant_id"], row["event_id"])
         try:
@@ -165,45 +172,71 @@ async def _apply_one_by_one(pool: asyncpg.Pool, limit: int) -> int:
     return len(due)
 
 
-async def _record_failure(pool: asyncpg.Pool, key: tuple[str, int], attempts: int,
-                          exc: Exception) -> None:
+async def _record_failure(
+    pool: asyncpg.Pool, key: tuple[str, int], attempts: int, exc: Exception
+) -> None:
     async with pool.acquire() as conn:
-        state = await conn.fetchval(_RECORD_FAILURE, key[0], key[1], describe(exc),
-                                    MAX_ATTEMPTS, backoff_s(attempts))
-    log.warning("delivery_event_failed", tenant=key[0], event_id=key[1], attempts=attempts,
-                state=state, error=describe(exc))
+        state = await conn.fetchval(
+            _RECORD_FAILURE, key[0], key[1], describe(exc), MAX_ATTEMPTS, backoff_s(attempts)
+        )
+    log.warning(
+        "delivery_event_failed",
+        tenant=key[0],
+        event_id=key[1],
+        attempts=attempts,
+        state=state,
+        error=describe(exc),
+    )
 
 
 async def _apply(conn: asyncpg.Connection, claimed: Sequence[asyncpg.Record]) -> None:
-    applied = await conn.fetch(_MARK_APPLIED, [r["tenant_id"] for r in claimed],
-                               [r["event_id"] for r in claimed])
-    keys = {EvidenceKey(r["tenant_id"], r["source"], r["message_key"], r["recipient_hash"])
-            for r in applied if r["message_key"] is not None}
+    applied = await conn.fetch(
+        _MARK_APPLIED, [r["tenant_id"] for r in claimed], [r["event_id"] for r in claimed]
+    )
+    keys = {
+        EvidenceKey(r["tenant_id"], r["source"], r["message_key"], r["recipient_hash"])
+        for r in applied
+        if r["message_key"] is not None
+    }
     changed = await recompute_evidence(conn, keys)
-    suppressed = await apply_suppressions(
-        conn, [(r["tenant_id"], r["event_id"]) for r in applied])
+    suppressed = await apply_suppressions(conn, [(r["tenant_id"], r["event_id"]) for r in applied])
     buffers: dict[str, EventBuffer] = {}
     for row in changed:
         buffers.setdefault(row["tenant_id"], EventBuffer()).add(
-            "delivery.updated", message_id=row["message_id"],
-            payload={"source": row["source"], "message_key": row["message_key"],
-                     "recipient_hash": row["recipient_hash"], "status": row["status"]})
+            "delivery.updated",
+            message_id=row["message_id"],
+            payload={
+                "source": row["source"],
+                "message_key": row["message_key"],
+                "recipient_hash": row["recipient_hash"],
+                "status": row["status"],
+            },
+        )
     for row in suppressed:
         # Taken over by an event that occurred earlier (arrival order is not event
         # order): the row's reason/event changed, and the application hears so.
         buffers.setdefault(row["tenant_id"], EventBuffer()).add(
             "suppression.added" if row["inserted"] else "suppression.updated",
-            payload={"address_hash": row["address_hash"], "scope": row["scope"],
-                     "reason": row["reason"], "source": row["source"],
-                     "delivery_event_id": row["event_id"]})
+            payload={
+                "address_hash": row["address_hash"],
+                "scope": row["scope"],
+                "reason": row["reason"],
+                "source": row["source"],
+                "delivery_event_id": row["event_id"],
+            },
+        )
     # Tenant order: every worker takes the outbox locks in the same order.
     for tenant_id in sorted(buffers):
         await buffers[tenant_id].flush(conn, tenant_id, None)
 
 
 async def replay_events(
-    conn: asyncpg.Connection, *, tenant_id: str | None = None, dead_only: bool = False,
-    since: datetime | None = None, source: str | None = None,
+    conn: asyncpg.Connection,
+    *,
+    tenant_id: str | None = None,
+    dead_only: bool = False,
+    since: datetime | None = None,
+    source: str | None = None,
 ) -> int:
     """Re-queue applied (and dead) events, or only dead ones; the number re-queued.
 
@@ -216,7 +249,11 @@ async def replay_events(
         "WHERE state = ANY($1::text[]) AND ($2::text IS NULL OR tenant_id = $2) "
         "AND ($3::timestamptz IS NULL OR received_at >= $3) "
         "AND ($4::text IS NULL OR source = $4)",
-        ["dead"] if dead_only else ["dead", "applied"], tenant_id, since, source)
+        ["dead"] if dead_only else ["dead", "applied"],
+        tenant_id,
+        since,
+        source,
+    )
     count = int(status.rsplit(" ", 1)[-1])
     if count:
         await conn.execute("SELECT pg_notify($1, '')", DELIVERY_CHANNEL)
@@ -227,12 +264,14 @@ async def prune_replay_tokens(conn: asyncpg.Connection) -> int:
     """Forget replay tokens older than REPLAY_TOKEN_KEEP_S; how many were removed."""
     status = await conn.execute(
         "DELETE FROM webhook_replay_tokens WHERE seen_at < now() - make_interval(secs => $1)",
-        REPLAY_TOKEN_KEEP_S)
+        REPLAY_TOKEN_KEEP_S,
+    )
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def run_worker(pool: asyncpg.Pool, dsn: str, *,
-                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+async def run_worker(
+    pool: asyncpg.Pool, dsn: str, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
     """Apply events as they come (NOTIFY) or come due (poll), until cancelled.
 
     No database error ends the loop: it is logged, and the loop pauses and

@@ -17,8 +17,12 @@ READY_TIMEOUT_S = 60.0
 
 
 def write_config(
-    tmp: Path, *, tenants: dict[str, list[str]] | None = None, port: int = 0,
-    shutdown_deadline_s: float = 20.0, extra_main: str = "",
+    tmp: Path,
+    *,
+    tenants: dict[str, list[str]] | None = None,
+    port: int = 0,
+    shutdown_deadline_s: float = 20.0,
+    extra_main: str = "",
 ) -> Path:
     """Main config + one tenant file per tenant, each with Maildir mailboxes.
 
@@ -38,7 +42,7 @@ port = {port}
 
 [object_store]
 kind = "local"
-path = "{tmp / 'objects'}"
+path = "{tmp / "objects"}"
 
 [queue]
 capacity = 1000
@@ -57,7 +61,8 @@ poll_scan_interval_s = 0.5
 [tenants]
 dir = "tenants"
 {extra_main}
-""")
+"""
+    )
     return main
 
 
@@ -70,8 +75,10 @@ provider = "maildir"
 address = "{mailbox}@{tenant}.example"
 sync_mode = "poll"
 poll_interval_s = 0.5
-path = "{tmp / 'maildirs' / tenant / mailbox}"
-""" for mailbox in mailboxes)
+path = "{tmp / "maildirs" / tenant / mailbox}"
+"""
+        for mailbox in mailboxes
+    )
     token_line = f'api_token = "env:{token}"' if token else ""
     path = tmp / "tenants" / f"{tenant}.toml"
     path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n{token_line}\n{blocks}')
@@ -115,9 +122,21 @@ class DaemonProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inboxd.daemon.cli", "run", "--config", str(config),
-             "--dsn", dsn, "--log-level", "info"],
-            stdout=subprocess.DEVNULL, stderr=self._log, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "inboxd.daemon.cli",
+                "run",
+                "--config",
+                str(config),
+                "--dsn",
+                dsn,
+                "--log-level",
+                "info",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
         )
         self.port: int | None = None
@@ -132,9 +151,13 @@ class DaemonProcess:
         return out
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> int:
-        ready = wait_for(lambda: next((e for e in self.events()
-                                       if e.get("event") == "daemon_ready"), None),
-                         timeout_s, what="daemon_ready", proc=self.proc, log=self.log_path)
+        ready = wait_for(
+            lambda: next((e for e in self.events() if e.get("event") == "daemon_ready"), None),
+            timeout_s,
+            what="daemon_ready",
+            proc=self.proc,
+            log=self.log_path,
+        )
         self.port = int(ready["port"])
         return self.port
 
@@ -154,8 +177,14 @@ class DaemonProcess:
         self._log.close()
 
 
-def wait_for(check: Callable[[], object], timeout_s: float, *, what: str,
-             proc: subprocess.Popen | None = None, log: Path | None = None) -> object:
+def wait_for(
+    check: Callable[[], object],
+    timeout_s: float,
+    *,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> object:
     """Poll `check` until it returns something truthy; fail with context at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -171,8 +200,9 @@ def wait_for(check: Callable[[], object], timeout_s: float, *, what: str,
         time.sleep(0.05)  # polling interval of a condition with a deadline
 
 
-async def eventually(check, timeout_s: float, *, what: str,
-                     daemon: DaemonProcess | None = None) -> object:
+async def eventually(
+    check, timeout_s: float, *, what: str, daemon: DaemonProcess | None = None
+) -> object:
     """Async twin of `wait_for` for checks that query the database."""
     import anyio
 
@@ -184,7 +214,8 @@ async def eventually(check, timeout_s: float, *, what: str,
         if daemon is not None and daemon.proc.poll() is not None:
             tail = daemon.log_path.read_text(errors="replace")[-3000:]
             raise AssertionError(
-                f"daemon exited ({daemon.proc.returncode}) waiting for {what}:\n{tail}")
+                f"daemon exited ({daemon.proc.returncode}) waiting for {what}:\n{tail}"
+            )
         if time.monotonic() > deadline:
             tail = daemon.log_path.read_text(errors="replace")[-3000:] if daemon else ""
             raise AssertionError(f"timed out waiting for {what}:\n{tail}")

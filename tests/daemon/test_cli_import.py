@@ -34,15 +34,24 @@ CLI_TIMEOUT_S = 60.0
 # Nothing listens on port 1 (tcpmux, never served here): connection refused.
 DEAD_DSN = "postgresql://postgres@127.0.0.1:1/x"
 
-PLAIN_EMLS = ("axllent-mailpit/plain-text.eml", "axllent-mailpit/tags.eml",
-              "axllent-mailpit/mime-attachment.eml", "axllent-mailpit/mixed-attachment.eml",
-              "axllent-mailpit/inline-attachment.eml", "axllent-mailpit/regular-attachment.eml")
-MBOX_SAMPLES = ("mikel-mail/error_emails__cant_parse_from.eml",
-                "mailgun-flanker/complaints__yahoo.eml",
-                "mikel-mail/attachment_emails__attachment_message_rfc822.eml")
-MAILDIR_SAMPLES = ("mailgun-talon/standard_replies__gmail.eml",
-                   "mailgun-talon/standard_replies__yahoo.eml",
-                   "mailgun-talon/standard_replies__outlook.eml")
+PLAIN_EMLS = (
+    "axllent-mailpit/plain-text.eml",
+    "axllent-mailpit/tags.eml",
+    "axllent-mailpit/mime-attachment.eml",
+    "axllent-mailpit/mixed-attachment.eml",
+    "axllent-mailpit/inline-attachment.eml",
+    "axllent-mailpit/regular-attachment.eml",
+)
+MBOX_SAMPLES = (
+    "mikel-mail/error_emails__cant_parse_from.eml",
+    "mailgun-flanker/complaints__yahoo.eml",
+    "mikel-mail/attachment_emails__attachment_message_rfc822.eml",
+)
+MAILDIR_SAMPLES = (
+    "mailgun-talon/standard_replies__gmail.eml",
+    "mailgun-talon/standard_replies__yahoo.eml",
+    "mailgun-talon/standard_replies__outlook.eml",
+)
 # Small, with a Message-ID: copies with fresh Message-IDs make a large mbox.
 BULK_SAMPLE = "axllent-mailpit/plain-text.eml"
 POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
@@ -111,8 +120,9 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def outcomes(**counts: int) -> dict[str, int]:
-    base = dict.fromkeys(("new", "merged", "duplicate", "conflict", "retriable_failure",
-                          "permanent_failure"), 0)
+    base = dict.fromkeys(
+        ("new", "merged", "duplicate", "conflict", "retriable_failure", "permanent_failure"), 0
+    )
     return base | counts
 
 
@@ -127,8 +137,9 @@ async def test_import_directory_then_rerun_is_all_duplicates(
         _copy(mime / name, top / ("nested" if i % 2 else "") / f"m{i}.{'EML' if i == 3 else 'eml'}")
     _copy(mime / "axllent-mailpit" / "SOURCE.md", top / "SOURCE.md")
 
-    first = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                         "--json", top)
+    first = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", top
+    )
 
     assert first.code == 0, first.stderr
     summary = first.json
@@ -142,8 +153,9 @@ async def test_import_directory_then_rerun_is_all_duplicates(
     assert summary["elapsed_s"] > 0
     assert await count(db_dsn, "messages") == 6
 
-    second = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                          "--json", top)
+    second = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", top
+    )
 
     assert second.code == 0, second.stderr
     assert second.json["outcomes"] == outcomes(duplicate=6)
@@ -153,8 +165,7 @@ async def test_import_directory_then_rerun_is_all_duplicates(
 async def test_human_summary(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     path = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
-    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                          path)
+    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", path)
 
     assert result.code == 0, result.stderr
     assert result.stdout.startswith("imported: 1 message from 1 file in ")
@@ -170,8 +181,19 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
     objects = tmp_path / "objects"
     config.write_text(f'[object_store]\nkind = "local"\npath = "{objects}"\n')
 
-    result = await inboxd("import", "--config", config, "--dsn", db_dsn, "--tenant", "acme",
-                          "--mailbox", "archive", "--json", archive)
+    result = await inboxd(
+        "import",
+        "--config",
+        config,
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "archive",
+        "--json",
+        archive,
+    )
 
     assert result.code == 0, result.stderr
     assert result.json["outcomes"] == outcomes(new=3)
@@ -180,10 +202,22 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
 
     # The mbox gave back each message byte for byte: the same files as .eml are the
     # same content-addressed items, hence duplicates.
-    emls = [_copy(mime / name, tmp_path / "eml" / f"{i}.eml")
-            for i, name in enumerate(MBOX_SAMPLES)]
-    again = await inboxd("import", "--config", config, "--dsn", db_dsn, "--tenant", "acme",
-                         "--mailbox", "archive", "--json", *emls)
+    emls = [
+        _copy(mime / name, tmp_path / "eml" / f"{i}.eml") for i, name in enumerate(MBOX_SAMPLES)
+    ]
+    again = await inboxd(
+        "import",
+        "--config",
+        config,
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "archive",
+        "--json",
+        *emls,
+    )
 
     assert again.json["outcomes"] == outcomes(duplicate=3)
     assert await count(db_dsn, "messages") == 3
@@ -198,8 +232,9 @@ async def test_maildir(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     _copy(mime / MAILDIR_SAMPLES[2], box / "cur" / "1700000000.M0P1.host:2,S")
     _copy(mime / PLAIN_EMLS[0], box / "tmp" / "1700000003.M3P1.host")  # not delivered yet
 
-    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "maildir",
-                          "--json", box)
+    result = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "maildir", "--json", box
+    )
 
     assert result.code == 0, result.stderr
     assert result.json["outcomes"] == outcomes(new=3)
@@ -214,8 +249,9 @@ async def test_not_mail_is_a_dead_item_and_exit_0(
     blob.write_bytes(bytes(range(256)) * 16)  # NUL bytes from the first line on
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "good.eml")
 
-    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                          "--json", blob, good)
+    result = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", blob, good
+    )
 
     assert result.code == 0, result.stderr
     assert result.json["outcomes"] == outcomes(new=1, permanent_failure=1)
@@ -225,20 +261,18 @@ async def test_not_mail_is_a_dead_item_and_exit_0(
     assert await count(db_dsn, "dead_items") == 1
     assert await count(db_dsn, "messages") == 1
 
-    human = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                         blob)
+    human = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", blob)
     assert human.code == 0
     assert f"  {blob}: not_mime: " in human.stdout
 
 
-async def test_missing_path_writes_nothing(
-    inboxd, db_dsn: str, mime: Path, tmp_path: Path
-) -> None:
+async def test_missing_path_writes_nothing(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
     missing = tmp_path / "no-such-dir"
 
-    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
-                          good, missing)
+    result = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", good, missing
+    )
 
     assert result.code == 1
     assert result.stderr.splitlines() == [f"inboxd: error: {missing}: no such file or directory"]
@@ -250,8 +284,9 @@ async def test_missing_path_writes_nothing(
 async def test_database_down(inboxd, mime: Path, tmp_path: Path) -> None:
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
-    result = await inboxd("import", "--dsn", DEAD_DSN, "--tenant", "acme", "--mailbox", "inbox",
-                          good)
+    result = await inboxd(
+        "import", "--dsn", DEAD_DSN, "--tenant", "acme", "--mailbox", "inbox", good
+    )
 
     assert result.code == 1
     [line] = result.stderr.splitlines()
@@ -261,8 +296,16 @@ async def test_database_down(inboxd, mime: Path, tmp_path: Path) -> None:
 async def test_password_never_shown(inboxd, mime: Path, tmp_path: Path) -> None:
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
-    result = await inboxd("import", "--dsn", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x",
-                          "--tenant", "acme", "--mailbox", "inbox", good)
+    result = await inboxd(
+        "import",
+        "--dsn",
+        "postgresql://u:s3cr3t-pw@127.0.0.1:1/x",
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        good,
+    )
 
     assert result.code == 1
     assert "s3cr3t-pw" not in result.stderr + result.stdout
@@ -306,8 +349,10 @@ def bulk_mbox(path: Path, mime: Path, count: int) -> Path:
     """An mbox of `count` distinct messages: BULK_SAMPLE with fresh Message-IDs."""
     template = (mime / BULK_SAMPLE).read_bytes()
     [message_id] = re.findall(rb"(?mi)^Message-ID:\s*(<[^>]+>)", template)
-    write_mbox(path, [template.replace(message_id, f"<bulk-{n}@test.invalid>".encode())
-                      for n in range(count)])
+    write_mbox(
+        path,
+        [template.replace(message_id, f"<bulk-{n}@test.invalid>".encode()) for n in range(count)],
+    )
     return path
 
 
@@ -340,8 +385,20 @@ async def test_signal_stops_after_a_whole_batch(
 
     total = IMPORT_BATCH_SIZE * 10
     archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
-    command = [str(INBOXD), "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "bulk",
-               "--json", "--log-level", "info", str(archive)]
+    command = [
+        str(INBOXD),
+        "import",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "bulk",
+        "--json",
+        "--log-level",
+        "info",
+        str(archive),
+    ]
 
     async def interrupt(proc: anyio.abc.Process) -> None:
         proc.send_signal(signum)
@@ -394,8 +451,9 @@ async def test_import_applies_the_schema_itself(
 ) -> None:
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
-    result = await inboxd("import", "--dsn", empty_db, "--tenant", "acme", "--mailbox", "inbox",
-                          "--json", good)
+    result = await inboxd(
+        "import", "--dsn", empty_db, "--tenant", "acme", "--mailbox", "inbox", "--json", good
+    )
 
     assert result.code == 0, result.stderr
     assert await count(empty_db, "messages") == 1
@@ -444,8 +502,20 @@ async def test_database_lost_midway_then_rerun_completes(
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
     total = IMPORT_BATCH_SIZE * 20
     archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
-    command = [str(INBOXD), "import", "--dsn", dsn, "--tenant", "acme", "--mailbox", "bulk",
-               "--json", "--log-level", "info", str(archive)]
+    command = [
+        str(INBOXD),
+        "import",
+        "--dsn",
+        dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "bulk",
+        "--json",
+        "--log-level",
+        "info",
+        str(archive),
+    ]
 
     async def stop_server(proc: anyio.abc.Process) -> None:
         await anyio.to_thread.run_sync(lambda: stop_embedded(data, environ=pg_env))
@@ -462,8 +532,9 @@ async def test_database_lost_midway_then_rerun_completes(
     assert 0 < committed < total
     assert committed % IMPORT_BATCH_SIZE == 0, "never half a batch"
     [error] = [line for line in stderr.decode().splitlines() if not line.startswith("{")]
-    assert error.startswith(f"inboxd: error: {summary['not_imported']} messages not imported "
-                            "(database at ")
+    assert error.startswith(
+        f"inboxd: error: {summary['not_imported']} messages not imported (database at "
+    )
     assert "re-running the same command is safe" in error
 
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
@@ -473,5 +544,6 @@ async def test_database_lost_midway_then_rerun_completes(
 
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert orjson.loads(rerun.stdout)["outcomes"] == outcomes(
-        new=total - committed, duplicate=committed)
+        new=total - committed, duplicate=committed
+    )
     assert await count(dsn, "messages") == total

@@ -58,7 +58,8 @@ def write_config(tmp_path: Path, main: str = "", **tenants: str) -> Path:
 
 def tenant(tenant_id: str, *mailbox_ids: str, extra: str = "") -> str:
     return f'id = "{tenant_id}"\n{extra}\n' + "".join(
-        MAILDIR_MAILBOX.format(id=m) for m in mailbox_ids)
+        MAILDIR_MAILBOX.format(id=m) for m in mailbox_ids
+    )
 
 
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -68,11 +69,19 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def inboxd(
-    *args: str | Path, env: dict[str, str], cwd: Path = REPO,
+    *args: str | Path,
+    env: dict[str, str],
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "inboxd.daemon.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=CLI_TIMEOUT_S, check=False)
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
 
 
 def rendered(problems: list[ConfigProblem]) -> list[str]:
@@ -103,7 +112,10 @@ def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     (mailbox,) = demo.mailboxes
     assert (mailbox.tenant_id, mailbox.mailbox_id, mailbox.provider) == ("demo", "local", "maildir")
     assert (mailbox.address, mailbox.sync_mode, mailbox.poll_interval_s) == (
-        "support@demo.example", "auto", 2.0)
+        "support@demo.example",
+        "auto",
+        2.0,
+    )
     assert mailbox.settings == {"path": REPO / "var" / "maildir" / "demo"}
     assert demo.source_file == REPO / "config.example.tenants" / "demo.toml"
 
@@ -121,8 +133,13 @@ def test_check_config_json(tmp_path: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert orjson.loads(result.stdout) == {
-        "command": "check-config", "status": "ok", "config": str(EXAMPLE), "tenants": 1,
-        "mailboxes": 1, "problems": []}
+        "command": "check-config",
+        "status": "ok",
+        "config": str(EXAMPLE),
+        "tenants": 1,
+        "mailboxes": 1,
+        "problems": [],
+    }
 
 
 def test_defaults_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,9 +150,11 @@ def test_defaults_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyP
     main = load_main(config)
     tenants = load_tenants(main)
 
-    assert main == MainConfig(config_path=config, tenants_dir=tmp_path / "tenants",
-                              object_store={"kind": "local",
-                                            "path": str(tmp_path / "data" / "objects")})
+    assert main == MainConfig(
+        config_path=config,
+        tenants_dir=tmp_path / "tenants",
+        object_store={"kind": "local", "path": str(tmp_path / "data" / "objects")},
+    )
     (mailbox,) = tenants.tenants["acme"].mailboxes
     assert mailbox.settings["path"] == tmp_path / "tenants" / "maildir" / "inbox"
     assert (mailbox.sync_mode, mailbox.poll_interval_s) == ("auto", 2.0)
@@ -143,7 +162,9 @@ def test_defaults_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_every_main_key(tmp_path: Path) -> None:
-    config = write_config(tmp_path, """
+    config = write_config(
+        tmp_path,
+        """
         [database]
         dsn = "postgresql://inboxd@db.internal/inboxd"
         [listener]
@@ -171,26 +192,44 @@ def test_every_main_key(tmp_path: Path) -> None:
         dir = "elsewhere"
         [log]
         level = "debug"
-        """)
+        """,
+    )
     (tmp_path / "elsewhere").mkdir()
 
     main = load_main(config)
 
     assert main == MainConfig(
-        config_path=config, tenants_dir=tmp_path / "elsewhere",
-        database_dsn="postgresql://inboxd@db.internal/inboxd", listen_host="::1",
-        listen_port=0, max_body_bytes=1024,
-        object_store={"kind": "s3", "bucket": "mail", "prefix": "inboxd/",
-                      "region": "eu-west-1", "endpoint_url": "http://127.0.0.1:9000"},
-        queue_capacity=10, ingest_workers=4, batch_size=5, shutdown_deadline_s=2.0,
-        lease_ttl_s=7.5, poll_scan_interval_s=1.0, push_quiet_after_s=60.0, log_level="debug")
+        config_path=config,
+        tenants_dir=tmp_path / "elsewhere",
+        database_dsn="postgresql://inboxd@db.internal/inboxd",
+        listen_host="::1",
+        listen_port=0,
+        max_body_bytes=1024,
+        object_store={
+            "kind": "s3",
+            "bucket": "mail",
+            "prefix": "inboxd/",
+            "region": "eu-west-1",
+            "endpoint_url": "http://127.0.0.1:9000",
+        },
+        queue_capacity=10,
+        ingest_workers=4,
+        batch_size=5,
+        shutdown_deadline_s=2.0,
+        lease_ttl_s=7.5,
+        poll_scan_interval_s=1.0,
+        push_quiet_after_s=60.0,
+        log_level="debug",
+    )
     assert load_tenants(main).tenants == {}
     # The raw TOML is what database.resolve_dsn reads.
     assert resolve_dsn(None, main.raw, environ={}).dsn == main.database_dsn
 
 
 def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path) -> None:
-    config = write_config(tmp_path, acme="""
+    config = write_config(
+        tmp_path,
+        acme="""
         id = "acme"
         api_token = "env:ACME_TOKEN"
         [[mailboxes]]
@@ -211,7 +250,8 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
         [[processors]]
         id = "invoices"
         provider = "invoice_extractor"
-        """)
+        """,
+    )
 
     tenants = load_tenants(load_main(config))
 
@@ -235,95 +275,278 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
 
 PROBLEM_CASES = [
     # (id, main text, tenant text, file ("main" | "tenant"), key, message fragment)
-    ("toml-syntax", "", 'id = "acme"\n[[mailboxes]\n', "tenant", "line 2, column 12",
-     "invalid TOML"),
+    (
+        "toml-syntax",
+        "",
+        'id = "acme"\n[[mailboxes]\n',
+        "tenant",
+        "line 2, column 12",
+        "invalid TOML",
+    ),
     ("main-toml-syntax", "[listener\n", None, "main", "line 1, column 10", "invalid TOML"),
-    ("unknown-main-key", "[listener]\nprot = 1\n", None, "main", "listener.prot",
-     'unknown key; did you mean "port"?'),
-    ("unknown-section", "[listner]\nport = 1\n", None, "main", "listner",
-     'unknown section; did you mean "listener"?'),
-    ("key-outside-its-section", 'dsn = "env:X"\n', None, "main", "dsn",
-     "did you mean [database] dsn?"),
-    ("unknown-object-store-key", '[object_store]\nkind = "local"\npath = "o"\nbucket = "b"\n',
-     None, "main", "object_store.bucket", 'unknown key for kind "local"'),
-    ("unknown-tenant-key", "", 'id = "acme"\nmailbox = []\n', "tenant", "mailbox",
-     'did you mean "mailboxes"?'),
-    ("unknown-maildir-key", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\npaht = "q"\n',
-     "tenant", "mailboxes[0].paht", 'did you mean "path"?'),
-    ("generic-key-typo", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\nsync_mdoe = "poll"\n',
-     "tenant", "mailboxes[0].sync_mdoe", 'did you mean "sync_mode"?'),
-    ("wrong-type-number", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\n'
-     'poll_interval_s = "abc"\n',
-     "tenant", "mailboxes[0].poll_interval_s", 'expected a number, got "abc"'),
-    ("wrong-type-integer", "[listener]\nport = 80.5\n", None, "main", "listener.port",
-     "expected an integer, got 80.5"),
-    ("out-of-range", "[listener]\nport = 70000\n", None, "main", "listener.port",
-     "must be between 0 and 65535, got 70000"),
-    ("not-positive", "[shutdown]\ndeadline_s = 0\n", None, "main", "shutdown.deadline_s",
-     "greater than 0"),
+    (
+        "unknown-main-key",
+        "[listener]\nprot = 1\n",
+        None,
+        "main",
+        "listener.prot",
+        'unknown key; did you mean "port"?',
+    ),
+    (
+        "unknown-section",
+        "[listner]\nport = 1\n",
+        None,
+        "main",
+        "listner",
+        'unknown section; did you mean "listener"?',
+    ),
+    (
+        "key-outside-its-section",
+        'dsn = "env:X"\n',
+        None,
+        "main",
+        "dsn",
+        "did you mean [database] dsn?",
+    ),
+    (
+        "unknown-object-store-key",
+        '[object_store]\nkind = "local"\npath = "o"\nbucket = "b"\n',
+        None,
+        "main",
+        "object_store.bucket",
+        'unknown key for kind "local"',
+    ),
+    (
+        "unknown-tenant-key",
+        "",
+        'id = "acme"\nmailbox = []\n',
+        "tenant",
+        "mailbox",
+        'did you mean "mailboxes"?',
+    ),
+    (
+        "unknown-maildir-key",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\npaht = "q"\n',
+        "tenant",
+        "mailboxes[0].paht",
+        'did you mean "path"?',
+    ),
+    (
+        "generic-key-typo",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\nsync_mdoe = "poll"\n',
+        "tenant",
+        "mailboxes[0].sync_mdoe",
+        'did you mean "sync_mode"?',
+    ),
+    (
+        "wrong-type-number",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\n'
+        'poll_interval_s = "abc"\n',
+        "tenant",
+        "mailboxes[0].poll_interval_s",
+        'expected a number, got "abc"',
+    ),
+    (
+        "wrong-type-integer",
+        "[listener]\nport = 80.5\n",
+        None,
+        "main",
+        "listener.port",
+        "expected an integer, got 80.5",
+    ),
+    (
+        "out-of-range",
+        "[listener]\nport = 70000\n",
+        None,
+        "main",
+        "listener.port",
+        "must be between 0 and 65535, got 70000",
+    ),
+    (
+        "not-positive",
+        "[shutdown]\ndeadline_s = 0\n",
+        None,
+        "main",
+        "shutdown.deadline_s",
+        "greater than 0",
+    ),
     ("wrong-type-table", 'listener = "x"\n', None, "main", "listener", "expected a table"),
-    ("wrong-choice", '[log]\nlevel = "verbose"\n', None, "main", "log.level",
-     'expected one of "debug", "info", "warning", "error", got "verbose"'),
-    ("mailboxes-not-array", "", 'id = "acme"\n[mailboxes]\nid = "m"\n', "tenant", "mailboxes",
-     "expected an array of tables ([[mailboxes]])"),
+    (
+        "wrong-choice",
+        '[log]\nlevel = "verbose"\n',
+        None,
+        "main",
+        "log.level",
+        'expected one of "debug", "info", "warning", "error", got "verbose"',
+    ),
+    (
+        "mailboxes-not-array",
+        "",
+        'id = "acme"\n[mailboxes]\nid = "m"\n',
+        "tenant",
+        "mailboxes",
+        "expected an array of tables ([[mailboxes]])",
+    ),
     ("missing-tenant-id", "", 'name = "Acme"\n', "tenant", "id", "missing required key"),
-    ("missing-provider", "", 'id = "acme"\n[[mailboxes]]\nid = "m"\n', "tenant",
-     "mailboxes[0].provider", "missing required key"),
-    ("missing-maildir-path", "", 'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\n',
-     "tenant", "mailboxes[0].path", "missing required key"),
-    ("missing-object-store-bucket", '[object_store]\nkind = "s3"\n', None, "main",
-     "object_store.bucket", "missing required key"),
-    ("missing-delivery-source-provider", "", 'id = "acme"\n[[delivery_sources]]\nid = "pm"\n',
-     "tenant", "delivery_sources[0].provider", "missing required key"),
+    (
+        "missing-provider",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\n',
+        "tenant",
+        "mailboxes[0].provider",
+        "missing required key",
+    ),
+    (
+        "missing-maildir-path",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\n',
+        "tenant",
+        "mailboxes[0].path",
+        "missing required key",
+    ),
+    (
+        "missing-object-store-bucket",
+        '[object_store]\nkind = "s3"\n',
+        None,
+        "main",
+        "object_store.bucket",
+        "missing required key",
+    ),
+    (
+        "missing-delivery-source-provider",
+        "",
+        'id = "acme"\n[[delivery_sources]]\nid = "pm"\n',
+        "tenant",
+        "delivery_sources[0].provider",
+        "missing required key",
+    ),
     ("invalid-tenant-id", "", 'id = "Acme Corp"\n', "tenant", "id", "invalid tenant id"),
-    ("invalid-mailbox-id", "",
-     'id = "acme"\n[[mailboxes]]\nid = "-x"\nprovider = "maildir"\npath = "p"\n', "tenant",
-     "mailboxes[0].id", "invalid mailbox id"),
-    ("unknown-provider", "", 'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "gmial"\n',
-     "tenant", "mailboxes[0].provider", 'did you mean "gmail"?'),
-    ("maildir-push", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\n'
-     'sync_mode = "push"\n', "tenant", "mailboxes[0].sync_mode",
-     'expected one of "poll", "auto" for provider "maildir"'),
-    ("bad-address", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\naddress = "support"\n',
-     "tenant", "mailboxes[0].address", "expected an email address"),
-    ("duplicate-mailbox-in-file", "",
-     'id = "acme"\n' + MAILDIR_MAILBOX.format(id="m") + MAILDIR_MAILBOX.format(id="m"),
-     "tenant", "mailboxes[1].id", 'duplicate mailbox id "m": already used by mailboxes[0].id'),
-    ("literal-api-token", "", f'id = "acme"\napi_token = "{LITERAL}"\n', "tenant", "api_token",
-     'literal secrets are not allowed in config files: use a secret reference, "env:NAME"'),
-    ("literal-nested-secret", "",
-     f'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "outlook"\n[mailboxes.oauth]\n'
-     f'client_secret = "{LITERAL}"\n', "tenant", "mailboxes[0].oauth.client_secret",
-     "literal secrets are not allowed"),
-    ("secret-wrong-type", "",
-     'id = "acme"\n[[delivery_sources]]\nid = "pm"\nprovider = "postmark"\ntoken = 1234\n',
-     "tenant", "delivery_sources[0].token", "expected a secret reference"),
-    ("empty-env-reference", "", 'id = "acme"\napi_token = "env:"\n', "tenant", "api_token",
-     "env: needs a variable name"),
-    ("missing-env-secret", "", 'id = "acme"\napi_token = "env:INBOXD_TEST_UNSET_TOKEN"\n',
-     "tenant", "api_token", "environment variable INBOXD_TEST_UNSET_TOKEN is not set or empty"),
-    ("missing-file-secret", "",
-     'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\n'
-     'password = "file:/nonexistent/inboxd/pw"\n', "tenant", "mailboxes[0].password",
-     "cannot read /nonexistent/inboxd/pw"),
-    ("missing-dsn-secret", '[database]\ndsn = "env:INBOXD_TEST_UNSET_DSN"\n', None, "main",
-     "database.dsn", "environment variable INBOXD_TEST_UNSET_DSN is not set"),
-    ("literal-dsn-password", f'[database]\ndsn = "postgresql://u:{LITERAL}@db/x"\n', None,
-     "main", "database.dsn", "contains a literal password (postgresql://u:***@db/x)"),
+    (
+        "invalid-mailbox-id",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "-x"\nprovider = "maildir"\npath = "p"\n',
+        "tenant",
+        "mailboxes[0].id",
+        "invalid mailbox id",
+    ),
+    (
+        "unknown-provider",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "gmial"\n',
+        "tenant",
+        "mailboxes[0].provider",
+        'did you mean "gmail"?',
+    ),
+    (
+        "maildir-push",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "maildir"\npath = "p"\n'
+        'sync_mode = "push"\n',
+        "tenant",
+        "mailboxes[0].sync_mode",
+        'expected one of "poll", "auto" for provider "maildir"',
+    ),
+    (
+        "bad-address",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\naddress = "support"\n',
+        "tenant",
+        "mailboxes[0].address",
+        "expected an email address",
+    ),
+    (
+        "duplicate-mailbox-in-file",
+        "",
+        'id = "acme"\n' + MAILDIR_MAILBOX.format(id="m") + MAILDIR_MAILBOX.format(id="m"),
+        "tenant",
+        "mailboxes[1].id",
+        'duplicate mailbox id "m": already used by mailboxes[0].id',
+    ),
+    (
+        "literal-api-token",
+        "",
+        f'id = "acme"\napi_token = "{LITERAL}"\n',
+        "tenant",
+        "api_token",
+        'literal secrets are not allowed in config files: use a secret reference, "env:NAME"',
+    ),
+    (
+        "literal-nested-secret",
+        "",
+        f'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "outlook"\n[mailboxes.oauth]\n'
+        f'client_secret = "{LITERAL}"\n',
+        "tenant",
+        "mailboxes[0].oauth.client_secret",
+        "literal secrets are not allowed",
+    ),
+    (
+        "secret-wrong-type",
+        "",
+        'id = "acme"\n[[delivery_sources]]\nid = "pm"\nprovider = "postmark"\ntoken = 1234\n',
+        "tenant",
+        "delivery_sources[0].token",
+        "expected a secret reference",
+    ),
+    (
+        "empty-env-reference",
+        "",
+        'id = "acme"\napi_token = "env:"\n',
+        "tenant",
+        "api_token",
+        "env: needs a variable name",
+    ),
+    (
+        "missing-env-secret",
+        "",
+        'id = "acme"\napi_token = "env:INBOXD_TEST_UNSET_TOKEN"\n',
+        "tenant",
+        "api_token",
+        "environment variable INBOXD_TEST_UNSET_TOKEN is not set or empty",
+    ),
+    (
+        "missing-file-secret",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\n'
+        'password = "file:/nonexistent/inboxd/pw"\n',
+        "tenant",
+        "mailboxes[0].password",
+        "cannot read /nonexistent/inboxd/pw",
+    ),
+    (
+        "missing-dsn-secret",
+        '[database]\ndsn = "env:INBOXD_TEST_UNSET_DSN"\n',
+        None,
+        "main",
+        "database.dsn",
+        "environment variable INBOXD_TEST_UNSET_DSN is not set",
+    ),
+    (
+        "literal-dsn-password",
+        f'[database]\ndsn = "postgresql://u:{LITERAL}@db/x"\n',
+        None,
+        "main",
+        "database.dsn",
+        "contains a literal password (postgresql://u:***@db/x)",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("main", "tenant_text", "where", "key", "fragment"),
-                         [case[1:] for case in PROBLEM_CASES],
-                         ids=[case[0] for case in PROBLEM_CASES])
+@pytest.mark.parametrize(
+    ("main", "tenant_text", "where", "key", "fragment"),
+    [case[1:] for case in PROBLEM_CASES],
+    ids=[case[0] for case in PROBLEM_CASES],
+)
 def test_problem_names_file_and_key(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, main: str, tenant_text: str | None,
-    where: str, key: str, fragment: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    main: str,
+    tenant_text: str | None,
+    where: str,
+    key: str,
+    fragment: str,
 ) -> None:
     monkeypatch.delenv("INBOXD_TEST_UNSET_TOKEN", raising=False)
     monkeypatch.delenv("INBOXD_TEST_UNSET_DSN", raising=False)
@@ -339,25 +562,34 @@ def test_problem_names_file_and_key(
 
 
 def test_problem_rendering_matches_the_documented_form(tmp_path: Path) -> None:
-    problem = ConfigProblem(Path("path/to/file.toml"), "mailboxes[0].poll_interval_s",
-                            'expected a number, got "abc"')
-    assert str(problem) == ('path/to/file.toml: mailboxes[0].poll_interval_s: '
-                            'expected a number, got "abc"')
+    problem = ConfigProblem(
+        Path("path/to/file.toml"), "mailboxes[0].poll_interval_s", 'expected a number, got "abc"'
+    )
+    assert str(problem) == (
+        'path/to/file.toml: mailboxes[0].poll_interval_s: expected a number, got "abc"'
+    )
     assert str(ConfigProblem(Path("a.toml"), "", "no such file")) == "a.toml: no such file"
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[listener]\nport = "x"\nhots = "h"\n[queue]\ncapacity = 0\n',
-                          acme='id = "acme"\nnmae = "x"\n')
+    config = write_config(
+        tmp_path,
+        '[listener]\nport = "x"\nhots = "h"\n[queue]\ncapacity = 0\n',
+        acme='id = "acme"\nnmae = "x"\n',
+    )
 
     keys = [(p.file.name, p.key) for p in check_config(config)]
 
-    assert keys == [("main.toml", "listener.hots"), ("main.toml", "listener.port"),
-                    ("main.toml", "queue.capacity"), ("acme.toml", "nmae")]
+    assert keys == [
+        ("main.toml", "listener.hots"),
+        ("main.toml", "listener.port"),
+        ("main.toml", "queue.capacity"),
+        ("acme.toml", "nmae"),
+    ]
 
 
 def test_load_main_raises_with_every_problem(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "[listener]\nport = \"x\"\n[workers]\ningest = 0\n")
+    config = write_config(tmp_path, '[listener]\nport = "x"\n[workers]\ningest = 0\n')
 
     with pytest.raises(ConfigError) as caught:
         load_main(config)
@@ -368,7 +600,8 @@ def test_load_main_raises_with_every_problem(tmp_path: Path) -> None:
 
 def test_missing_files_and_directories(tmp_path: Path) -> None:
     assert rendered(check_config(tmp_path / "nope.toml")) == [
-        f"{tmp_path / 'nope.toml'}: no such file"]
+        f"{tmp_path / 'nope.toml'}: no such file"
+    ]
 
     config = write_config(tmp_path, '[tenants]\ndir = "missing"\n')
     (problem,) = check_config(config)
@@ -391,16 +624,19 @@ def test_maildir_path_that_is_a_file(tmp_path: Path) -> None:
 
 
 def test_duplicate_mailbox_ids_across_tenant_files(tmp_path: Path) -> None:
-    config = write_config(tmp_path, acme=tenant("acme", "support", "sales"),
-                          beta=tenant("beta", "billing", "support"))
+    config = write_config(
+        tmp_path, acme=tenant("acme", "support", "sales"), beta=tenant("beta", "billing", "support")
+    )
 
     tenants = load_tenants(load_main(config))
 
     beta_file = tmp_path / "tenants" / "beta.toml"
     (problem,) = tenants.problems
     assert (problem.file, problem.key) == (beta_file, "mailboxes[1].id")
-    assert problem.message.startswith('duplicate mailbox id "support": already used by '
-                                      f'tenant "acme" ({tmp_path / "tenants" / "acme.toml"}')
+    assert problem.message.startswith(
+        'duplicate mailbox id "support": already used by '
+        f'tenant "acme" ({tmp_path / "tenants" / "acme.toml"}'
+    )
     assert list(tenants.tenants) == ["acme"]  # the first file (by name) keeps the id
 
 
@@ -433,10 +669,13 @@ def test_a_broken_tenant_file_does_not_hide_the_others(tmp_path: Path) -> None:
     assert [m.mailbox_id for m in tenants.mailboxes] == ["acme-inbox", "zeta-inbox", "zeta-other"]
     by_file = tenants.problems_by_file
     assert sorted(p.name for p in by_file) == ["broken.toml", "unparsable.toml"]
-    assert [p.key for p in by_file[tmp_path / "tenants" / "broken.toml"]] == [
-        "mailboxes[0].path"]
-    assert [f.name for f in tenants.files] == ["acme.toml", "broken.toml", "unparsable.toml",
-                                               "zeta.toml"]
+    assert [p.key for p in by_file[tmp_path / "tenants" / "broken.toml"]] == ["mailboxes[0].path"]
+    assert [f.name for f in tenants.files] == [
+        "acme.toml",
+        "broken.toml",
+        "unparsable.toml",
+        "zeta.toml",
+    ]
 
 
 def test_a_reloaded_mailbox_compares_equal_when_unchanged(tmp_path: Path) -> None:
@@ -448,7 +687,8 @@ def test_a_reloaded_mailbox_compares_equal_when_unchanged(tmp_path: Path) -> Non
     assert load_tenants(main).tenants["acme"] == before
     assert hash(before.mailboxes[0]) == hash(load_tenants(main).tenants["acme"].mailboxes[0])
     (tmp_path / "tenants" / "acme.toml").write_text(
-        tenant("acme", "inbox").replace('path = "maildir/inbox"', 'path = "elsewhere"'))
+        tenant("acme", "inbox").replace('path = "maildir/inbox"', 'path = "elsewhere"')
+    )
     assert load_tenants(main).tenants["acme"].mailboxes[0] != before.mailboxes[0]
 
 
@@ -459,7 +699,8 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
     secret_file = tmp_path / "pw"
     secret_file.write_text(FILE_VALUE + "\n")
     config = write_config(
-        tmp_path, f'[database]\ndsn = "postgresql://u:{LITERAL}@db/x"\n',
+        tmp_path,
+        f'[database]\ndsn = "postgresql://u:{LITERAL}@db/x"\n',
         acme=f"""
             id = "acme"
             api_token = "{LITERAL}"
@@ -475,7 +716,8 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
             webhook_secret = "{LITERAL}"
             """,
         good=f'id = "good"\napi_token = "env:ACME_IMAP_PASSWORD"\n'
-             f'{MAILDIR_MAILBOX.format(id="local")}')
+        f"{MAILDIR_MAILBOX.format(id='local')}",
+    )
     env = cli_env(tmp_path, ACME_IMAP_PASSWORD=ENV_VALUE)
 
     for extra in ((), ("--json",)):
@@ -490,10 +732,15 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
         assert lines == [
             f"{config}: database.dsn: contains a literal password (postgresql://u:***@db/x): "
             'use a secret reference, "env:NAME" or "file:/path", or set INBOXD_DSN',
-            *(f'{acme}: {key}: literal secrets are not allowed in config files: use a secret '
-              'reference, "env:NAME" or "file:/path" (the value is not shown)'
-              for key in ("api_token", "mailboxes[0].refresh_token",
-                          "delivery_sources[0].webhook_secret")),
+            *(
+                f"{acme}: {key}: literal secrets are not allowed in config files: use a secret "
+                'reference, "env:NAME" or "file:/path" (the value is not shown)'
+                for key in (
+                    "api_token",
+                    "mailboxes[0].refresh_token",
+                    "delivery_sources[0].webhook_secret",
+                )
+            ),
             f"inboxd: error: {config}: 4 configuration problems",
         ]
     assert orjson.loads(result.stdout)["status"] == "invalid"
@@ -517,7 +764,10 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
     secret_file.write_text(f"  {FILE_VALUE}\n")
     monkeypatch.setenv("ACME_TOKEN", ENV_VALUE)
     monkeypatch.setenv("ACME_DSN", f"postgresql://u:{ENV_VALUE}@db/x")
-    config = write_config(tmp_path, '[database]\ndsn = "env:ACME_DSN"\n', acme=f"""
+    config = write_config(
+        tmp_path,
+        '[database]\ndsn = "env:ACME_DSN"\n',
+        acme=f"""
         id = "acme"
         api_token = "env:ACME_TOKEN"
         [[mailboxes]]
@@ -528,7 +778,8 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
         id = "pm"
         provider = "postmark"
         webhook_secret = "env:ACME_TOKEN"
-        """)
+        """,
+    )
 
     report = inspect_config(config)
     assert report.ok, rendered(report.problems)
@@ -543,8 +794,17 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
     assert refresh.reveal() == FILE_VALUE
     assert resolve_dsn(None, report.main.raw).dsn == f"postgresql://u:{ENV_VALUE}@db/x"
     # ... which no representation of the config contains
-    for obj in (token, refresh, acme, acme.mailboxes[0], acme.delivery_sources, report.tenants,
-                report.main, report, report.tenants.tenants):
+    for obj in (
+        token,
+        refresh,
+        acme,
+        acme.mailboxes[0],
+        acme.delivery_sources,
+        report.tenants,
+        report.main,
+        report,
+        report.tenants.tenants,
+    ):
         for text in (repr(obj), str(obj), f"{obj}"):
             assert ENV_VALUE not in text and FILE_VALUE not in text
     assert repr(token) == str(token) == "Secret('env:ACME_TOKEN')"
@@ -566,11 +826,14 @@ def test_reveal_reads_at_call_time_and_strips(tmp_path: Path) -> None:
     assert (from_env.kind, from_env.target) == ("env", "TOKEN")
 
 
-@pytest.mark.parametrize(("ref", "environ", "fragment"), [
-    ("env:TOKEN", {}, "environment variable TOKEN is not set or empty"),
-    ("env:TOKEN", {"TOKEN": "  "}, "environment variable TOKEN is not set or empty"),
-    ("file:/nonexistent/inboxd-secret", {}, "cannot read /nonexistent/inboxd-secret"),
-])
+@pytest.mark.parametrize(
+    ("ref", "environ", "fragment"),
+    [
+        ("env:TOKEN", {}, "environment variable TOKEN is not set or empty"),
+        ("env:TOKEN", {"TOKEN": "  "}, "environment variable TOKEN is not set or empty"),
+        ("file:/nonexistent/inboxd-secret", {}, "cannot read /nonexistent/inboxd-secret"),
+    ],
+)
 def test_reveal_errors(ref: str, environ: dict[str, str], fragment: str) -> None:
     with pytest.raises(SecretError, match=fragment):
         Secret(ref).reveal(environ)
@@ -600,8 +863,16 @@ def test_parse_secret_ref_rejects_literals_without_echoing_them(value: object) -
 
 
 def test_secret_key_names() -> None:
-    for name in ("password", "token", "client_secret", "refresh_token", "credentials",
-                 "webhook_secret", "smtp_password", "api_key"):
+    for name in (
+        "password",
+        "token",
+        "client_secret",
+        "refresh_token",
+        "credentials",
+        "webhook_secret",
+        "smtp_password",
+        "api_key",
+    ):
         assert is_secret_key(name), name
     for name in ("path", "address", "client_id", "token_uri", "topic", "bucket"):
         assert not is_secret_key(name), name

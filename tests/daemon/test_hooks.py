@@ -48,13 +48,19 @@ class Served:
 
 def hook(source_id: str, table: dict[str, Any], **kw: Any) -> HookSource:
     adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
-    return HookSource(tenant_id="acme", source_id=source_id, adapter=adapter,
-                      policy=SourcePolicy(adapter.default_payload_fields), **kw)
+    return HookSource(
+        tenant_id="acme",
+        source_id=source_id,
+        adapter=adapter,
+        policy=SourcePolicy(adapter.default_payload_fields),
+        **kw,
+    )
 
 
 @asynccontextmanager
-async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore,
-                  **sources: HookSource) -> AsyncIterator[Served]:
+async def serving(
+    pool: asyncpg.Pool, dsn: str, store: ObjectStore, **sources: HookSource
+) -> AsyncIterator[Served]:
     async def ready() -> bool:
         return True
 
@@ -67,10 +73,17 @@ async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore,
         await ensure_tenants(conn, ["acme"])
     table = HookTable({("acme", name): src for name, src in sources.items()})
     intake = DeliveryIntake(pool)
-    state = HttpState(pool=pool, dsn=dsn, store=store, metrics=Metrics(),
-                      tenant_for_token=TokenTable({}), ready=ready,
-                      extra_routes=hook_routes(table, intake, confirm),
-                      body_limit=table.body_limit, before_body=table.check_before_body)
+    state = HttpState(
+        pool=pool,
+        dsn=dsn,
+        store=store,
+        metrics=Metrics(),
+        tenant_for_token=TokenTable({}),
+        ready=ready,
+        extra_routes=hook_routes(table, intake, confirm),
+        body_limit=table.body_limit,
+        before_body=table.check_before_body,
+    )
     async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
         with anyio.fail_after(DEADLINE_S):
             await tg.start(intake.run)
@@ -79,37 +92,60 @@ async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore,
         tg.cancel_scope.cancel()
 
 
-def sign_standard(body: bytes, *, msg_id: str = "msg_1", ts: int | None = None,
-                  key: bytes = SW_KEY) -> dict[str, str]:
+def sign_standard(
+    body: bytes, *, msg_id: str = "msg_1", ts: int | None = None, key: bytes = SW_KEY
+) -> dict[str, str]:
     ts = int(time.time()) if ts is None else ts
     mac = hmac.new(key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()
-    return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-            "webhook-signature": "v1," + base64.b64encode(mac).decode(),
-            "content-type": "application/json"}
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+        "content-type": "application/json",
+    }
 
 
-def resend_event(kind: str = "email.delivered", email_id: str = "em_1",
-                 to: str = "ann@example.com") -> bytes:
-    return orjson.dumps({"type": kind, "created_at": "2026-11-30T09:00:00.000Z",
-                         "data": {"email_id": email_id, "to": [to], "subject": "private",
-                                  "created_at": "2026-11-30T08:59:00.000Z"}})
+def resend_event(
+    kind: str = "email.delivered", email_id: str = "em_1", to: str = "ann@example.com"
+) -> bytes:
+    return orjson.dumps(
+        {
+            "type": kind,
+            "created_at": "2026-11-30T09:00:00.000Z",
+            "data": {
+                "email_id": email_id,
+                "to": [to],
+                "subject": "private",
+                "created_at": "2026-11-30T08:59:00.000Z",
+            },
+        }
+    )
 
 
 def mailgun_body(event_id: str, token: str, *, kind: str = "delivered") -> bytes:
     ts = str(int(time.time()))
     sig = hmac.new(MAILGUN_KEY.encode(), (ts + token).encode(), hashlib.sha256).hexdigest()
-    return orjson.dumps({
-        "signature": {"timestamp": ts, "token": token, "signature": sig},
-        "event-data": {"id": event_id, "event": kind, "timestamp": time.time(),
-                       "recipient": "bob@example.com",
-                       "message": {"headers": {"message-id": "m1@mg.example"}}}})
+    return orjson.dumps(
+        {
+            "signature": {"timestamp": ts, "token": token, "signature": sig},
+            "event-data": {
+                "id": event_id,
+                "event": kind,
+                "timestamp": time.time(),
+                "recipient": "bob@example.com",
+                "message": {"headers": {"message-id": "m1@mg.example"}},
+            },
+        }
+    )
 
 
-async def post(served: Served, source: str, body: bytes, headers: dict[str, str],
-               tenant: str = "acme") -> tuple[int, dict]:
+async def post(
+    served: Served, source: str, body: bytes, headers: dict[str, str], tenant: str = "acme"
+) -> tuple[int, dict]:
     with anyio.fail_after(DEADLINE_S):
-        async with served.session.post(f"{served.base}/hooks/esp/{tenant}/{source}",
-                                       data=body, headers=headers) as response:
+        async with served.session.post(
+            f"{served.base}/hooks/esp/{tenant}/{source}", data=body, headers=headers
+        ) as response:
             return response.status, await response.json(content_type=None)
 
 
@@ -120,8 +156,7 @@ async def stored(pool: asyncpg.Pool) -> list[asyncpg.Record]:
 
 def failures(served: Served) -> float:
     metric = served.state.metrics.webhook_verification_failures
-    return sum(s.value for m in metric.collect() for s in m.samples
-               if s.name.endswith("_total"))
+    return sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 @pytest.fixture
@@ -133,23 +168,40 @@ async def test_signed_event_is_stored_once_and_applied(pool, db_dsn, store, sw) 
     async with serving(pool, db_dsn, store, resend=sw) as served:
         body = resend_event()
         assert await post(served, "resend", body, sign_standard(body)) == (
-            200, {"stored": 1, "duplicates": 0})
+            200,
+            {"stored": 1, "duplicates": 0},
+        )
         assert await post(served, "resend", body, sign_standard(body)) == (
-            200, {"stored": 0, "duplicates": 1})
+            200,
+            {"stored": 0, "duplicates": 1},
+        )
     (row,) = await stored(pool)
     assert (row["event_type"], row["provider_message_id"]) == ("delivered", "em_1")
     assert b"private" not in row["payload"].encode()  # the subject is not allowlisted
-    assert row["recipient"] is None and row["recipient_hash"] == hashlib.sha256(
-        b"ann@example.com").hexdigest()
+    assert (
+        row["recipient"] is None
+        and row["recipient_hash"] == hashlib.sha256(b"ann@example.com").hexdigest()
+    )
     await apply_due(pool)
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT status FROM delivery_evidence") == "delivered"
 
 
-@pytest.mark.parametrize("case", ["bad_signature", "missing_signature", "truncated",
-                                  "stale", "future", "reserialised", "other_key"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bad_signature",
+        "missing_signature",
+        "truncated",
+        "stale",
+        "future",
+        "reserialised",
+        "other_key",
+    ],
+)
 async def test_verification_failures_are_401_and_store_nothing(
-        pool, db_dsn, store, sw, case: str) -> None:
+    pool, db_dsn, store, sw, case: str
+) -> None:
     body = resend_event()
     headers = sign_standard(body)
     if case == "bad_signature":
@@ -173,15 +225,21 @@ async def test_verification_failures_are_401_and_store_nothing(
 
 
 async def test_checks_before_verification(pool, db_dsn, store, sw) -> None:
-    small = hook("small", {"provider": "resend", "secret": SW_SECRET}, max_body_bytes=1024,
-                 limiter=RateLimiter(rate=0.001, burst=2))
+    small = hook(
+        "small",
+        {"provider": "resend", "secret": SW_SECRET},
+        max_body_bytes=1024,
+        limiter=RateLimiter(rate=0.001, burst=2),
+    )
     async with serving(pool, db_dsn, store, resend=sw, small=small) as served:
         body = resend_event()
         assert (await post(served, "nope", body, sign_standard(body)))[0] == 404
         assert (await post(served, "resend", body, sign_standard(body), tenant="other"))[0] == 404
         headers = {**sign_standard(body), "content-type": "application/x-www-form-urlencoded"}
         assert await post(served, "resend", body, headers) == (
-            415, {"error": "unsupported_media_type"})
+            415,
+            {"error": "unsupported_media_type"},
+        )
         big = b'{"pad": "' + b"x" * 2048 + b'"}'
         status, answer = await post(served, "small", big, sign_standard(big))
         assert (status, answer["error"]) == (413, "body_too_large")
@@ -191,13 +249,14 @@ async def test_checks_before_verification(pool, db_dsn, store, sw) -> None:
         assert (await post(served, "small", body, sign_standard(body, msg_id="m3")))[0] == 429
         bad = b"{not json"
         assert await post(served, "resend", bad, sign_standard(bad)) == (
-            400, {"error": "malformed_payload"})
+            400,
+            {"error": "malformed_payload"},
+        )
         assert failures(served) == 0
     assert len(await stored(pool)) == 2  # msg_1 and m2: webhook-id is the event id
 
 
-async def test_same_event_concurrently_is_one_row_and_one_effect(pool, db_dsn, store,
-                                                                 sw) -> None:
+async def test_same_event_concurrently_is_one_row_and_one_effect(pool, db_dsn, store, sw) -> None:
     body = resend_event("email.complained")
     async with serving(pool, db_dsn, store, resend=sw) as served:
         results = []
@@ -232,9 +291,15 @@ async def test_mailgun_replayed_token_is_refused(pool, db_dsn, store) -> None:
 
 async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:
     postmark = hook("pm", {"provider": "postmark", "username": "hooks", "password": "s3cret"})
-    body = orjson.dumps({"RecordType": "Delivery", "MessageID": "pm-1",
-                         "Recipient": "c@example.com", "DeliveredAt": "2026-11-30T09:00:00Z",
-                         "MessageStream": "outbound"})
+    body = orjson.dumps(
+        {
+            "RecordType": "Delivery",
+            "MessageID": "pm-1",
+            "Recipient": "c@example.com",
+            "DeliveredAt": "2026-11-30T09:00:00Z",
+            "MessageStream": "outbound",
+        }
+    )
 
     def auth(user: str, password: str) -> dict[str, str]:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -248,15 +313,18 @@ async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:
 
 
 async def test_database_outage_is_503_and_the_retry_is_stored(
-        pool, db_dsn, server_dsn, store, sw) -> None:
+    pool, db_dsn, server_dsn, store, sw
+) -> None:
     database = db_dsn.rsplit("/", 1)[1]
     admin = await asyncpg.connect(server_dsn)
     try:
         async with serving(pool, db_dsn, store, resend=sw) as served:
             body = resend_event("email.bounced")
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE datname = $1", database)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                database,
+            )
             status, answer = await post(served, "resend", body, sign_standard(body))
             assert (status, answer) == (503, {"error": "unavailable"})
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
@@ -293,23 +361,35 @@ def sns_signer():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
     now = datetime.now(UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(1)
-            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=1))
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
     pem = cert.public_bytes(serialization.Encoding.PEM)
 
     def sign(message: dict[str, str]) -> bytes:
         # The canonical string of "Verifying the signatures of Amazon SNS messages".
-        keys = (("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")
-                if message["Type"] == "Notification" else
-                ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn",
-                 "Type"))
+        keys = (
+            ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")
+            if message["Type"] == "Notification"
+            else ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type")
+        )
         canonical = "".join(f"{k}\n{message[k]}\n" for k in keys if k in message)
         signature = key.sign(canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
-        return orjson.dumps({**message, "SignatureVersion": "2",
-                             "Signature": base64.b64encode(signature).decode(),
-                             "SigningCertURL": CERT_URL})
+        return orjson.dumps(
+            {
+                **message,
+                "SignatureVersion": "2",
+                "Signature": base64.b64encode(signature).decode(),
+                "SigningCertURL": CERT_URL,
+            }
+        )
 
     return pem, sign
 
@@ -322,14 +402,25 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
         fetched.append(url)
         return pem
 
-    adapter = build_esp_source("ses", {"id": "ses", "provider": "ses", "topic_arns": [TOPIC]},
-                               str, fetch=fetch)
-    ses = HookSource(tenant_id="acme", source_id="ses", adapter=adapter,
-                     policy=SourcePolicy(adapter.default_payload_fields))
+    adapter = build_esp_source(
+        "ses", {"id": "ses", "provider": "ses", "topic_arns": [TOPIC]}, str, fetch=fetch
+    )
+    ses = HookSource(
+        tenant_id="acme",
+        source_id="ses",
+        adapter=adapter,
+        policy=SourcePolicy(adapter.default_payload_fields),
+    )
     subscribe = "https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&Token=t1"
-    confirmation = {"Type": "SubscriptionConfirmation", "MessageId": "c-1", "Token": "t1",
-                    "TopicArn": TOPIC, "Message": "You have chosen to subscribe",
-                    "SubscribeURL": subscribe, "Timestamp": "2026-11-30T09:00:00.000Z"}
+    confirmation = {
+        "Type": "SubscriptionConfirmation",
+        "MessageId": "c-1",
+        "Token": "t1",
+        "TopicArn": TOPIC,
+        "Message": "You have chosen to subscribe",
+        "SubscribeURL": subscribe,
+        "Timestamp": "2026-11-30T09:00:00.000Z",
+    }
     text = {"content-type": "text/plain; charset=UTF-8"}
     async with serving(pool, db_dsn, store, ses=ses) as served:
         forged = orjson.loads(sign(confirmation))
@@ -339,23 +430,42 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
         assert (await post(served, "ses", other_topic, text))[0] == 401
         assert served.confirmed == []
         assert await post(served, "ses", sign(confirmation), text) == (
-            200, {"stored": 0, "duplicates": 0})
+            200,
+            {"stored": 0, "duplicates": 0},
+        )
         assert served.confirmed == [subscribe]
-        bounce = {"eventType": "Bounce", "mail": {
-            "messageId": "ses-1", "timestamp": "2026-11-30T09:00:00.000Z",
-            "destination": ["x@example.com"], "commonHeaders": {"messageId": "<a@app>"}},
-            "bounce": {"bounceType": "Permanent", "bounceSubType": "General",
-                       "timestamp": "2026-11-30T09:00:05.000Z",
-                       "bouncedRecipients": [{"emailAddress": "x@example.com"}]}}
-        notification = sign({"Type": "Notification", "MessageId": "n-1", "TopicArn": TOPIC,
-                             "Message": orjson.dumps(bounce).decode(),
-                             "Timestamp": "2026-11-30T09:00:06.000Z"})
-        assert (await post(served, "ses", notification, text))[1] == {
-            "stored": 1, "duplicates": 0}
+        bounce = {
+            "eventType": "Bounce",
+            "mail": {
+                "messageId": "ses-1",
+                "timestamp": "2026-11-30T09:00:00.000Z",
+                "destination": ["x@example.com"],
+                "commonHeaders": {"messageId": "<a@app>"},
+            },
+            "bounce": {
+                "bounceType": "Permanent",
+                "bounceSubType": "General",
+                "timestamp": "2026-11-30T09:00:05.000Z",
+                "bouncedRecipients": [{"emailAddress": "x@example.com"}],
+            },
+        }
+        notification = sign(
+            {
+                "Type": "Notification",
+                "MessageId": "n-1",
+                "TopicArn": TOPIC,
+                "Message": orjson.dumps(bounce).decode(),
+                "Timestamp": "2026-11-30T09:00:06.000Z",
+            }
+        )
+        assert (await post(served, "ses", notification, text))[1] == {"stored": 1, "duplicates": 0}
     assert fetched == [CERT_URL]  # once: the certificate is cached; never for a foreign topic
     (row,) = await stored(pool)
     assert (row["event_type"], row["bounce_type"], row["message_id_norm"]) == (
-        "bounced", "permanent", "a@app")
+        "bounced",
+        "permanent",
+        "a@app",
+    )
 
 
 async def test_sendgrid_batch_with_a_duplicate_keeps_the_new_event(pool, db_dsn, store) -> None:
@@ -363,22 +473,32 @@ async def test_sendgrid_batch_with_a_duplicate_keeps_the_new_event(pool, db_dsn,
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    public = base64.b64encode(key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    public = base64.b64encode(
+        key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    ).decode()
     sendgrid = hook("sg", {"provider": "sendgrid", "public_key": public})
 
     def signed(events: list[dict]) -> tuple[bytes, dict[str, str]]:
         body = orjson.dumps(events)
         ts = str(int(time.time()))
         signature = key.sign(ts.encode() + body, ec.ECDSA(hashes.SHA256()))
-        return body, {"X-Twilio-Email-Event-Webhook-Signature":
-                      base64.b64encode(signature).decode(),
-                      "X-Twilio-Email-Event-Webhook-Timestamp": ts,
-                      "content-type": "application/json"}
+        return body, {
+            "X-Twilio-Email-Event-Webhook-Signature": base64.b64encode(signature).decode(),
+            "X-Twilio-Email-Event-Webhook-Timestamp": ts,
+            "content-type": "application/json",
+        }
 
     def sg_event(event_id: str, kind: str) -> dict:
-        return {"email": "d@example.com", "timestamp": int(time.time()), "event": kind,
-                "sg_event_id": event_id, "sg_message_id": "abc.filter1.1", "smtp-id": "<s@a>"}
+        return {
+            "email": "d@example.com",
+            "timestamp": int(time.time()),
+            "event": kind,
+            "sg_event_id": event_id,
+            "sg_message_id": "abc.filter1.1",
+            "smtp-id": "<s@a>",
+        }
 
     async with serving(pool, db_dsn, store, sg=sendgrid) as served:
         assert (await post(served, "sg", *signed([sg_event("e1", "delivered")])))[0] == 200
@@ -393,14 +513,17 @@ async def test_refusals_come_before_the_body_is_read(pool, db_dsn, store, sw) ->
     """415 and 404 are answered to a request whose body never arrives."""
     async with serving(pool, db_dsn, store, resend=sw) as served:
         port = int(served.base.rsplit(":", 1)[1])
-        for path, ctype, status in (("/hooks/esp/acme/resend", "text/html", b"415"),
-                                    ("/hooks/esp/acme/nope", "application/json", b"404")):
+        for path, ctype, status in (
+            ("/hooks/esp/acme/resend", "text/html", b"415"),
+            ("/hooks/esp/acme/nope", "application/json", b"404"),
+        ):
             with anyio.fail_after(DEADLINE_S):
                 stream = await anyio.connect_tcp("127.0.0.1", port)
                 async with stream:
-                    await stream.send(f"POST {path} HTTP/1.1\r\nHost: t\r\n"
-                                      f"Content-Type: {ctype}\r\nContent-Length: 1000\r\n\r\n"
-                                      .encode())  # and never the body
+                    await stream.send(
+                        f"POST {path} HTTP/1.1\r\nHost: t\r\n"
+                        f"Content-Type: {ctype}\r\nContent-Length: 1000\r\n\r\n".encode()
+                    )  # and never the body
                     head = await stream.receive()
             assert head.startswith(b"HTTP/1.1 " + status), head[:40]
 
@@ -415,8 +538,10 @@ async def test_chunked_body_over_the_source_limit_is_413(pool, db_dsn, store) ->
     async with serving(pool, db_dsn, store, small=small) as served:
         with anyio.fail_after(DEADLINE_S):
             async with served.session.post(
-                    f"{served.base}/hooks/esp/acme/small", data=chunks(),
-                    headers={"content-type": "application/json"}) as response:
+                f"{served.base}/hooks/esp/acme/small",
+                data=chunks(),
+                headers={"content-type": "application/json"},
+            ) as response:
                 assert response.status == 413
     assert await stored(pool) == []
 
@@ -426,8 +551,11 @@ def test_reload_keeps_a_bucket_only_when_its_settings_are_unchanged(sw) -> None:
     kept = hook("resend", {"provider": "resend", "secret": SW_SECRET})
     table.replace({("acme", "resend"): kept})
     assert table.get("acme", "resend").limiter is sw.limiter
-    faster = hook("resend", {"provider": "resend", "secret": SW_SECRET},
-                  limiter=RateLimiter(rate=5000, burst=9000))
+    faster = hook(
+        "resend",
+        {"provider": "resend", "secret": SW_SECRET},
+        limiter=RateLimiter(rate=5000, burst=9000),
+    )
     table.replace({("acme", "resend"): faster})
     assert table.get("acme", "resend").limiter.settings == (5000, 9000)
 
@@ -458,7 +586,8 @@ async def test_confirm_subscription_requires_a_200() -> None:
 
 
 async def test_a_mailgun_token_is_single_use_across_sources_sharing_the_key(
-        pool, db_dsn, store) -> None:
+    pool, db_dsn, store
+) -> None:
     """Mailgun signs timestamp + token, not the event: a token seen at one source
     must not carry other event data into another source verified by the same key."""
     first = hook("mg", {"provider": "mailgun", "signing_key": MAILGUN_KEY})

@@ -44,15 +44,25 @@ class Served:
 
 @asynccontextmanager
 async def serving(
-    pool: asyncpg.Pool, dsn: str, store: ObjectStore, *,
-    ready: Callable[[], Awaitable[bool]] | None = None, max_body_bytes: int = 64 * 1024,
+    pool: asyncpg.Pool,
+    dsn: str,
+    store: ObjectStore,
+    *,
+    ready: Callable[[], Awaitable[bool]] | None = None,
+    max_body_bytes: int = 64 * 1024,
 ) -> AsyncIterator[Served]:
     async def always_ready() -> bool:
         return True
 
-    state = HttpState(pool=pool, dsn=dsn, store=store, metrics=Metrics(),
-                      tenant_for_token=TokenTable(TOKENS), ready=ready or always_ready,
-                      max_body_bytes=max_body_bytes)
+    state = HttpState(
+        pool=pool,
+        dsn=dsn,
+        store=store,
+        metrics=Metrics(),
+        tenant_for_token=TokenTable(TOKENS),
+        ready=ready or always_ready,
+        max_body_bytes=max_body_bytes,
+    )
     async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
         with anyio.fail_after(DEADLINE_S):
             port = await tg.start(serve_http, "127.0.0.1", 0, state)
@@ -66,15 +76,27 @@ async def tenants(make_mailbox) -> None:
     await make_mailbox("globex", "sales", address="sales@globex.test")
 
 
-async def emit(pool: asyncpg.Pool, tenant: str, kind: str, payload: dict[str, Any] | None = None,
-               mailbox: str | None = None) -> int:
+async def emit(
+    pool: asyncpg.Pool,
+    tenant: str,
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    mailbox: str | None = None,
+) -> int:
     """Commit one outbox row and its NOTIFY, as pipeline/outbox.py does."""
     async with pool.acquire() as conn, conn.transaction():
         event_id = await conn.fetchval(
             "INSERT INTO events (tenant_id, kind, mailbox_id, payload) VALUES ($1, $2, $3, $4) "
-            "RETURNING event_id", tenant, kind, mailbox, orjson.dumps(payload or {}).decode())
-        await conn.execute("SELECT pg_notify('inboxd_events', $1)",
-                           orjson.dumps({"tenant": tenant, "last_event_id": event_id}).decode())
+            "RETURNING event_id",
+            tenant,
+            kind,
+            mailbox,
+            orjson.dumps(payload or {}).decode(),
+        )
+        await conn.execute(
+            "SELECT pg_notify('inboxd_events', $1)",
+            orjson.dumps({"tenant": tenant, "last_event_id": event_id}).decode(),
+        )
     return event_id
 
 
@@ -95,8 +117,11 @@ class EventStream:
                 line = raw.decode().rstrip("\r\n")
                 if not line:
                     if "data" in fields:
-                        return {"id": int(fields["id"]), "event": fields["event"],
-                                "data": orjson.loads(fields["data"])}
+                        return {
+                            "id": int(fields["id"]),
+                            "event": fields["event"],
+                            "data": orjson.loads(fields["data"]),
+                        }
                     fields = {}
                 elif line.startswith(":"):
                     self.comments.append(line)
@@ -106,8 +131,9 @@ class EventStream:
 
 
 @asynccontextmanager
-async def subscribe(srv: Served, headers: dict[str, str], query: str = ""
-                    ) -> AsyncIterator[EventStream]:
+async def subscribe(
+    srv: Served, headers: dict[str, str], query: str = ""
+) -> AsyncIterator[EventStream]:
     with anyio.fail_after(DEADLINE_S):
         response = await srv.session.get(f"{srv.base}/v1/events{query}", headers=headers)
     try:
@@ -146,8 +172,13 @@ async def test_healthz_readyz_and_metrics(pool, db_dsn, store) -> None:
             assert (r.status, await r.json()) == (404, {"error": "not_found"})
 
         metrics = srv.state.metrics
-        metrics.observe_outcomes([ItemResult(0, Outcome.NEW), ItemResult(1, Outcome.NEW),
-                                  ItemResult(2, Outcome.PERMANENT_FAILURE)])
+        metrics.observe_outcomes(
+            [
+                ItemResult(0, Outcome.NEW),
+                ItemResult(1, Outcome.NEW),
+                ItemResult(2, Outcome.PERMANENT_FAILURE),
+            ]
+        )
         metrics.set_queue(7, capacity=100)
         metrics.sync_started("gmail")
         metrics.sync_finished("gmail", duration_s=1.5, failed=True)
@@ -193,8 +224,14 @@ async def test_a_taken_port_fails_the_start(pool, db_dsn, store) -> None:
     async def ready() -> bool:
         return True
 
-    state = HttpState(pool=pool, dsn=db_dsn, store=store, metrics=Metrics(),
-                      tenant_for_token=TokenTable(TOKENS), ready=ready)
+    state = HttpState(
+        pool=pool,
+        dsn=db_dsn,
+        store=store,
+        metrics=Metrics(),
+        tenant_for_token=TokenTable(TOKENS),
+        ready=ready,
+    )
     async with serving(pool, db_dsn, store) as srv:
         with pytest.raises(ExceptionGroup) as info, anyio.fail_after(DEADLINE_S):
             async with anyio.create_task_group() as tg:
@@ -229,9 +266,11 @@ async def _raw_request(port: int, head: bytes, body_start: bytes = b"") -> bytes
 
 async def test_declared_oversized_body_gets_413_without_being_read(pool, db_dsn, store) -> None:
     async with serving(pool, db_dsn, store, max_body_bytes=1024) as srv:
-        head = (b"POST /v1/outbound HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Authorization: Bearer " + TOKENS["acme"].encode() + b"\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n")
+        head = (
+            b"POST /v1/outbound HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + TOKENS["acme"].encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n"
+        )
         # 10 GB announced, 5 bytes sent: an answer at all proves the body was not awaited.
         answer = await _raw_request(srv.port, head, b'{"a":')
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:80]
@@ -251,30 +290,41 @@ async def test_chunked_body_is_cut_at_the_limit(pool, db_dsn, store, tenants) ->
             yield b"x" * 1000
 
     async with serving(pool, db_dsn, store, max_body_bytes=1024) as srv:
-        async with srv.session.post(f"{srv.base}/v1/outbound", data=chunks(),
-                                    headers={**ACME, "Content-Type": "application/json"}) as r:
+        async with srv.session.post(
+            f"{srv.base}/v1/outbound",
+            data=chunks(),
+            headers={**ACME, "Content-Type": "application/json"},
+        ) as r:
             assert r.status == 413
             assert (await r.json())["error"] == "body_too_large"
         # a body of exactly the limit is read and reaches the handler
         body = b'{"pad": "' + b"x" * (1024 - 11) + b'"}'
         assert len(body) == 1024
-        async with srv.session.post(f"{srv.base}/v1/outbound", data=body,
-                                    headers={**ACME, "Content-Type": "application/json"}) as r:
+        async with srv.session.post(
+            f"{srv.base}/v1/outbound",
+            data=body,
+            headers={**ACME, "Content-Type": "application/json"},
+        ) as r:
             assert r.status == 422
             assert (await r.json())["fields"]["pad"] == "unknown field"
         counted = srv.state.metrics.render()
         assert b'route="/v1/outbound",status="413"' in counted
 
 
-@pytest.mark.parametrize("path, method", [
-    ("/v1/events", "GET"), ("/v1/outbound", "POST"), ("/v1/attachments/1", "GET")])
+@pytest.mark.parametrize(
+    "path, method", [("/v1/events", "GET"), ("/v1/outbound", "POST"), ("/v1/attachments/1", "GET")]
+)
 async def test_api_routes_need_a_known_bearer_token(pool, db_dsn, store, path, method) -> None:
     async with serving(pool, db_dsn, store) as srv:
-        for headers in ({}, {"Authorization": "Bearer wrong-token"},
-                        {"Authorization": f"Basic {TOKENS['acme']}"},
-                        {"Authorization": "Bearer "}):
-            async with srv.session.request(method, srv.base + path, headers=headers,
-                                           json={} if method == "POST" else None) as r:
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong-token"},
+            {"Authorization": f"Basic {TOKENS['acme']}"},
+            {"Authorization": "Bearer "},
+        ):
+            async with srv.session.request(
+                method, srv.base + path, headers=headers, json={} if method == "POST" else None
+            ) as r:
                 assert r.status == 401, headers
                 assert await r.json() == {"error": "unauthorized"}
                 assert r.headers["WWW-Authenticate"].startswith("Bearer")
@@ -310,16 +360,28 @@ async def test_each_tenant_receives_only_its_own_events_in_order(
             got_acme = [await acme.next() for _ in range(3)]
             got_globex = [await globex.next() for _ in range(2)]
     assert [(e["id"], e["event"]) for e in got_acme] == [
-        (a1, "message.created"), (a2, "thread.created"), (a3, "message.merged")]
+        (a1, "message.created"),
+        (a2, "thread.created"),
+        (a3, "message.merged"),
+    ]
     assert [(e["id"], e["event"]) for e in got_globex] == [
-        (g1, "message.created"), (g2, "message.merged")]
+        (g1, "message.created"),
+        (g2, "message.merged"),
+    ]
     first = got_acme[0]["data"]
     assert first["event_id"] == a1
     assert first["kind"] == "message.created"
     assert first["mailbox_id"] == "inbox"
     assert first["payload"] == {"n": 1}
-    assert set(first) == {"event_id", "kind", "mailbox_id", "thread_id", "message_id",
-                          "payload", "created_at"}
+    assert set(first) == {
+        "event_id",
+        "kind",
+        "mailbox_id",
+        "thread_id",
+        "message_id",
+        "payload",
+        "created_at",
+    }
 
 
 async def test_resume_replays_only_later_events(pool, db_dsn, store, tenants) -> None:
@@ -333,8 +395,9 @@ async def test_resume_replays_only_later_events(pool, db_dsn, store, tenants) ->
         # query parameter (EventSource's first connect); the header wins over it
         async with subscribe(srv, ACME, f"?last_event_id={ids[2]}") as stream:
             assert (await stream.next())["id"] == ids[3]
-        async with subscribe(srv, {**ACME, "Last-Event-ID": str(ids[2])},
-                             "?last_event_id=0") as stream:
+        async with subscribe(
+            srv, {**ACME, "Last-Event-ID": str(ids[2])}, "?last_event_id=0"
+        ) as stream:
             assert (await stream.next())["id"] == ids[3]
         async with subscribe(srv, ACME, "?last_event_id=0") as stream:
             assert [(await stream.next())["id"] for _ in range(4)] == ids
@@ -342,8 +405,7 @@ async def test_resume_replays_only_later_events(pool, db_dsn, store, tenants) ->
         async with subscribe(srv, ACME) as stream:
             newest = await emit(pool, "acme", "message.created")
             assert (await stream.next())["id"] == newest
-        async with srv.session.get(f"{srv.base}/v1/events?last_event_id=abc",
-                                   headers=ACME) as r:
+        async with srv.session.get(f"{srv.base}/v1/events?last_event_id=abc", headers=ACME) as r:
             assert (r.status, await r.json()) == (400, {"error": "invalid_last_event_id"})
 
 
@@ -358,13 +420,20 @@ async def test_replay_longer_than_one_page(pool, db_dsn, store, tenants, monkeyp
 async def test_exclude_client_skips_the_callers_own_changes(pool, db_dsn, store, tenants) -> None:
     async with serving(pool, db_dsn, store) as srv:
         async with subscribe(srv, ACME, "?exclude_client=tab-1") as stream:
-            mine = outbound_body(placeholder_message_id="pending_mine", client_id="tab-1",
-                                 message_id_header="<mine@acme.test>")
-            theirs = outbound_body(placeholder_message_id="pending_theirs", client_id="tab-2",
-                                   message_id_header="<theirs@acme.test>")
+            mine = outbound_body(
+                placeholder_message_id="pending_mine",
+                client_id="tab-1",
+                message_id_header="<mine@acme.test>",
+            )
+            theirs = outbound_body(
+                placeholder_message_id="pending_theirs",
+                client_id="tab-2",
+                message_id_header="<theirs@acme.test>",
+            )
             for body in (mine, theirs):
-                async with srv.session.post(f"{srv.base}/v1/outbound", json=body,
-                                            headers=ACME) as r:
+                async with srv.session.post(
+                    f"{srv.base}/v1/outbound", json=body, headers=ACME
+                ) as r:
                     assert r.status == 201, await r.text()
             marker = await emit(pool, "acme", "marker")
             got = [await stream.next() for _ in range(2)]
@@ -382,7 +451,8 @@ async def test_streams_survive_a_lost_listen_connection(pool, db_dsn, store, ten
             killed = await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE application_name = $1 AND datname = current_database()",
-                sse_module.LISTENER_APP_NAME)
+                sse_module.LISTENER_APP_NAME,
+            )
         assert killed == 1
         # committed while the hub may be reconnecting: read once it listens again
         second = await emit(pool, "acme", "message.created")
@@ -406,15 +476,20 @@ async def test_stopping_the_server_ends_the_streams(pool, db_dsn, store, tenants
         return True
 
     metrics = Metrics()
-    state = HttpState(pool=pool, dsn=db_dsn, store=store, metrics=metrics,
-                      tenant_for_token=TokenTable(TOKENS), ready=ready)
+    state = HttpState(
+        pool=pool,
+        dsn=db_dsn,
+        store=store,
+        metrics=metrics,
+        tenant_for_token=TokenTable(TOKENS),
+        ready=ready,
+    )
     async with aiohttp.ClientSession() as session:  # outlives the server
         # the whole start-stream-stop cycle, far below the 15 s heartbeat
         with anyio.fail_after(DEADLINE_S):
             async with anyio.create_task_group() as tg:
                 port = await tg.start(serve_http, "127.0.0.1", 0, state)
-                response = await session.get(f"http://127.0.0.1:{port}/v1/events",
-                                             headers=ACME)
+                response = await session.get(f"http://127.0.0.1:{port}/v1/events", headers=ACME)
                 assert (await response.content.readline()).startswith(b"retry:")
                 assert b"inboxd_sse_clients 1.0" in metrics.render()
                 tg.cancel_scope.cancel()
@@ -432,10 +507,15 @@ async def test_stopping_the_server_ends_the_streams(pool, db_dsn, store, tenants
 
 def outbound_body(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "mailbox_id": "inbox", "message_id_header": "<out-1@acme.test>",
-        "placeholder_message_id": "pending_abc", "thread_id": "pending_t1",
-        "from_address": "support@acme.test", "subject": "Your order",
-        "sent_at": "2026-11-02T09:30:00Z", "text": "Thanks for your order.", "html": None,
+        "mailbox_id": "inbox",
+        "message_id_header": "<out-1@acme.test>",
+        "placeholder_message_id": "pending_abc",
+        "thread_id": "pending_t1",
+        "from_address": "support@acme.test",
+        "subject": "Your order",
+        "sent_at": "2026-11-02T09:30:00Z",
+        "text": "Thanks for your order.",
+        "html": None,
         "send_status": "pending",
     }
     body.update(overrides)
@@ -445,22 +525,24 @@ def outbound_body(**overrides: Any) -> dict[str, Any]:
 async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
     async with serving(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/outbound"
-        async with srv.session.post(url, json=outbound_body(client_id="tab-9",
-                                                           esp_message_id="pm-77"),
-                                    headers=ACME, expect100=True) as r:
+        async with srv.session.post(
+            url,
+            json=outbound_body(client_id="tab-9", esp_message_id="pm-77"),
+            headers=ACME,
+            expect100=True,
+        ) as r:
             assert r.status == 201
             message_id = (await r.json())["message_id"]
         # a retried request answers the same row
-        async with srv.session.post(url, json=outbound_body(client_id="tab-9"),
-                                    headers=ACME) as r:
+        async with srv.session.post(url, json=outbound_body(client_id="tab-9"), headers=ACME) as r:
             assert (r.status, await r.json()) == (200, {"message_id": message_id})
         # the placeholder already names another message
-        async with srv.session.post(url, json=outbound_body(message_id_header="<x@acme.test>"),
-                                    headers=ACME) as r:
+        async with srv.session.post(
+            url, json=outbound_body(message_id_header="<x@acme.test>"), headers=ACME
+        ) as r:
             assert (r.status, await r.json()) == (409, {"error": "placeholder_in_use"})
         # globex's mailbox is not acme's
-        async with srv.session.post(url, json=outbound_body(mailbox_id="sales"),
-                                    headers=ACME) as r:
+        async with srv.session.post(url, json=outbound_body(mailbox_id="sales"), headers=ACME) as r:
             assert (r.status, await r.json()) == (404, {"error": "mailbox_not_found"})
     async with pool.acquire() as conn:
         row = await conn.fetchrow("SELECT * FROM messages WHERE message_id = $1", message_id)
@@ -481,23 +563,36 @@ async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
 async def test_outbound_rejects_bad_bodies(pool, db_dsn, store, tenants) -> None:
     async with serving(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/outbound"
-        bad = outbound_body(placeholder_message_id="gm-123", sent_at="2026-11-02T09:30:00",
-                            send_status="failed", subject=5, colour="blue")
+        bad = outbound_body(
+            placeholder_message_id="gm-123",
+            sent_at="2026-11-02T09:30:00",
+            send_status="failed",
+            subject=5,
+            colour="blue",
+        )
         del bad["from_address"]
         async with srv.session.post(url, json=bad, headers=ACME) as r:
             assert r.status == 422
             answer = await r.json()
-        async with srv.session.post(url, data=b"{not json", headers={
-                **ACME, "Content-Type": "application/json"}) as r:
+        async with srv.session.post(
+            url, data=b"{not json", headers={**ACME, "Content-Type": "application/json"}
+        ) as r:
             assert (r.status, (await r.json())["error"]) == (400, "invalid_json")
         async with srv.session.post(url, json=[1, 2], headers=ACME) as r:
             assert r.status == 400
-        async with srv.session.post(url, data=b"a=b", headers={
-                **ACME, "Content-Type": "application/x-www-form-urlencoded"}) as r:
+        async with srv.session.post(
+            url, data=b"a=b", headers={**ACME, "Content-Type": "application/x-www-form-urlencoded"}
+        ) as r:
             assert r.status == 415
     assert answer["error"] == "invalid_request"
-    assert set(answer["fields"]) == {"placeholder_message_id", "sent_at", "send_status",
-                                     "subject", "colour", "from_address"}
+    assert set(answer["fields"]) == {
+        "placeholder_message_id",
+        "sent_at",
+        "send_status",
+        "subject",
+        "colour",
+        "from_address",
+    }
     assert answer["fields"]["from_address"] == "required"
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM messages") == 0
@@ -513,8 +608,16 @@ class PresigningStore(LocalDirectoryStore):
         return f"https://bucket.s3.example.test/{key}?X-Amz-Expires={expires_s}&X-Amz-Signature=f00"
 
 
-async def add_attachment(pool: asyncpg.Pool, store: ObjectStore, tenant: str, mailbox: str, *,
-                         filename: str, data: bytes | None, content_type: str) -> int:
+async def add_attachment(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    tenant: str,
+    mailbox: str,
+    *,
+    filename: str,
+    data: bytes | None,
+    content_type: str,
+) -> int:
     key = f"att/{tenant}/{hashlib.sha256(data or b'').hexdigest()}"
     if data is not None:
         await store.put(key, data)
@@ -522,25 +625,53 @@ async def add_attachment(pool: asyncpg.Pool, store: ObjectStore, tenant: str, ma
         thread_id = await conn.fetchval(
             "INSERT INTO threads (tenant_id, mailbox_id, external_thread_id) VALUES ($1, $2, $3) "
             "ON CONFLICT (tenant_id, mailbox_id, external_thread_id) DO UPDATE SET subject = '' "
-            "RETURNING thread_id", tenant, mailbox, "t-1")
+            "RETURNING thread_id",
+            tenant,
+            mailbox,
+            "t-1",
+        )
         message_id = await conn.fetchval(
             "INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id) "
             "VALUES ($1, $2, $3, $4) RETURNING message_id",
-            tenant, mailbox, thread_id, f"ext-{filename}-{data is None}")
+            tenant,
+            mailbox,
+            thread_id,
+            f"ext-{filename}-{data is None}",
+        )
         return await conn.fetchval(
             "INSERT INTO attachments (tenant_id, message_id, position, filename, content_type, "
             "size_bytes, storage_key, stored) VALUES ($1, $2, 0, $3, $4, $5, $6, $7) "
             "RETURNING attachment_id",
-            tenant, message_id, filename, content_type, len(data or b""),
-            key if data is not None else None, data is not None)
+            tenant,
+            message_id,
+            filename,
+            content_type,
+            len(data or b""),
+            key if data is not None else None,
+            data is not None,
+        )
 
 
 async def test_attachment_download_is_scoped_to_the_tenant(pool, db_dsn, store, tenants) -> None:
     data = b"%PDF-1.7\n" + bytes(range(256)) * 40
-    stored = await add_attachment(pool, store, "acme", "inbox", filename="Rechnung März 2026.pdf",
-                                  data=data, content_type="application/pdf; name=x.pdf")
-    pending = await add_attachment(pool, store, "acme", "inbox", filename="later.bin",
-                                   data=None, content_type="application/octet-stream")
+    stored = await add_attachment(
+        pool,
+        store,
+        "acme",
+        "inbox",
+        filename="Rechnung März 2026.pdf",
+        data=data,
+        content_type="application/pdf; name=x.pdf",
+    )
+    pending = await add_attachment(
+        pool,
+        store,
+        "acme",
+        "inbox",
+        filename="later.bin",
+        data=None,
+        content_type="application/octet-stream",
+    )
     async with serving(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/attachments"
         async with srv.session.get(f"{url}/{stored}", headers=ACME) as r:
@@ -548,8 +679,9 @@ async def test_attachment_download_is_scoped_to_the_tenant(pool, db_dsn, store, 
             assert await r.read() == data
             assert r.headers["Content-Type"] == "application/pdf"
             assert r.headers["Content-Disposition"] == (
-                "attachment; filename=\"Rechnung M_rz 2026.pdf\"; "
-                "filename*=UTF-8''Rechnung%20M%C3%A4rz%202026.pdf")
+                'attachment; filename="Rechnung M_rz 2026.pdf"; '
+                "filename*=UTF-8''Rechnung%20M%C3%A4rz%202026.pdf"
+            )
             assert r.headers["X-Content-Type-Options"] == "nosniff"
         async with srv.session.get(f"{url}/{stored}", headers=GLOBEX) as r:
             assert (r.status, await r.json()) == (404, {"error": "not_found"})
@@ -563,11 +695,19 @@ async def test_attachment_download_is_scoped_to_the_tenant(pool, db_dsn, store, 
 
 async def test_attachment_redirects_to_a_presigned_url(pool, db_dsn, tmp_path, tenants) -> None:
     presigning = PresigningStore(tmp_path / "s3")
-    stored = await add_attachment(pool, presigning, "acme", "inbox", filename="a.txt",
-                                  data=b"hello", content_type="text/plain")
+    stored = await add_attachment(
+        pool,
+        presigning,
+        "acme",
+        "inbox",
+        filename="a.txt",
+        data=b"hello",
+        content_type="text/plain",
+    )
     async with serving(pool, db_dsn, presigning) as srv:
-        async with srv.session.get(f"{srv.base}/v1/attachments/{stored}", headers=ACME,
-                                   allow_redirects=False) as r:
+        async with srv.session.get(
+            f"{srv.base}/v1/attachments/{stored}", headers=ACME, allow_redirects=False
+        ) as r:
             assert r.status == 302
             location = r.headers["Location"]
             assert r.headers["Cache-Control"] == "no-store"
@@ -577,10 +717,12 @@ async def test_attachment_redirects_to_a_presigned_url(pool, db_dsn, tmp_path, t
 
 def test_content_disposition_encodes_any_name() -> None:
     assert content_disposition('a "quoted"\\name.txt', fallback="f") == (
-        "attachment; filename=\"a _quoted__name.txt\"; "
-        "filename*=UTF-8''a%20%22quoted%22_name.txt")
+        "attachment; filename=\"a _quoted__name.txt\"; filename*=UTF-8''a%20%22quoted%22_name.txt"
+    )
     assert content_disposition("../../etc/passwd", fallback="f") == (
-        "attachment; filename=\"_.._etc_passwd\"; filename*=UTF-8''_.._etc_passwd")
+        "attachment; filename=\"_.._etc_passwd\"; filename*=UTF-8''_.._etc_passwd"
+    )
     assert content_disposition("", fallback="attachment-7") == (
-        "attachment; filename=\"attachment-7\"; filename*=UTF-8''attachment-7")
+        "attachment; filename=\"attachment-7\"; filename*=UTF-8''attachment-7"
+    )
     assert content_disposition("日本.txt\r\nX-Evil: 1", fallback="f").count("\n") == 0

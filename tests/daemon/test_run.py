@@ -38,8 +38,16 @@ async def count(dsn: str, sql: str, *args) -> int:
         await conn.close()
 
 
-async def wait_rows(dsn: str, daemon: DaemonProcess, n: int, timeout_s: float, *, what: str,
-                    sql: str = "SELECT count(*) FROM messages", at_least: bool = False) -> None:
+async def wait_rows(
+    dsn: str,
+    daemon: DaemonProcess,
+    n: int,
+    timeout_s: float,
+    *,
+    what: str,
+    sql: str = "SELECT count(*) FROM messages",
+    at_least: bool = False,
+) -> None:
     """Wait until `sql` counts exactly `n` (or at least `n`), or fail with the daemon's log."""
 
     async def reached() -> bool:
@@ -111,8 +119,14 @@ async def test_sighup_adds_a_tenant_live(tmp_path, db_dsn) -> None:
         daemon.signal(signal.SIGHUP)
         deliver(box, generated_messages(2, tag="hup"))
 
-        await wait_rows(db_dsn, daemon, 2, 30, what="new tenant's mail ingested",
-                        sql="SELECT count(*) FROM messages WHERE tenant_id = 'globex'")
+        await wait_rows(
+            db_dsn,
+            daemon,
+            2,
+            30,
+            what="new tenant's mail ingested",
+            sql="SELECT count(*) FROM messages WHERE tenant_id = 'globex'",
+        )
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
@@ -125,8 +139,9 @@ async def test_broken_tenant_file_on_sighup_keeps_the_old_config(tmp_path, db_ds
     try:
         (tmp_path / "tenants" / "acme.toml").write_text('id = "acme"\n[[mailboxes]\nbroken')
         daemon.signal(signal.SIGHUP)
-        await eventually(lambda: _logged(daemon, "config_reloaded"), 20, what="reload",
-                         daemon=daemon)
+        await eventually(
+            lambda: _logged(daemon, "config_reloaded"), 20, what="reload", daemon=daemon
+        )
         deliver(box, generated_messages(2, tag="keep"))
 
         await wait_rows(db_dsn, daemon, 2, 30, what="old config still syncing")
@@ -148,16 +163,38 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
     daemon = start(tmp_path, config, db_dsn)
     try:
         await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
-        cli = [sys.executable, "-m", "inboxd.daemon.cli", "sync", "cancel", "--mailbox",
-               "inbox", "--dsn", db_dsn]
+        cli = [
+            sys.executable,
+            "-m",
+            "inboxd.daemon.cli",
+            "sync",
+            "cancel",
+            "--mailbox",
+            "inbox",
+            "--dsn",
+            db_dsn,
+        ]
         assert (await anyio.run_process(cli, check=False)).returncode == 0
-        await eventually(lambda: _logged(daemon, "sync_cancel_flag_honoured"), 60,
-                         what="cancel honoured", daemon=daemon)
+        await eventually(
+            lambda: _logged(daemon, "sync_cancel_flag_honoured"),
+            60,
+            what="cancel honoured",
+            daemon=daemon,
+        )
         # files moved to cur/ are exactly those ingested: nothing skipped ahead
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
         assert len(list((box / "cur").iterdir())) <= in_db < 4000
-        now = [sys.executable, "-m", "inboxd.daemon.cli", "sync", "now", "--mailbox", "inbox",
-               "--dsn", db_dsn]
+        now = [
+            sys.executable,
+            "-m",
+            "inboxd.daemon.cli",
+            "sync",
+            "now",
+            "--mailbox",
+            "inbox",
+            "--dsn",
+            db_dsn,
+        ]
         assert (await anyio.run_process(now, check=False)).returncode == 0
 
         await wait_rows(db_dsn, daemon, 4000, 240, what="resumed to the end")
@@ -174,8 +211,9 @@ async def test_sigusr1_cancels_running_syncs_gracefully(tmp_path, db_dsn) -> Non
     try:
         await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
         daemon.signal(signal.SIGUSR1)
-        await eventually(lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled",
-                         daemon=daemon)
+        await eventually(
+            lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled", daemon=daemon
+        )
         assert daemon.proc.poll() is None  # the process carries on
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
         assert len(list((box / "cur").iterdir())) <= in_db
@@ -214,11 +252,23 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path) -> None:
     config = write_config(tmp_path)
     (tmp_path / "tenants" / "acme.toml").write_text(
         'id = "acme"\n[[mailboxes]]\nid = "inbox"\nprovider = "maildir"\npoll_interval_s = "x"\n'
-        'path = "/tmp/x"\n')
+        'path = "/tmp/x"\n'
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "inboxd.daemon.cli", "run", "--config", str(config), "--dsn",
-         "postgresql://postgres@127.0.0.1:1/none"],
-        capture_output=True, timeout=60, text=True)
+        [
+            sys.executable,
+            "-m",
+            "inboxd.daemon.cli",
+            "run",
+            "--config",
+            str(config),
+            "--dsn",
+            "postgresql://postgres@127.0.0.1:1/none",
+        ],
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
     assert result.returncode == 2
     assert "acme.toml" in result.stderr and "poll_interval_s" in result.stderr
 
@@ -232,9 +282,11 @@ async def test_oversized_request_gets_413_without_the_body_being_read(tmp_path, 
             stream = await anyio.connect_tcp("127.0.0.1", daemon.port)
             async with stream:
                 # announce 10 GB, send 3 bytes: a server that reads bodies would hang here
-                await stream.send(b"POST /v1/outbound HTTP/1.1\r\nHost: t\r\n"
-                                  b"Content-Type: application/json\r\n"
-                                  b"Content-Length: 10000000000\r\n\r\n{\"a")
+                await stream.send(
+                    b"POST /v1/outbound HTTP/1.1\r\nHost: t\r\n"
+                    b"Content-Type: application/json\r\n"
+                    b'Content-Length: 10000000000\r\n\r\n{"a'
+                )
                 head = await stream.receive()
         assert head.startswith(b"HTTP/1.1 413")
     finally:
@@ -306,8 +358,9 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
     daemon = start(tmp_path, config, db_dsn)
     try:
         shutil.rmtree(gone)
-        state_sql = ("SELECT sync_state FROM mailboxes WHERE tenant_id = 'acme' "
-                     "AND mailbox_id = 'gone'")
+        state_sql = (
+            "SELECT sync_state FROM mailboxes WHERE tenant_id = 'acme' AND mailbox_id = 'gone'"
+        )
 
         async def flagged() -> bool:
             conn = await asyncpg.connect(db_dsn)
@@ -327,13 +380,16 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
 
 def _resend_hook(tmp_path: Path, extra: str = "") -> None:
     tenant = tmp_path / "tenants" / "acme.toml"
-    tenant.write_text(tenant.read_text() + f"""
+    tenant.write_text(
+        tenant.read_text()
+        + f"""
 [[delivery_sources]]
 id = "resend"
 provider = "resend"
 secret = "env:TEST_RESEND_SECRET"
 {extra}
-""")
+"""
+    )
 
 
 async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -> None:
@@ -341,25 +397,37 @@ async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -
     config = write_config(tmp_path)
     maildir(tmp_path, "acme", "inbox")
     _resend_hook(tmp_path)
-    daemon = DaemonProcess(config, db_dsn, tmp_path / "daemon.log",
-                           env={"TEST_RESEND_SECRET": "whsec_" + base64.b64encode(key).decode()})
+    daemon = DaemonProcess(
+        config,
+        db_dsn,
+        tmp_path / "daemon.log",
+        env={"TEST_RESEND_SECRET": "whsec_" + base64.b64encode(key).decode()},
+    )
     try:
         port = daemon.wait_ready()
-        body = (b'{"type": "email.bounced", "created_at": "2026-11-30T09:00:00Z", "data": '
-                b'{"email_id": "em_7", "to": ["gone@example.com"], "bounce": '
-                b'{"type": "Permanent", "subType": "General"}}}')
+        body = (
+            b'{"type": "email.bounced", "created_at": "2026-11-30T09:00:00Z", "data": '
+            b'{"email_id": "em_7", "to": ["gone@example.com"], "bounce": '
+            b'{"type": "Permanent", "subType": "General"}}}'
+        )
         ts = str(int(time.time()))
         mac = hmac.new(key, b"msg_7." + ts.encode() + b"." + body, hashlib.sha256).digest()
-        headers = {"webhook-id": "msg_7", "webhook-timestamp": ts,
-                   "webhook-signature": "v1," + base64.b64encode(mac).decode(),
-                   "content-type": "application/json"}
+        headers = {
+            "webhook-id": "msg_7",
+            "webhook-timestamp": ts,
+            "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+            "content-type": "application/json",
+        }
         conn = await asyncpg.connect(db_dsn)
         try:
             announced = anyio.Event()
             await conn.add_listener("inboxd_events", lambda *_: announced.set())
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"http://127.0.0.1:{port}/hooks/esp/acme/resend", data=body,
-                    headers=headers) as response:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    f"http://127.0.0.1:{port}/hooks/esp/acme/resend", data=body, headers=headers
+                ) as response,
+            ):
                 assert response.status == 200
             with anyio.fail_after(20):
                 await announced.wait()  # the worker applied it: outbox rows committed
@@ -367,7 +435,8 @@ async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -
             assert [k["kind"] for k in kinds] == ["delivery.updated", "suppression.added"]
             assert await conn.fetchval("SELECT status FROM delivery_evidence") == "bounced"
             assert await conn.fetchval("SELECT address_hash FROM suppressions") == (
-                hashlib.sha256(b"gone@example.com").hexdigest())
+                hashlib.sha256(b"gone@example.com").hexdigest()
+            )
         finally:
             await conn.close()
     finally:
@@ -380,7 +449,10 @@ def test_bad_delivery_source_exits_2_naming_the_key(tmp_path) -> None:
     _resend_hook(tmp_path, extra='recipients = "shout"')
     result = subprocess.run(
         [sys.executable, "-m", "inboxd.daemon.cli", "check-config", str(config)],
-        capture_output=True, timeout=60, text=True,
-        env={**os.environ, "TEST_RESEND_SECRET": "whsec_" + "QUFBQUFBQUFBQUFB"})
+        capture_output=True,
+        timeout=60,
+        text=True,
+        env={**os.environ, "TEST_RESEND_SECRET": "whsec_" + "QUFBQUFBQUFBQUFB"},
+    )
     assert result.returncode == 2
     assert "acme.toml: delivery_sources[0].recipients" in result.stderr

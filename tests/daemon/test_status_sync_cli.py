@@ -69,11 +69,13 @@ async def mailboxes(pool: asyncpg.Pool, make_mailbox) -> None:
     cursor = "https://graph.example/delta?token=" + "x" * 80
     assert await leases.commit_cursor(pool, "acme", "support", token, cursor)
     await scheduling.record_success(pool, "acme", "support")
-    await scheduling.record_failure(pool, "globex", "inbox", "login failed:\nbad password",
-                                    attention=True)
+    await scheduling.record_failure(
+        pool, "globex", "inbox", "login failed:\nbad password", attention=True
+    )
 
 
 # --- status ------------------------------------------------------------------------------
+
 
 async def test_status_json_lists_every_mailbox(inboxd, mailboxes) -> None:
     result = await inboxd("status", "--json")
@@ -81,7 +83,10 @@ async def test_status_json_lists_every_mailbox(inboxd, mailboxes) -> None:
     rows = result.json
     assert isinstance(rows, list)
     assert [(r["tenant_id"], r["mailbox_id"]) for r in rows] == [
-        ("acme", "inbox"), ("acme", "support"), ("globex", "inbox")]
+        ("acme", "inbox"),
+        ("acme", "support"),
+        ("globex", "inbox"),
+    ]
     inbox, support, globex = rows
     assert support["provider"] == "gmail" and support["sync_mode"] == "auto"
     assert support["cursor"].startswith("https://graph.example/delta?token=")
@@ -101,11 +106,24 @@ async def test_status_tenant_filter_and_plain_table(inboxd, mailboxes) -> None:
     table = await inboxd("status")  # stdout is a pipe: plain aligned text
     assert table.code == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["TENANT", "MAILBOX", "PROVIDER", "MODE", "CURSOR", "LAST",
-                                "SUCCESS", "LAG", "THROTTLE", "UNTIL", "STATE", "LAST", "ERROR"]
+    assert lines[0].split() == [
+        "TENANT",
+        "MAILBOX",
+        "PROVIDER",
+        "MODE",
+        "CURSOR",
+        "LAST",
+        "SUCCESS",
+        "LAG",
+        "THROTTLE",
+        "UNTIL",
+        "STATE",
+        "LAST",
+        "ERROR",
+    ]
     assert len(lines) == 4
     cursor_col = lines[0].index("CURSOR")
-    assert all(line[cursor_col - 2:cursor_col] == "  " for line in lines)  # aligned
+    assert all(line[cursor_col - 2 : cursor_col] == "  " for line in lines)  # aligned
     support = next(line for line in lines if " support " in line)
     assert "…" in support and "x" * 80 not in support  # cursor truncated
     assert "never" in next(line for line in lines if line.startswith("acme    inbox"))
@@ -127,11 +145,18 @@ async def test_status_errors(inboxd, db_dsn) -> None:
 
 # --- sync cancel -------------------------------------------------------------------------
 
+
 async def test_sync_cancel_sets_the_flag(inboxd, pool, mailboxes) -> None:
     result = await inboxd("sync", "cancel", "--mailbox", "support", "--json")
     assert result.code == 0, result.stderr
-    assert result.json == {"command": "sync cancel", "status": "ok", "tenant": "acme",
-                           "mailbox": "support", "running": True, "lease_owner": "replica-1"}
+    assert result.json == {
+        "command": "sync cancel",
+        "status": "ok",
+        "tenant": "acme",
+        "mailbox": "support",
+        "running": True,
+        "lease_owner": "replica-1",
+    }
     assert await leases.cancel_requested(pool, "acme", "support")
     assert not await leases.cancel_requested(pool, "acme", "inbox")
 
@@ -160,6 +185,7 @@ async def test_sync_cancel_unknown_and_ambiguous_mailboxes(inboxd, pool, mailbox
 
 # --- sync now ----------------------------------------------------------------------------
 
+
 async def test_sync_now_rings_the_doorbell(inboxd, db_dsn, mailboxes) -> None:
     rung: list[str] = []
     arrived = anyio.Event()
@@ -171,8 +197,7 @@ async def test_sync_now_rings_the_doorbell(inboxd, db_dsn, mailboxes) -> None:
     listener = await asyncpg.connect(db_dsn)
     try:
         await listener.add_listener(DOORBELL_CHANNEL, on_notify)
-        result = await inboxd("sync", "now", "--mailbox", "inbox", "--tenant", "globex",
-                              "--json")
+        result = await inboxd("sync", "now", "--mailbox", "inbox", "--tenant", "globex", "--json")
         assert result.code == 0, result.stderr
         with anyio.fail_after(NOTIFY_DEADLINE_S):
             await arrived.wait()
@@ -181,7 +206,11 @@ async def test_sync_now_rings_the_doorbell(inboxd, db_dsn, mailboxes) -> None:
     assert [parse_doorbell(p) for p in rung] == [("globex", "inbox")]
     out = result.json
     assert (out["command"], out["tenant"], out["mailbox"], out["channel"]) == (
-        "sync now", "globex", "inbox", DOORBELL_CHANNEL)
+        "sync now",
+        "globex",
+        "inbox",
+        DOORBELL_CHANNEL,
+    )
     assert out["throttle_until"] is not None  # it failed just now: backing off
 
 
@@ -211,6 +240,7 @@ async def test_sync_now_for_a_missing_mailbox_rings_nothing(inboxd, db_dsn, mail
 
 # --- inboxd events replay -----------------------------------------------------------------
 
+
 async def _delivery_rows(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         await conn.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
@@ -219,7 +249,8 @@ async def _delivery_rows(pool: asyncpg.Pool) -> None:
             "event_type, occurred_at, state, attempts, last_error) VALUES "
             "('acme', 'ses', 'id:1', 'ses', 'Bounce', 'bounced', now(), 'dead', 10, 'boom'), "
             "('acme', 'ses', 'id:2', 'ses', 'Delivery', 'delivered', now(), 'applied', 1, NULL), "
-            "('acme', 'pm', 'id:3', 'postmark', 'Open', 'opened', now(), 'dead', 10, 'boom')")
+            "('acme', 'pm', 'id:3', 'postmark', 'Open', 'opened', now(), 'dead', 10, 'boom')"
+        )
 
 
 async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) -> None:
@@ -228,11 +259,14 @@ async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) ->
     assert result.code == 0, result.stderr
     assert result.json == {"command": "events replay", "status": "ok", "requeued": 1}
     async with pool.acquire() as conn:
-        rows = await conn.fetch("SELECT dedup_key, state, attempts, last_error "
-                                "FROM delivery_events ORDER BY dedup_key")
-    assert [tuple(r) for r in rows] == [("id:1", "pending", 0, None),
-                                        ("id:2", "applied", 1, None),
-                                        ("id:3", "dead", 10, "boom")]
+        rows = await conn.fetch(
+            "SELECT dedup_key, state, attempts, last_error FROM delivery_events ORDER BY dedup_key"
+        )
+    assert [tuple(r) for r in rows] == [
+        ("id:1", "pending", 0, None),
+        ("id:2", "applied", 1, None),
+        ("id:3", "dead", 10, "boom"),
+    ]
     result = await inboxd("events", "replay", "--since", "2000-01-01")
     assert result.code == 0 and "2 delivery events re-queued" in result.stdout
 
@@ -246,8 +280,10 @@ async def test_events_status_counts_by_source_and_state(inboxd, pool: asyncpg.Po
     await _delivery_rows(pool)
     result = await inboxd("events", "status", "--json")
     assert result.code == 0, result.stderr
-    counts = {(r["source"], r["pending"], r["applied"], r["dead"], r["last_dead_error"])
-              for r in result.json}
+    counts = {
+        (r["source"], r["pending"], r["applied"], r["dead"], r["last_dead_error"])
+        for r in result.json
+    }
     assert counts == {("ses", 0, 1, 1, "boom"), ("pm", 0, 0, 1, "boom")}
     plain = await inboxd("events", "status")
     assert plain.code == 0 and "boom" in plain.stdout and "ses" in plain.stdout

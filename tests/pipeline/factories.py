@@ -51,9 +51,15 @@ def message(
         html=html,
         attachments=list(attachments),
         content_fingerprint=content_fingerprint(
-            sender=sender, sender_name=f"{sender} {sender.split('@')[0].title()}",
-            subject_norm=subject_norm, sent_at=sent_at, text=text, html_text=html,
-            recipients=to, attachment_keys=[a.filename for a in attachments]),
+            sender=sender,
+            sender_name=f"{sender} {sender.split('@')[0].title()}",
+            subject_norm=subject_norm,
+            sent_at=sent_at,
+            text=text,
+            html_text=html,
+            recipients=to,
+            attachment_keys=[a.filename for a in attachments],
+        ),
     )
 
 
@@ -69,5 +75,7 @@ class CountingStore(LocalDirectoryStore):
         self.put_keys.extend(k for k, _, _ in items)
         ok = [(k, d, c) for k, d, c in items if not k.startswith(self.fail_prefixes)]
         results = iter(await super().put_many(ok))
-        return [OSError("store unavailable") if k.startswith(self.fail_prefixes) else next(results)
-                for k, _, _ in items]
+        return [
+            OSError("store unavailable") if k.startswith(self.fail_prefixes) else next(results)
+            for k, _, _ in items
+        ]

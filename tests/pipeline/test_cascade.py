@@ -43,7 +43,8 @@ async def test_reused_message_id_with_other_content_is_a_conflict_not_a_merge(
         conflict = await conn.fetchrow("SELECT * FROM ingest_conflicts")
         new_row = await conn.fetchrow(
             "SELECT message_id, conflict_of FROM messages WHERE external_id = $1",
-            second.external_id)
+            second.external_id,
+        )
     assert conflict["new_message_id"] == new_row["message_id"]
     assert new_row["conflict_of"] == conflict["existing_message_id"]
 
@@ -53,8 +54,9 @@ async def test_same_message_id_same_content_from_another_mailbox_merges(
 ) -> None:
     await make_mailbox("acme", "outlook")
     gmail_copy = message(mid="<shared@x.org>", external_id="gmail-1")
-    outlook_copy = message(mid="<shared@x.org>", external_id="AAMk-1", mailbox="outlook",
-                           thread="conv-9")
+    outlook_copy = message(
+        mid="<shared@x.org>", external_id="AAMk-1", mailbox="outlook", thread="conv-9"
+    )
     outlook_copy.sent_at = gmail_copy.sent_at
     outlook_copy.content_fingerprint = gmail_copy.content_fingerprint
     assert await ingest(stage, gmail_copy) == [Outcome.NEW]
@@ -68,8 +70,12 @@ async def test_same_subject_from_two_senders_within_minutes_never_merges(
     stage, pool, inbox
 ) -> None:
     a = message(mid=None, sender="alice@example.com", subject="Quick question")
-    b = message(mid=None, sender="bob@example.com", subject="Quick question",
-                sent_at=T0 + timedelta(minutes=3))
+    b = message(
+        mid=None,
+        sender="bob@example.com",
+        subject="Quick question",
+        sent_at=T0 + timedelta(minutes=3),
+    )
     assert await ingest(stage, a) == [Outcome.NEW]
     assert await ingest(stage, b) == [Outcome.NEW]
     assert await count(pool, "SELECT count(*) FROM messages") == 2
@@ -144,20 +150,27 @@ async def test_in_batch_repeats_are_resolved(stage, pool, inbox) -> None:
     other_copy.content_fingerprint = a.content_fingerprint
     reuse = message(mid="<x@y.z>", external_id="e3", text="something else")
     assert await ingest(stage, a, again, other_copy, reuse) == [
-        Outcome.NEW, Outcome.DUPLICATE, Outcome.MERGED, Outcome.CONFLICT]
+        Outcome.NEW,
+        Outcome.DUPLICATE,
+        Outcome.MERGED,
+        Outcome.CONFLICT,
+    ]
     assert await count(pool, "SELECT count(*) FROM messages") == 2
     assert await count(pool, "SELECT count(*) FROM ingest_conflicts") == 1
 
 
 async def test_thread_metadata_is_right_whatever_the_arrival_order(stage, pool, inbox) -> None:
-    msgs = [message(thread="conv", sent_at=T0 + timedelta(hours=h), to=(f"p{h}@x.org",))
-            for h in range(3)]
+    msgs = [
+        message(thread="conv", sent_at=T0 + timedelta(hours=h), to=(f"p{h}@x.org",))
+        for h in range(3)
+    ]
     for m in (msgs[2], msgs[0], msgs[1]):
         await ingest(stage, m)
     async with pool.acquire() as conn:
         t = await conn.fetchrow("SELECT * FROM threads WHERE external_thread_id = 'conv'")
         latest = await conn.fetchval(
-            "SELECT external_id FROM messages WHERE message_id = $1", t["latest_message_id"])
+            "SELECT external_id FROM messages WHERE message_id = $1", t["latest_message_id"]
+        )
     assert t["message_count"] == 3
     assert t["first_message_at"] == T0
     assert t["last_message_at"] == T0 + timedelta(hours=2)
@@ -182,8 +195,9 @@ async def test_attachments_are_stored_once_and_not_on_reingest(pool, tmp_path, i
     assert await ingest(stage, item) == [Outcome.NEW]
     assert store.put_keys == [f"att/acme/{sha}"]
     assert await store.get(f"att/acme/{sha}") == data
-    assert await ingest(stage, message(external_id="m1", attachments=[att],
-                                          text="see attached")) == [Outcome.DUPLICATE]
+    assert await ingest(
+        stage, message(external_id="m1", attachments=[att], text="see attached")
+    ) == [Outcome.DUPLICATE]
     assert store.put_keys == [f"att/acme/{sha}"]  # no attachment work on re-ingest
 
 
@@ -191,8 +205,9 @@ async def test_failed_attachment_store_is_retried_on_next_sighting(pool, tmp_pat
     store = CountingStore(tmp_path / "objects", fail_prefixes=("att/",))
     stage = IngestStage(pool, store)
     data = b"PK\x03\x04 zip"
-    att = AttachmentData("a.zip", "application/zip", len(data), hashlib.sha256(data).hexdigest(),
-                         data)
+    att = AttachmentData(
+        "a.zip", "application/zip", len(data), hashlib.sha256(data).hexdigest(), data
+    )
     assert await ingest(stage, message(external_id="m1", attachments=[att])) == [Outcome.NEW]
     assert await count(pool, "SELECT count(*) FROM attachments WHERE NOT stored") == 1
     store.fail_prefixes = ()
@@ -235,8 +250,9 @@ async def test_nul_and_lone_surrogates_in_keys_do_not_kill_a_message(stage, pool
     item = message(subject="Invoice\x00 42 \udcff", text="body\x00 text")
     item.subject_norm = "invoice\x00 42 \udcff"
     assert await ingest(stage, item) == [Outcome.NEW]
-    again = message(subject="Invoice\x00 42 \udcff", text="body\x00 text",
-                    external_id=item.external_id)
+    again = message(
+        subject="Invoice\x00 42 \udcff", text="body\x00 text", external_id=item.external_id
+    )
     again.subject_norm = "invoice\x00 42 \udcff"
     assert await ingest(stage, again) == [Outcome.DUPLICATE]
     assert await count(pool, "SELECT count(*) FROM dead_items") == 0

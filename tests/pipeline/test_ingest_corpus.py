@@ -29,9 +29,11 @@ def corpus_files(corpus: Path) -> list[Path]:
 async def import_all(stage: IngestStage, files: list[Path]) -> dict[Path, Outcome]:
     outcomes: dict[Path, Outcome] = {}
     for start in range(0, len(files), BATCH):
-        chunk = files[start:start + BATCH]
-        items = [parse_raw(f.read_bytes(), tenant_id="acme", mailbox_id="inbox", source="import")
-                 for f in chunk]
+        chunk = files[start : start + BATCH]
+        items = [
+            parse_raw(f.read_bytes(), tenant_id="acme", mailbox_id="inbox", source="import")
+            for f in chunk
+        ]
         results = await stage.ingest(IngestBatch("acme", "inbox", items))
         assert [r.index for r in results] == list(range(len(chunk)))
         for f, r in zip(chunk, results, strict=True):
@@ -73,16 +75,25 @@ async def test_line_ending_triples_are_one_message(imported, pool: asyncpg.Pool,
     sisimai = corpus / "mime" / "sisimai-set-of-emails"
     async with pool.acquire() as conn:
         for name in TRIPLES:
-            shas = [hashlib.sha256((sisimai / f"{style}__{name}.eml").read_bytes()).hexdigest()
-                    for style in ("bsd", "dos", "mac")]
+            shas = [
+                hashlib.sha256((sisimai / f"{style}__{name}.eml").read_bytes()).hexdigest()
+                for style in ("bsd", "dos", "mac")
+            ]
             assert len(set(shas)) == 3  # three different byte sequences...
             ids = await conn.fetch(
                 "SELECT DISTINCT message_id FROM message_copies WHERE tenant_id = 'acme' "
-                "AND raw_sha256 = ANY($1::text[])", shas)
+                "AND raw_sha256 = ANY($1::text[])",
+                shas,
+            )
             assert len(ids) == 1, name  # ...one message with three copies
-            assert await conn.fetchval(
-                "SELECT count(*) FROM message_copies WHERE tenant_id = 'acme' "
-                "AND message_id = $1", ids[0][0]) == 3
+            assert (
+                await conn.fetchval(
+                    "SELECT count(*) FROM message_copies WHERE tenant_id = 'acme' "
+                    "AND message_id = $1",
+                    ids[0][0],
+                )
+                == 3
+            )
 
 
 def _reused_mid_groups(corpus: Path) -> dict[str, list[Path]]:
@@ -91,8 +102,11 @@ def _reused_mid_groups(corpus: Path) -> dict[str, list[Path]]:
         item = parse_raw(f.read_bytes(), tenant_id="acme", mailbox_id="inbox")
         if isinstance(item, MessageData) and item.message_id_norm:
             groups[item.message_id_norm].append(f)
-    return {mid: fs for mid, fs in groups.items()
-            if len({hashlib.sha256(f.read_bytes()).digest() for f in fs}) > 1}
+    return {
+        mid: fs
+        for mid, fs in groups.items()
+        if len({hashlib.sha256(f.read_bytes()).digest() for f in fs}) > 1
+    }
 
 
 class _VisibleText(HTMLParser):
@@ -133,8 +147,12 @@ def _independent_view(path: Path) -> tuple[str, ...]:
         words = "".join(text.split())
         if words:
             parts.append(words)
-    return (str(msg.get("From", "")), " ".join(str(msg.get("Subject", "")).split()),
-            " ".join(str(msg.get("To", "")).split()), *parts)
+    return (
+        str(msg.get("From", "")),
+        " ".join(str(msg.get("Subject", "")).split()),
+        " ".join(str(msg.get("To", "")).split()),
+        *parts,
+    )
 
 
 async def test_reused_message_ids_never_merge_different_content(
@@ -149,7 +167,9 @@ async def test_reused_message_ids_never_merge_different_content(
                 sha = hashlib.sha256(f.read_bytes()).hexdigest()
                 message_id = await conn.fetchval(
                     "SELECT message_id FROM message_copies WHERE tenant_id = 'acme' "
-                    "AND raw_sha256 = $1", sha)
+                    "AND raw_sha256 = $1",
+                    sha,
+                )
                 assert message_id is not None, f
                 by_message[message_id].append(f)
             for merged in by_message.values():
@@ -159,22 +179,31 @@ async def test_reused_message_ids_never_merge_different_content(
             # every row beyond the first for this Message-ID is a recorded conflict
             rows = await conn.fetchval(
                 "SELECT count(*) FROM messages WHERE tenant_id = 'acme' AND message_id_norm = $1",
-                mid)
+                mid,
+            )
             conflicts = await conn.fetchval(
                 "SELECT count(*) FROM ingest_conflicts WHERE tenant_id = 'acme' "
-                "AND message_id_norm = $1", mid)
+                "AND message_id_norm = $1",
+                mid,
+            )
             assert conflicts == rows - 1
 
 
 async def test_known_different_pairs_are_separate_rows(imported, pool, corpus) -> None:
     # hand-checked: these share a Message-ID but differ in what a reader sees
     pairs = [
-        ("django-mailbox/message_with_defective_attachment_association.eml",
-         "django-mailbox/message_with_many_multiparts.eml"),  # extra HTML part
-        ("sisimai-set-of-emails/bsd__lhost-outlook-01.eml",
-         "sisimai-set-of-emails/bsd__rhost-outlook-01.eml"),  # different DSN report
-        ("mikel-mail/plain_emails__basic_email_lf.eml",
-         "mikel-mail/plain_emails__raw_email_with_at_display_name.eml"),  # other recipients
+        (
+            "django-mailbox/message_with_defective_attachment_association.eml",
+            "django-mailbox/message_with_many_multiparts.eml",
+        ),  # extra HTML part
+        (
+            "sisimai-set-of-emails/bsd__lhost-outlook-01.eml",
+            "sisimai-set-of-emails/bsd__rhost-outlook-01.eml",
+        ),  # different DSN report
+        (
+            "mikel-mail/plain_emails__basic_email_lf.eml",
+            "mikel-mail/plain_emails__raw_email_with_at_display_name.eml",
+        ),  # other recipients
     ]
     async with pool.acquire() as conn:
         for a, b in pairs:
@@ -183,9 +212,13 @@ async def test_known_different_pairs_are_separate_rows(imported, pool, corpus) -
                 path = corpus / "mime" / rel
                 if not path.exists():
                     pytest.fail(f"corpus file missing: {rel}")
-                ids.add(await conn.fetchval(
-                    "SELECT message_id FROM message_copies WHERE tenant_id = 'acme' "
-                    "AND raw_sha256 = $1", hashlib.sha256(path.read_bytes()).hexdigest()))
+                ids.add(
+                    await conn.fetchval(
+                        "SELECT message_id FROM message_copies WHERE tenant_id = 'acme' "
+                        "AND raw_sha256 = $1",
+                        hashlib.sha256(path.read_bytes()).hexdigest(),
+                    )
+                )
             assert len(ids) == 2 and None not in ids, (a, b)
 
 
@@ -195,7 +228,8 @@ async def test_raw_bytes_are_recoverable_byte_exact(
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT raw_sha256, raw_key FROM message_copies WHERE tenant_id = 'acme' "
-            "UNION SELECT raw_sha256, raw_key FROM dead_items WHERE tenant_id = 'acme'")
+            "UNION SELECT raw_sha256, raw_key FROM dead_items WHERE tenant_id = 'acme'"
+        )
     assert len(rows) >= 393
     for sha, key in rows:
         assert key == f"raw/acme/{sha}"
@@ -213,10 +247,15 @@ async def test_thread_metadata_matches_messages(imported, pool: asyncpg.Pool) ->
             " FROM messages m WHERE m.tenant_id = t.tenant_id AND m.thread_id = t.thread_id) a"
             " ON true WHERE t.tenant_id = 'acme' AND (t.message_count <> a.n"
             " OR t.first_message_at IS DISTINCT FROM a.f"
-            " OR t.last_message_at IS DISTINCT FROM a.l)")
+            " OR t.last_message_at IS DISTINCT FROM a.l)"
+        )
         assert wrong == []
-        assert await conn.fetchval(
-            "SELECT count(*) FROM messages WHERE tenant_id = 'acme' AND external_id = ''") == 0
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM messages WHERE tenant_id = 'acme' AND external_id = ''"
+            )
+            == 0
+        )
 
 
 async def test_dead_item_keeps_reason_and_raw(imported, pool: asyncpg.Pool) -> None:
@@ -235,6 +274,14 @@ def test_parse_never_raises_and_dead_only_for_non_mail(corpus) -> None:
 
 
 async def _table_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    tables = ("messages", "message_copies", "threads", "message_participants", "attachments",
-              "ingest_conflicts", "dead_items", "events")
+    tables = (
+        "messages",
+        "message_copies",
+        "threads",
+        "message_participants",
+        "attachments",
+        "ingest_conflicts",
+        "dead_items",
+        "events",
+    )
     return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}

@@ -43,16 +43,21 @@ async def wait_for_db(pool: asyncpg.Pool, condition_sql: str, *args: object) -> 
 
 async def wait_lease_expired(pool: asyncpg.Pool, tenant: str = T, mailbox: str = M) -> None:
     await wait_for_db(
-        pool, "SELECT lease_expires_at <= now() FROM mailboxes "
-              "WHERE tenant_id = $1 AND mailbox_id = $2", tenant, mailbox)
+        pool,
+        "SELECT lease_expires_at <= now() FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+        tenant,
+        mailbox,
+    )
 
 
 async def row(pool: asyncpg.Pool, tenant: str = T, mailbox: str = M) -> asyncpg.Record:
     return await pool.fetchrow(
-        "SELECT * FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2", tenant, mailbox)
+        "SELECT * FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2", tenant, mailbox
+    )
 
 
 # --- leases ------------------------------------------------------------------------------
+
 
 async def test_tokens_increase_on_every_acquisition(pool, inbox) -> None:
     first = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
@@ -154,6 +159,7 @@ async def test_missing_mailbox_and_bad_arguments(pool, inbox) -> None:
 
 # --- cursor ------------------------------------------------------------------------------
 
+
 async def test_commit_cursor_only_stamps_a_moved_cursor(pool, inbox) -> None:
     token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
     assert await leases.commit_cursor(pool, T, M, token, "uidv1:10")
@@ -190,7 +196,8 @@ async def test_reset_cursor_clears_it_and_writes_an_event(pool, db_dsn, inbox) -
     try:
         await listener.add_listener(NOTIFY_CHANNEL, on_notify)
         assert await leases.reset_cursor(
-            pool, T, M, token, "Gmail history 404:\nstartHistoryId too old")
+            pool, T, M, token, "Gmail history 404:\nstartHistoryId too old"
+        )
         with anyio.fail_after(NOTIFY_DEADLINE_S):
             await notified.wait()
     finally:
@@ -199,9 +206,11 @@ async def test_reset_cursor_clears_it_and_writes_an_event(pool, db_dsn, inbox) -
     assert state["cursor"] is None and state["cursor_updated_at"] is not None
     event = await pool.fetchrow("SELECT * FROM events")
     assert (event["tenant_id"], event["mailbox_id"], event["kind"]) == (
-        T, M, "mailbox.cursor_reset")
-    assert orjson.loads(event["payload"]) == {
-        "reason": "Gmail history 404: startHistoryId too old"}
+        T,
+        M,
+        "mailbox.cursor_reset",
+    )
+    assert orjson.loads(event["payload"]) == {"reason": "Gmail history 404: startHistoryId too old"}
     assert orjson.loads(payloads[0]) == {"tenant": T, "last_event_id": event["event_id"]}
 
 
@@ -218,6 +227,7 @@ async def test_reset_cursor_rolls_back_with_the_callers_transaction(pool, inbox)
 
 
 # --- cancel flag -------------------------------------------------------------------------
+
 
 async def test_cancel_flag_round_trip(pool, inbox) -> None:
     assert not await leases.cancel_requested(pool, T, M)
@@ -236,10 +246,14 @@ async def test_cancel_flag_round_trip(pool, inbox) -> None:
 
 # --- throttle and health -----------------------------------------------------------------
 
+
 async def throttle_left_s(pool: asyncpg.Pool) -> float:
     return await pool.fetchval(
         "SELECT extract(epoch FROM throttle_until - now())::float8 FROM mailboxes "
-        "WHERE tenant_id = $1 AND mailbox_id = $2", T, M)
+        "WHERE tenant_id = $1 AND mailbox_id = $2",
+        T,
+        M,
+    )
 
 
 async def test_backoff_doubles_to_one_hour_and_one_success_resets_it(pool, inbox) -> None:
@@ -254,7 +268,10 @@ async def test_backoff_doubles_to_one_hour_and_one_success_resets_it(pool, inbox
     await scheduling.record_success(pool, T, M)
     state = await row(pool)
     assert (state["throttle_backoff_s"], state["throttle_until"], state["sync_state"]) == (
-        0, None, "idle")
+        0,
+        None,
+        "idle",
+    )
     assert state["last_success_at"] is not None
     assert state["last_error"] == "HTTP 503 from provider"  # kept for the operator
     await scheduling.record_failure(pool, T, M, "again")
@@ -298,6 +315,7 @@ async def test_attention_state_and_error_line(pool, inbox) -> None:
 
 # --- poll scheduling ---------------------------------------------------------------------
 
+
 async def test_claim_due_rules(pool, make_mailbox) -> None:
     names = ["fresh", "throttled", "leased", "mine", "unlisted"]
     for name in names:
@@ -314,25 +332,37 @@ async def test_claim_due_rules(pool, make_mailbox) -> None:
 
 
 async def test_claim_due_honours_interval_cooldown_and_recent_success(pool, make_mailbox) -> None:
-    await scheduling.upsert_configured_mailboxes(pool, [
-        MailboxRow(T, "fast", "imap", poll_interval_s=0.2),
-        MailboxRow(T, "pushed", "gmail", sync_mode="auto", poll_interval_s=0.2),
-    ])
+    await scheduling.upsert_configured_mailboxes(
+        pool,
+        [
+            MailboxRow(T, "fast", "imap", poll_interval_s=0.2),
+            MailboxRow(T, "pushed", "gmail", sync_mode="auto", poll_interval_s=0.2),
+        ],
+    )
     fast, pushed = [(T, "fast")], [(T, "pushed")]
     assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == fast
     assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=0, limit=1) == []
-    await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
-                            "WHERE mailbox_id = 'fast'")
+    await wait_for_db(
+        pool,
+        "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
+        "WHERE mailbox_id = 'fast'",
+    )
     assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == fast
-    await wait_for_db(pool, "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
-                            "WHERE mailbox_id = 'fast'")
+    await wait_for_db(
+        pool,
+        "SELECT last_polled_at + interval '0.2 s' <= now() FROM mailboxes "
+        "WHERE mailbox_id = 'fast'",
+    )
     # interval passed, but the 60 s claim cooldown has not
     assert await scheduling.claim_due(pool, "me", mailboxes=fast, cooldown_s=60, limit=1) == []
     # a sync that just succeeded (push) counts as a poll
     await scheduling.record_success(pool, T, "pushed")
     assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == []
-    await wait_for_db(pool, "SELECT last_success_at + interval '0.2 s' <= now() FROM mailboxes "
-                            "WHERE mailbox_id = 'pushed'")
+    await wait_for_db(
+        pool,
+        "SELECT last_success_at + interval '0.2 s' <= now() FROM mailboxes "
+        "WHERE mailbox_id = 'pushed'",
+    )
     assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
 
 
@@ -340,17 +370,22 @@ async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> N
     for name in ("a", "b", "c"):
         await make_mailbox(T, name)
     every = [(T, "a"), (T, "b"), (T, "c")]
-    await pool.execute("UPDATE mailboxes SET last_polled_at = now() - interval '1 hour' "
-                       "WHERE mailbox_id = 'a'")
+    await pool.execute(
+        "UPDATE mailboxes SET last_polled_at = now() - interval '1 hour' WHERE mailbox_id = 'a'"
+    )
     # b and c were never polled: they come first, in key order
     assert await scheduling.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
-        (T, "b"), (T, "c")]
+        (T, "b"),
+        (T, "c"),
+    ]
     assert await scheduling.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=2) == [
-        (T, "a")]
+        (T, "a")
+    ]
 
 
-async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, make_mailbox
-                                                                 ) -> None:
+async def test_concurrent_scanners_never_claim_one_mailbox_twice(
+    pool, db_dsn, make_mailbox
+) -> None:
     rows = [MailboxRow(t, f"mb-{i:03d}", "imap") for t in ("acme", "globex") for i in range(60)]
     await scheduling.upsert_configured_mailboxes(pool, rows)
     every = [(r.tenant_id, r.mailbox_id) for r in rows]
@@ -362,7 +397,8 @@ async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, m
         try:
             await go.wait()
             while got := await scheduling.claim_due(
-                    conn, name, mailboxes=every, cooldown_s=60, limit=7):
+                conn, name, mailboxes=every, cooldown_s=60, limit=7
+            ):
                 claims[name].extend(got)
         finally:
             await conn.close()
@@ -374,14 +410,17 @@ async def test_concurrent_scanners_never_claim_one_mailbox_twice(pool, db_dsn, m
             go.set()
     together = claims["s1"] + claims["s2"]
     assert len(together) == len(set(together))  # never the same mailbox twice
-    assert sorted(together) == sorted(every)     # and every due mailbox claimed once
+    assert sorted(together) == sorted(every)  # and every due mailbox claimed once
 
 
 # --- configuration and status ------------------------------------------------------------
 
+
 async def test_upsert_configured_mailboxes_keeps_sync_state(pool) -> None:
-    rows = [MailboxRow("acme", "support", "gmail", "support@acme.test", "push", 120),
-            MailboxRow("globex", "inbox", "imap", "in@globex.test", "poll", 60)]
+    rows = [
+        MailboxRow("acme", "support", "gmail", "support@acme.test", "push", 120),
+        MailboxRow("globex", "inbox", "imap", "in@globex.test", "poll", 60),
+    ]
     assert await scheduling.upsert_configured_mailboxes(pool, rows) == 2
     token = await leases.acquire_lease(pool, "acme", "support", "a", LONG_TTL_S)
     assert await leases.commit_cursor(pool, "acme", "support", token, "h-1")
@@ -391,7 +430,10 @@ async def test_upsert_configured_mailboxes_keeps_sync_state(pool) -> None:
     assert await scheduling.upsert_configured_mailboxes(pool, changed) == 1
     state = await row(pool, "acme", "support")
     assert (state["address"], state["sync_mode"], state["poll_interval_s"]) == (
-        "help@acme.test", "auto", 30.0)
+        "help@acme.test",
+        "auto",
+        30.0,
+    )
     assert (state["cursor"], state["lease_owner"], state["lease_token"]) == ("h-1", "a", token)
     assert state["throttle_backoff_s"] == 30
     assert await pool.fetchval("SELECT count(*) FROM tenants") == 2
@@ -414,14 +456,19 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
     await scheduling.record_failure(pool, "globex", "inbox", "auth failed", attention=True)
     every = await scheduling.mailbox_status(pool)
     assert [(s.tenant_id, s.mailbox_id) for s in every] == [
-        ("acme", "support"), ("globex", "inbox")]
+        ("acme", "support"),
+        ("globex", "inbox"),
+    ]
     support, inbox = every
     assert (support.provider, support.sync_mode, support.cursor) == ("gmail", "auto", "h-77")
     assert support.lag_s is not None and 0 <= support.lag_s < 60
     assert (support.leased, support.lease_owner, support.throttled) == (True, "host:1", False)
     assert (inbox.lag_s, inbox.last_success_at, inbox.cursor) == (None, None, None)
     assert (inbox.throttled, inbox.sync_state, inbox.last_error) == (
-        True, "needs_attention", "auth failed")
+        True,
+        "needs_attention",
+        "auth failed",
+    )
     only = await scheduling.mailbox_status(pool, "globex")
     assert [s.mailbox_id for s in only] == ["inbox"]
     assert await scheduling.mailbox_status(pool, "acme", mailbox_id="inbox") == []
@@ -429,6 +476,7 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
 
 
 # --- doorbell ----------------------------------------------------------------------------
+
 
 async def test_doorbell_ring_and_parse(pool, db_dsn) -> None:
     got: list[str] = []
@@ -447,8 +495,14 @@ async def test_doorbell_ring_and_parse(pool, db_dsn) -> None:
     finally:
         await listener.close()
     assert parse_doorbell(got[0]) == ("acme", "support")
-    for junk in ("", "not json", "[]", '{"tenant": "acme"}', '{"tenant": 1, "mailbox": "x"}',
-                 '{"tenant": "ACME!", "mailbox": "x"}'):
+    for junk in (
+        "",
+        "not json",
+        "[]",
+        '{"tenant": "acme"}',
+        '{"tenant": 1, "mailbox": "x"}',
+        '{"tenant": "ACME!", "mailbox": "x"}',
+    ):
         assert parse_doorbell(junk) is None
     with pytest.raises(ValueError):
         await ring(pool, "acme", "Bad Id")

@@ -43,8 +43,10 @@ def test_bogus_charset_degrades_without_losing_text(corpus) -> None:
 
 def test_line_ending_styles_give_the_same_message(corpus) -> None:
     for name in ("lhost-exchange2007-01", "lhost-postfix-01"):
-        views = [parse(corpus, f"sisimai-set-of-emails/{style}__{name}.eml")
-                 for style in ("bsd", "dos", "mac")]
+        views = [
+            parse(corpus, f"sisimai-set-of-emails/{style}__{name}.eml")
+            for style in ("bsd", "dos", "mac")
+        ]
         assert len({v.content_fingerprint for v in views}) == 1
         assert len({v.raw_sha256 for v in views}) == 3
         texts = {" ".join((v.text or "").split()) for v in views}
@@ -104,22 +106,32 @@ def test_message_id_normalisation() -> None:
     assert normalise_id_list("") == []
 
 
-@pytest.mark.parametrize(("subject", "norm"), [
-    ("Re: Invoice 42", "invoice 42"),
-    ("RE: AW: Fwd:  Invoice   42", "invoice 42"),
-    ("Re[2]: Invoice 42", "invoice 42"),
-    ("Re:", ""),
-    ("", ""),
-    ("Return policy", "return policy"),
-])
+@pytest.mark.parametrize(
+    ("subject", "norm"),
+    [
+        ("Re: Invoice 42", "invoice 42"),
+        ("RE: AW: Fwd:  Invoice   42", "invoice 42"),
+        ("Re[2]: Invoice 42", "invoice 42"),
+        ("Re:", ""),
+        ("", ""),
+        ("Return policy", "return policy"),
+    ],
+)
 def test_subject_normalisation(subject: str, norm: str) -> None:
     assert normalise_subject(subject) == norm
 
 
 def test_fingerprint_differs_for_different_content() -> None:
-    base = dict(sender="a@x.org", sender_name="A", subject_norm="hi",
-                sent_at=datetime(2026, 1, 1, tzinfo=UTC), text="Hello there", html_text=None,
-                recipients=["b@x.org"], attachment_keys=[])
+    base = dict(
+        sender="a@x.org",
+        sender_name="A",
+        subject_norm="hi",
+        sent_at=datetime(2026, 1, 1, tzinfo=UTC),
+        text="Hello there",
+        html_text=None,
+        recipients=["b@x.org"],
+        attachment_keys=[],
+    )
     same = content_fingerprint(**base)
     assert content_fingerprint(**{**base, "text": "Hello\r\n  there"}) == same
     assert content_fingerprint(**{**base, "text": "Hello world"}) != same

@@ -21,10 +21,17 @@ async def inbox(make_mailbox) -> tuple[str, str]:
 
 
 async def record(pool: asyncpg.Pool, **kw) -> int:
-    defaults = dict(tenant_id="acme", mailbox_id="inbox", message_id_header="<out-1@acme.test>",
-                    placeholder_message_id="pending_abc", thread_id="pending_t1",
-                    from_address="support@acme.test", subject="Your order", sent_at=T0,
-                    text="Thanks for your order.")
+    defaults = dict(
+        tenant_id="acme",
+        mailbox_id="inbox",
+        message_id_header="<out-1@acme.test>",
+        placeholder_message_id="pending_abc",
+        thread_id="pending_t1",
+        from_address="support@acme.test",
+        subject="Your order",
+        sent_at=T0,
+        text="Thanks for your order.",
+    )
     defaults.update(kw)
     async with pool.acquire() as conn:
         return await record_outbound(conn, **defaults)
@@ -32,8 +39,14 @@ async def record(pool: asyncpg.Pool, **kw) -> int:
 
 async def test_sync_back_promotes_placeholders_into_one_row(stage, pool, inbox) -> None:
     local_id = await record(pool)
-    synced = message(mid="<out-1@ACME.test>", external_id="gm-900", thread="gt-77",
-                     sender="support@acme.test", subject="Your order", text="")
+    synced = message(
+        mid="<out-1@ACME.test>",
+        external_id="gm-900",
+        thread="gt-77",
+        sender="support@acme.test",
+        subject="Your order",
+        text="",
+    )
     results = await stage.ingest(IngestBatch("acme", "inbox", [synced]))
     assert [(r.outcome, r.message_id) for r in results] == [(Outcome.MERGED, local_id)]
     async with pool.acquire() as conn:
@@ -48,8 +61,13 @@ async def test_sync_back_promotes_placeholders_into_one_row(stage, pool, inbox) 
     assert thread["message_count"] == 1
     assert kinds == ["message.synced"]
     # and a later re-sync of the same copy is a plain duplicate
-    again = await stage.ingest(IngestBatch("acme", "inbox", [
-        message(mid="<out-1@acme.test>", external_id="gm-900", thread="gt-77")]))
+    again = await stage.ingest(
+        IngestBatch(
+            "acme",
+            "inbox",
+            [message(mid="<out-1@acme.test>", external_id="gm-900", thread="gt-77")],
+        )
+    )
     assert again[0].outcome is Outcome.DUPLICATE
 
 
@@ -58,10 +76,19 @@ async def test_reply_into_existing_provider_thread_moves_out_of_placeholder(
 ) -> None:
     first = message(external_id="gm-1", thread="gt-5")
     await stage.ingest(IngestBatch("acme", "inbox", [first]))
-    await record(pool, thread_id="draft_t", message_id_header="<reply@acme.test>",
-                 placeholder_message_id="draft_r")
-    synced = message(mid="<reply@acme.test>", external_id="gm-2", thread="gt-5",
-                     sender="support@acme.test", sent_at=T0 + timedelta(minutes=1))
+    await record(
+        pool,
+        thread_id="draft_t",
+        message_id_header="<reply@acme.test>",
+        placeholder_message_id="draft_r",
+    )
+    synced = message(
+        mid="<reply@acme.test>",
+        external_id="gm-2",
+        thread="gt-5",
+        sender="support@acme.test",
+        sent_at=T0 + timedelta(minutes=1),
+    )
     assert (await stage.ingest(IngestBatch("acme", "inbox", [synced])))[0].outcome is Outcome.MERGED
     async with pool.acquire() as conn:
         threads = await conn.fetch("SELECT external_thread_id, message_count FROM threads")
@@ -71,9 +98,15 @@ async def test_reply_into_existing_provider_thread_moves_out_of_placeholder(
 async def test_rewritten_message_id_falls_back_to_sender_subject_window(stage, pool, inbox) -> None:
     await record(pool, message_id_header="<ours@acme.test>")
     # SES/Outlook replaced our Message-ID on the way out
-    synced = message(mid="<0100018c@email.amazonses.com>", external_id="ses-1", thread="gt-1",
-                     sender="support@acme.test", subject="Re: Your order",
-                     sent_at=T0 + timedelta(minutes=2), text="Thanks for your\r\norder.")
+    synced = message(
+        mid="<0100018c@email.amazonses.com>",
+        external_id="ses-1",
+        thread="gt-1",
+        sender="support@acme.test",
+        subject="Re: Your order",
+        sent_at=T0 + timedelta(minutes=2),
+        text="Thanks for your\r\norder.",
+    )
     assert (await stage.ingest(IngestBatch("acme", "inbox", [synced])))[0].outcome is Outcome.MERGED
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM messages") == 1
@@ -82,16 +115,24 @@ async def test_rewritten_message_id_falls_back_to_sender_subject_window(stage, p
 async def test_fallback_never_folds_another_message_with_the_same_subject(
     stage, pool, inbox
 ) -> None:
-    await record(pool, message_id_header="<quote@acme.test>", subject="Your quote",
-                 text="Total: 100 EUR")
+    await record(
+        pool, message_id_header="<quote@acme.test>", subject="Your quote", text="Total: 100 EUR"
+    )
     # the agent sends a different quote from the mail client a minute later
-    other = message(mid="<y@mail.gmail.com>", external_id="gm-7", thread="gt-3",
-                    sender="support@acme.test", subject="Your quote",
-                    sent_at=T0 + timedelta(minutes=1), text="Total: 900 EUR")
+    other = message(
+        mid="<y@mail.gmail.com>",
+        external_id="gm-7",
+        thread="gt-3",
+        sender="support@acme.test",
+        subject="Your quote",
+        sent_at=T0 + timedelta(minutes=1),
+        text="Total: 900 EUR",
+    )
     assert (await stage.ingest(IngestBatch("acme", "inbox", [other])))[0].outcome is Outcome.NEW
     async with pool.acquire() as conn:
         placeholder = await conn.fetchrow(
-            "SELECT external_id, text_body FROM messages WHERE message_id_norm = 'quote@acme.test'")
+            "SELECT external_id, text_body FROM messages WHERE message_id_norm = 'quote@acme.test'"
+        )
     assert tuple(placeholder) == ("pending_abc", "Total: 100 EUR")
 
 
@@ -100,8 +141,14 @@ async def test_colleagues_copy_of_our_message_merges_without_taking_it_over(
 ) -> None:
     await make_mailbox("acme", "teammate")
     await record(pool)
-    cc_copy = message(mid="<out-1@acme.test>", external_id="tm-1", thread="tm-thread",
-                      mailbox="teammate", sender="support@acme.test", subject="Your order")
+    cc_copy = message(
+        mid="<out-1@acme.test>",
+        external_id="tm-1",
+        thread="tm-thread",
+        mailbox="teammate",
+        sender="support@acme.test",
+        subject="Your order",
+    )
     results = await stage.ingest(IngestBatch("acme", "teammate", [cc_copy]))
     assert results[0].outcome is Outcome.MERGED
     async with pool.acquire() as conn:
@@ -113,12 +160,24 @@ async def test_fallback_never_matches_another_sender_or_outside_the_window(
     stage, pool, inbox
 ) -> None:
     await record(pool, message_id_header="<ours@acme.test>")
-    other_sender = message(mid="<x1@gmail.com>", external_id="g1", sender="eve@example.com",
-                           subject="Your order", sent_at=T0 + timedelta(minutes=1))
-    too_late = message(mid="<x2@acme.test>", external_id="g2", sender="support@acme.test",
-                       subject="Your order", sent_at=T0 + timedelta(minutes=6))
-    outcomes = [r.outcome for r in await stage.ingest(
-        IngestBatch("acme", "inbox", [other_sender, too_late]))]
+    other_sender = message(
+        mid="<x1@gmail.com>",
+        external_id="g1",
+        sender="eve@example.com",
+        subject="Your order",
+        sent_at=T0 + timedelta(minutes=1),
+    )
+    too_late = message(
+        mid="<x2@acme.test>",
+        external_id="g2",
+        sender="support@acme.test",
+        subject="Your order",
+        sent_at=T0 + timedelta(minutes=6),
+    )
+    outcomes = [
+        r.outcome
+        for r in await stage.ingest(IngestBatch("acme", "inbox", [other_sender, too_late]))
+    ]
     assert outcomes == [Outcome.NEW, Outcome.NEW]
 
 
@@ -151,8 +210,7 @@ async def test_poison_item_is_isolated_and_neighbours_commit(stage, pool, inbox)
                 FOR EACH ROW EXECUTE FUNCTION reject_poison();""")
     items = [message(), message(to=("poison@x.org",)), message()]
     results = await stage.ingest(IngestBatch("acme", "inbox", items))
-    assert [r.outcome for r in results] == [
-        Outcome.NEW, Outcome.PERMANENT_FAILURE, Outcome.NEW]
+    assert [r.outcome for r in results] == [Outcome.NEW, Outcome.PERMANENT_FAILURE, Outcome.NEW]
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM messages") == 2
         created = "SELECT count(*) FROM events WHERE kind = 'message.created'"

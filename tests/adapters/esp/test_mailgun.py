@@ -51,12 +51,21 @@ def source(key: str = MG_SIGNING_KEY, **extra: Any) -> MailgunSource:
 
 def event_data(event: str = "delivered", **fields: Any) -> dict[str, Any]:
     return {
-        "id": "CPgfbmQMTCKtHW6uIWtuVe", "timestamp": EVENT_TS, "log-level": "info",
-        "event": event, "recipient": "alice@example.com",
-        "message": {"headers": {"to": "Alice <alice@example.com>", "message-id": MESSAGE_ID,
-                                "from": "Bob <bob@sandbox.mailgun.org>",
-                                "subject": "Test"}},
-        "tags": ["my_tag_1"], "user-variables": {"my_var_1": "Mailgun Variable #1"},
+        "id": "CPgfbmQMTCKtHW6uIWtuVe",
+        "timestamp": EVENT_TS,
+        "log-level": "info",
+        "event": event,
+        "recipient": "alice@example.com",
+        "message": {
+            "headers": {
+                "to": "Alice <alice@example.com>",
+                "message-id": MESSAGE_ID,
+                "from": "Bob <bob@sandbox.mailgun.org>",
+                "subject": "Test",
+            }
+        },
+        "tags": ["my_tag_1"],
+        "user-variables": {"my_var_1": "Mailgun Variable #1"},
         **fields,
     }
 
@@ -69,8 +78,12 @@ def body(data: Any = None, *, envelope: Any = "published", **changes: Any) -> by
     """A webhook body: the published signature object with `changes` applied to
     its fields (None removes one), or `envelope` as the whole signature value."""
     if envelope == "published":
-        envelope = {"timestamp": str(MG_TIMESTAMP), "token": MG_TOKEN,
-                    "signature": MG_SIGNATURE, **changes}
+        envelope = {
+            "timestamp": str(MG_TIMESTAMP),
+            "token": MG_TOKEN,
+            "signature": MG_SIGNATURE,
+            **changes,
+        }
         envelope = {k: v for k, v in envelope.items() if v is not None}
     document: dict[str, Any] = {"signature": envelope}
     document["event-data"] = event_data() if data is None else data
@@ -78,13 +91,17 @@ def body(data: Any = None, *, envelope: Any = "published", **changes: Any) -> by
 
 
 def request(raw: bytes, received_at: float = MG_TIMESTAMP + 1) -> WebhookRequest:
-    return WebhookRequest(body=raw, headers={"content-type": "application/json"},
-                          received_at=received_at)
+    return WebhookRequest(
+        body=raw, headers={"content-type": "application/json"}, received_at=received_at
+    )
 
 
 def signed(data: Any, token: str = "t" * 50, timestamp: int = MG_TIMESTAMP) -> WebhookRequest:
-    signature = {"timestamp": str(timestamp), "token": token,
-                 "signature": sign(str(timestamp), token)}
+    signature = {
+        "timestamp": str(timestamp),
+        "token": token,
+        "signature": sign(str(timestamp), token),
+    }
     return request(body(data, envelope=signature), received_at=timestamp)
 
 
@@ -94,6 +111,7 @@ async def one(data: dict[str, Any]) -> Any:
 
 
 # --- the published vector -----------------------------------------------------------
+
 
 async def test_published_vector_verifies_and_returns_token() -> None:
     accepted = await source().accept(request(body()))
@@ -133,13 +151,16 @@ async def test_tampered_token_fails() -> None:
         await source().accept(request(body(token=MG_TOKEN[:-1] + "7")))
 
 
-@pytest.mark.parametrize("signature", [
-    MG_SIGNATURE[:-2],                 # truncated
-    MG_SIGNATURE + "00",
-    MG_SIGNATURE.replace("9c", "9d", 1),
-    "zz" * 32,                         # not hex
-    "é" * 64,
-])
+@pytest.mark.parametrize(
+    "signature",
+    [
+        MG_SIGNATURE[:-2],  # truncated
+        MG_SIGNATURE + "00",
+        MG_SIGNATURE.replace("9c", "9d", 1),
+        "zz" * 32,  # not hex
+        "é" * 64,
+    ],
+)
 async def test_bad_signature_value_fails(signature: str) -> None:
     with pytest.raises(VerificationFailed):
         await source().accept(request(body(signature=signature)))
@@ -162,13 +183,16 @@ async def test_parent_signature_verifies_with_primary_key() -> None:
     assert (await source().accept(request(raw))).replay_token == MG_TOKEN
 
 
-@pytest.mark.parametrize(("offset_s", "passes"), [
-    (0, True),
-    (base.DEFAULT_TOLERANCE_S, True),
-    (base.DEFAULT_TOLERANCE_S + 1, False),
-    (-base.DEFAULT_TOLERANCE_S, True),
-    (-base.DEFAULT_TOLERANCE_S - 1, False),
-])
+@pytest.mark.parametrize(
+    ("offset_s", "passes"),
+    [
+        (0, True),
+        (base.DEFAULT_TOLERANCE_S, True),
+        (base.DEFAULT_TOLERANCE_S + 1, False),
+        (-base.DEFAULT_TOLERANCE_S, True),
+        (-base.DEFAULT_TOLERANCE_S - 1, False),
+    ],
+)
 async def test_timestamp_tolerance(offset_s: float, passes: bool) -> None:
     req = request(body(), received_at=MG_TIMESTAMP + offset_s)
     if passes:
@@ -187,16 +211,36 @@ async def test_configured_tolerance_is_used() -> None:
 
 # --- no usable signature: VerificationFailed, whatever the key ----------------------
 
-@pytest.mark.parametrize("raw", [
-    b"", b"{", b"not json", b"\xff", b"[]", b'"x"', b"null",
-    orjson.dumps({"event-data": event_data()}),
-    body(envelope=None), body(envelope=[MG_SIGNATURE]), body(envelope=MG_SIGNATURE),
-    body(timestamp=None), body(timestamp="1403645220.0"), body(timestamp="-1"),
-    body(timestamp="١٤٠٣٦٤٥٢٢٠"), body(timestamp=True), body(timestamp=1403645220.0),
-    body(token=None), body(token=""), body(token=7),
-    body(signature=None), body(signature=""), body(signature=1),
-    body(signature=None, **{"parent-signature": 5}),
-])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{",
+        b"not json",
+        b"\xff",
+        b"[]",
+        b'"x"',
+        b"null",
+        orjson.dumps({"event-data": event_data()}),
+        body(envelope=None),
+        body(envelope=[MG_SIGNATURE]),
+        body(envelope=MG_SIGNATURE),
+        body(timestamp=None),
+        body(timestamp="1403645220.0"),
+        body(timestamp="-1"),
+        body(timestamp="١٤٠٣٦٤٥٢٢٠"),
+        body(timestamp=True),
+        body(timestamp=1403645220.0),
+        body(token=None),
+        body(token=""),
+        body(token=7),
+        body(signature=None),
+        body(signature=""),
+        body(signature=1),
+        body(signature=None, **{"parent-signature": 5}),
+    ],
+)
 async def test_unusable_signature_is_verification_failure(raw: bytes) -> None:
     with pytest.raises(VerificationFailed):
         await source().accept(request(raw))
@@ -210,20 +254,27 @@ async def test_answer_does_not_depend_on_the_key_for_unsigned_garbage() -> None:
 
 # --- verified but malformed ---------------------------------------------------------
 
-@pytest.mark.parametrize("data", [
-    None, [], "delivered",
-    {"id": "x"},                                         # no event
-    {"event": 5},
-    {"event": "delivered", "timestamp": "now"},
-    {"event": "delivered", "timestamp": False},
-    {"event": "delivered", "timestamp": 1e300},
-    {"event": "delivered", "recipient": ["a@example.com"]},
-    {"event": "failed", "severity": 2},
-    {"event": "delivered", "message": {"headers": {"message-id": 42}}},
-])
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        [],
+        "delivered",
+        {"id": "x"},  # no event
+        {"event": 5},
+        {"event": "delivered", "timestamp": "now"},
+        {"event": "delivered", "timestamp": False},
+        {"event": "delivered", "timestamp": 1e300},
+        {"event": "delivered", "recipient": ["a@example.com"]},
+        {"event": "failed", "severity": 2},
+        {"event": "delivered", "message": {"headers": {"message-id": 42}}},
+    ],
+)
 async def test_malformed_event_data_after_valid_signature(data: Any) -> None:
-    document = {"signature": {"timestamp": str(MG_TIMESTAMP), "token": MG_TOKEN,
-                              "signature": MG_SIGNATURE}}
+    document = {
+        "signature": {"timestamp": str(MG_TIMESTAMP), "token": MG_TOKEN, "signature": MG_SIGNATURE}
+    }
     if data is not None:
         document["event-data"] = data
     with pytest.raises(MalformedPayload):
@@ -232,42 +283,87 @@ async def test_malformed_event_data_after_valid_signature(data: Any) -> None:
 
 # --- normalisation ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("raw_type", "fields", "expected"), [
-    ("accepted", {}, (EventType.ACCEPTED, None, None)),
-    ("delivered", {"delivery-status": {"code": 250}}, (EventType.DELIVERED, None, None)),
-    ("rejected", {"reject": {"reason": "virus"}}, (EventType.REJECTED, None, None)),
-    ("opened", {"ip": "192.0.2.1"}, (EventType.OPENED, None, None)),
-    ("clicked", {"url": "https://example.com"}, (EventType.CLICKED, None, None)),
-    ("complained", {}, (EventType.COMPLAINED, None, None)),
-    ("failed", {"severity": "temporary", "reason": "generic",
-                "delivery-status": {"code": 452}}, (EventType.DEFERRED, None, None)),
-    ("failed", {"severity": "temporary", "reason": "espblock"},
-     (EventType.DEFERRED, None, None)),
-    ("failed", {"severity": "permanent", "reason": "bounce",
-                "delivery-status": {"code": 550, "message": "5.1.1 alice@example.com?"}},
-     (EventType.BOUNCED, BounceType.PERMANENT, "550")),
-    ("failed", {"severity": "permanent", "reason": "generic"},
-     (EventType.BOUNCED, BounceType.PERMANENT, "generic")),
-    ("failed", {"severity": "permanent", "reason": "delayed-bounce",
-                "delivery-status": {"code": "5.1.1"}},
-     (EventType.BOUNCED, BounceType.PERMANENT, "5.1.1")),
-    ("failed", {"severity": "permanent"}, (EventType.BOUNCED, BounceType.PERMANENT, None)),
-    ("failed", {"severity": "permanent", "reason": "old", "delivery-status": {"code": 421}},
-     (EventType.BOUNCED, BounceType.TRANSIENT, "421")),
-    ("failed", {"severity": "permanent", "reason": "espblock"},
-     (EventType.BOUNCED, BounceType.TRANSIENT, "espblock")),
-    ("failed", {"severity": "permanent", "reason": "suppress-bounce",
-                "delivery-status": {"code": 605}}, (EventType.SUPPRESSED, None, None)),
-    ("failed", {"severity": "permanent", "reason": "suppress-unsubscribe"},
-     (EventType.SUPPRESSED, None, None)),
-    ("failed", {"severity": "permanent", "reason": "suppress-complaint"},
-     (EventType.SUPPRESSED, None, None)),
-    ("failed", {}, (EventType.BOUNCED, BounceType.UNDETERMINED, None)),
-    ("stored", {"storage": {"key": "k"}}, (EventType.UNKNOWN, None, None)),
-    ("list_member_uploaded", {}, (EventType.UNKNOWN, None, None)),
-])
-async def test_each_event_kind(raw_type: str, fields: dict[str, Any],
-                               expected: tuple[Any, ...]) -> None:
+
+@pytest.mark.parametrize(
+    ("raw_type", "fields", "expected"),
+    [
+        ("accepted", {}, (EventType.ACCEPTED, None, None)),
+        ("delivered", {"delivery-status": {"code": 250}}, (EventType.DELIVERED, None, None)),
+        ("rejected", {"reject": {"reason": "virus"}}, (EventType.REJECTED, None, None)),
+        ("opened", {"ip": "192.0.2.1"}, (EventType.OPENED, None, None)),
+        ("clicked", {"url": "https://example.com"}, (EventType.CLICKED, None, None)),
+        ("complained", {}, (EventType.COMPLAINED, None, None)),
+        (
+            "failed",
+            {"severity": "temporary", "reason": "generic", "delivery-status": {"code": 452}},
+            (EventType.DEFERRED, None, None),
+        ),
+        (
+            "failed",
+            {"severity": "temporary", "reason": "espblock"},
+            (EventType.DEFERRED, None, None),
+        ),
+        (
+            "failed",
+            {
+                "severity": "permanent",
+                "reason": "bounce",
+                "delivery-status": {"code": 550, "message": "5.1.1 alice@example.com?"},
+            },
+            (EventType.BOUNCED, BounceType.PERMANENT, "550"),
+        ),
+        (
+            "failed",
+            {"severity": "permanent", "reason": "generic"},
+            (EventType.BOUNCED, BounceType.PERMANENT, "generic"),
+        ),
+        (
+            "failed",
+            {
+                "severity": "permanent",
+                "reason": "delayed-bounce",
+                "delivery-status": {"code": "5.1.1"},
+            },
+            (EventType.BOUNCED, BounceType.PERMANENT, "5.1.1"),
+        ),
+        ("failed", {"severity": "permanent"}, (EventType.BOUNCED, BounceType.PERMANENT, None)),
+        (
+            "failed",
+            {"severity": "permanent", "reason": "old", "delivery-status": {"code": 421}},
+            (EventType.BOUNCED, BounceType.TRANSIENT, "421"),
+        ),
+        (
+            "failed",
+            {"severity": "permanent", "reason": "espblock"},
+            (EventType.BOUNCED, BounceType.TRANSIENT, "espblock"),
+        ),
+        (
+            "failed",
+            {
+                "severity": "permanent",
+                "reason": "suppress-bounce",
+                "delivery-status": {"code": 605},
+            },
+            (EventType.SUPPRESSED, None, None),
+        ),
+        (
+            "failed",
+            {"severity": "permanent", "reason": "suppress-unsubscribe"},
+            (EventType.SUPPRESSED, None, None),
+        ),
+        (
+            "failed",
+            {"severity": "permanent", "reason": "suppress-complaint"},
+            (EventType.SUPPRESSED, None, None),
+        ),
+        ("failed", {}, (EventType.BOUNCED, BounceType.UNDETERMINED, None)),
+        ("stored", {"storage": {"key": "k"}}, (EventType.UNKNOWN, None, None)),
+        ("list_member_uploaded", {}, (EventType.UNKNOWN, None, None)),
+    ],
+)
+async def test_each_event_kind(
+    raw_type: str, fields: dict[str, Any], expected: tuple[Any, ...]
+) -> None:
     event = await one(event_data(raw_type, **fields))
     assert event.provider_type == raw_type
     assert (event.event_type, event.bounce_type, event.bounce_subtype) == expected
@@ -275,9 +371,12 @@ async def test_each_event_kind(raw_type: str, fields: dict[str, Any],
 
 
 async def test_unsubscribe_from_a_mailing_list_is_scoped() -> None:
-    event = await one(event_data(
-        "unsubscribed", **{"mailing-list": {"address": "news@lists.example.com",
-                                            "list-id": "l1"}}))
+    event = await one(
+        event_data(
+            "unsubscribed",
+            **{"mailing-list": {"address": "news@lists.example.com", "list-id": "l1"}},
+        )
+    )
     assert event.event_type is EventType.UNSUBSCRIBED
     assert event.list_id == "news@lists.example.com"
 
@@ -306,9 +405,8 @@ async def test_same_id_on_another_day_is_another_event() -> None:
 async def test_redelivery_keeps_the_event_id() -> None:
     # A redelivery has a new token and signature but the same event-data; the
     # number, not its spelling, makes the id (1403645210 == 1403645210.0).
-    first = (await source().accept(signed(event_data(timestamp=1403645210), token="a" * 50)))
-    again = (await source().accept(signed(event_data(timestamp=1403645210.0),
-                                          token="b" * 50)))
+    first = await source().accept(signed(event_data(timestamp=1403645210), token="a" * 50))
+    again = await source().accept(signed(event_data(timestamp=1403645210.0), token="b" * 50))
     [first_event], [again_event] = first.events, again.events
     assert first_event.provider_event_id == again_event.provider_event_id
     assert first_event.provider_event_id == "CPgfbmQMTCKtHW6uIWtuVe:1403645210.0"
@@ -335,24 +433,45 @@ async def test_payload_leaves_the_signature_out() -> None:
 def test_default_payload_fields_are_not_personal() -> None:
     fields = MailgunSource.default_payload_fields
     assert {"event-data.event", "event-data.id", "event-data.timestamp"} <= set(fields)
-    personal = ("recipient", "envelope", "message", "mailing-list", "user-variables",
-                "delivery-status.message", "delivery-status.description", "ip", "url")
-    assert not [f for f in fields for p in personal if f == f"event-data.{p}"
-                or f.startswith(f"event-data.{p}.")]
+    personal = (
+        "recipient",
+        "envelope",
+        "message",
+        "mailing-list",
+        "user-variables",
+        "delivery-status.message",
+        "delivery-status.description",
+        "ip",
+        "url",
+    )
+    assert not [
+        f
+        for f in fields
+        for p in personal
+        if f == f"event-data.{p}" or f.startswith(f"event-data.{p}.")
+    ]
     assert MailgunSource.provider == "mailgun"
     assert MailgunSource.content_types == frozenset({"application/json"})
 
 
 # --- configuration ------------------------------------------------------------------
 
+
 def test_from_config_reveals_the_key_and_hides_it() -> None:
     def reveal(value: Any) -> str:
         return MG_SIGNING_KEY if value == "env:MAILGUN_SIGNING_KEY" else "wrong"
 
-    table = {"id": "mg-main", "provider": "mailgun", "max_body_bytes": 65536,
-             "rate_limit_per_s": 5, "rate_limit_burst": 10, "payload_fields": [],
-             "recipients": "hash", "signing_key": "env:MAILGUN_SIGNING_KEY",
-             "tolerance_s": 120}
+    table = {
+        "id": "mg-main",
+        "provider": "mailgun",
+        "max_body_bytes": 65536,
+        "rate_limit_per_s": 5,
+        "rate_limit_burst": 10,
+        "payload_fields": [],
+        "recipients": "hash",
+        "signing_key": "env:MAILGUN_SIGNING_KEY",
+        "tolerance_s": 120,
+    }
     src = from_config("mg-main", table, reveal)
     assert src.source_id == "mg-main" and src.tolerance_s == 120.0
     assert MG_SIGNING_KEY not in repr(src)

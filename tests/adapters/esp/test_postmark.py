@@ -53,7 +53,7 @@ BOUNCE = {
     "Metadata": {"a_key": "a_value", "b_key": "b_value"},
     "ServerID": 23,
     "Description": "The server was unable to deliver your message (ex: unknown user, "
-                   "mailbox not found).",
+    "mailbox not found).",
     "Details": "Test bounce details",
     "Email": "john@example.com",
     "From": "sender@example.com",
@@ -91,12 +91,19 @@ SPAM_COMPLAINT = {
 _CLIENT = {"Name": "Chrome 35.0.1916.153", "Company": "Google", "Family": "Chrome"}
 _OS = {"Name": "OS X 10.7 Lion", "Company": "Apple Computer, Inc.", "Family": "OS X 10"}
 _GEO = {
-    "CountryISOCode": "RS", "Country": "Serbia", "RegionISOCode": "VO",
-    "Region": "Autonomna Pokrajina Vojvodina", "City": "Novi Sad", "Zip": "21000",
-    "Coords": "45.2517,19.8369", "IP": "188.2.95.4",
+    "CountryISOCode": "RS",
+    "Country": "Serbia",
+    "RegionISOCode": "VO",
+    "Region": "Autonomna Pokrajina Vojvodina",
+    "City": "Novi Sad",
+    "Zip": "21000",
+    "Coords": "45.2517,19.8369",
+    "IP": "188.2.95.4",
 }
-_UA = ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_7_5) AppleWebKit/537.36 (KHTML, like Gecko) "
-       "Chrome/35.0.1916.153 Safari/537.36")
+_UA = (
+    "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_7_5) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/35.0.1916.153 Safari/537.36"
+)
 
 OPEN = {
     "RecordType": "Open",
@@ -197,23 +204,26 @@ async def test_password_may_contain_colons() -> None:
     assert len(accepted.events) == 1
 
 
-@pytest.mark.parametrize(("authorization", "reason"), [
-    (basic(username="someone-else"), "wrong"),
-    (basic(password="correct horse battery stapler"), "wrong"),
-    (basic(password=""), "wrong"),
-    (basic(username="", password=""), "wrong"),
-    (basic(username="someone-else", password="nope"), "wrong"),
-    (basic(username=USERNAME.upper()), "wrong"),
-    ("", "missing"),
-    ("Bearer " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode(), "not Basic"),
-    ("Digest username=\"postmark-hooks\"", "not Basic"),
-    (base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode(), "not Basic"),
-    ("Basic !!!not-base64!!!", "not base64"),
-    ("Basic cG9zdG1hcms", "not base64"),  # truncated, bad padding
-    ("Basic", "empty"),
-    ("Basic   ", "empty"),
-    ("Basic " + base64.b64encode(USERNAME.encode()).decode(), "no ':'"),
-])
+@pytest.mark.parametrize(
+    ("authorization", "reason"),
+    [
+        (basic(username="someone-else"), "wrong"),
+        (basic(password="correct horse battery stapler"), "wrong"),
+        (basic(password=""), "wrong"),
+        (basic(username="", password=""), "wrong"),
+        (basic(username="someone-else", password="nope"), "wrong"),
+        (basic(username=USERNAME.upper()), "wrong"),
+        ("", "missing"),
+        ("Bearer " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode(), "not Basic"),
+        ('Digest username="postmark-hooks"', "not Basic"),
+        (base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode(), "not Basic"),
+        ("Basic !!!not-base64!!!", "not base64"),
+        ("Basic cG9zdG1hcms", "not base64"),  # truncated, bad padding
+        ("Basic", "empty"),
+        ("Basic   ", "empty"),
+        ("Basic " + base64.b64encode(USERNAME.encode()).decode(), "no ':'"),
+    ],
+)
 async def test_bad_credentials_fail(authorization: str, reason: str) -> None:
     with pytest.raises(VerificationFailed, match=reason) as failed:
         await source().accept(request(DELIVERY, authorization))
@@ -234,10 +244,20 @@ async def test_credentials_are_checked_before_the_body() -> None:
 # -- body ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [b"not json", b"", b"[1, 2]", b'"Delivery"', b"null",
-                                  b'{"MessageID": "x"}', b'{"RecordType": 5}',
-                                  b'{"RecordType": "Delivery", "DeliveredAt": "yesterday"}',
-                                  b'{"RecordType": "Delivery", "DeliveredAt": 1573000000}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"",
+        b"[1, 2]",
+        b'"Delivery"',
+        b"null",
+        b'{"MessageID": "x"}',
+        b'{"RecordType": 5}',
+        b'{"RecordType": "Delivery", "DeliveredAt": "yesterday"}',
+        b'{"RecordType": "Delivery", "DeliveredAt": 1573000000}',
+    ],
+)
 async def test_malformed_body_fails(body: bytes) -> None:
     with pytest.raises(MalformedPayload):
         await source().accept(request(body))
@@ -282,26 +302,30 @@ async def test_bounce_time_keeps_its_offset() -> None:
     # anymail's recorded bounce: BouncedAt with a -04:00 offset.
     event = await normalise_one(BOUNCE | {"BouncedAt": "2016-04-27T16:28:50.3963933-04:00"})
     assert event.occurred_at == datetime(
-        2016, 4, 27, 16, 28, 50, 396393, tzinfo=timezone(timedelta(hours=-4)))
+        2016, 4, 27, 16, 28, 50, 396393, tzinfo=timezone(timedelta(hours=-4))
+    )
 
 
-@pytest.mark.parametrize(("kind", "expected"), [
-    ("HardBounce", BounceType.PERMANENT),
-    ("BadEmailAddress", BounceType.PERMANENT),
-    ("ManuallyDeactivated", BounceType.PERMANENT),
-    ("Transient", BounceType.TRANSIENT),
-    ("SoftBounce", BounceType.TRANSIENT),
-    ("DnsError", BounceType.TRANSIENT),
-    ("Blocked", BounceType.TRANSIENT),
-    ("DMARCPolicy", BounceType.TRANSIENT),
-    ("SpamNotification", BounceType.UNDETERMINED),
-    ("VirusNotification", BounceType.UNDETERMINED),
-    ("Unknown", BounceType.UNDETERMINED),
-    ("Unconfirmed", BounceType.UNDETERMINED),
-    ("SMTPApiError", BounceType.UNDETERMINED),
-    ("TemplateRenderingFailed", BounceType.UNDETERMINED),
-    ("SomethingNew", BounceType.UNDETERMINED),
-])
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("HardBounce", BounceType.PERMANENT),
+        ("BadEmailAddress", BounceType.PERMANENT),
+        ("ManuallyDeactivated", BounceType.PERMANENT),
+        ("Transient", BounceType.TRANSIENT),
+        ("SoftBounce", BounceType.TRANSIENT),
+        ("DnsError", BounceType.TRANSIENT),
+        ("Blocked", BounceType.TRANSIENT),
+        ("DMARCPolicy", BounceType.TRANSIENT),
+        ("SpamNotification", BounceType.UNDETERMINED),
+        ("VirusNotification", BounceType.UNDETERMINED),
+        ("Unknown", BounceType.UNDETERMINED),
+        ("Unconfirmed", BounceType.UNDETERMINED),
+        ("SMTPApiError", BounceType.UNDETERMINED),
+        ("TemplateRenderingFailed", BounceType.UNDETERMINED),
+        ("SomethingNew", BounceType.UNDETERMINED),
+    ],
+)
 async def test_bounce_types(kind: str, expected: BounceType) -> None:
     event = await normalise_one(BOUNCE | {"Type": kind})
     assert event.event_type is EventType.BOUNCED
@@ -316,8 +340,17 @@ async def test_bounce_without_type_is_undetermined() -> None:
     assert event.bounce_subtype is None
 
 
-@pytest.mark.parametrize("kind", ["AutoResponder", "AddressChange", "ChallengeVerification",
-                                  "Subscribe", "Unsubscribe", "OpenRelayTest"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "AutoResponder",
+        "AddressChange",
+        "ChallengeVerification",
+        "Subscribe",
+        "Unsubscribe",
+        "OpenRelayTest",
+    ],
+)
 async def test_replies_reported_as_bounces_are_not_bounces(kind: str) -> None:
     event = await normalise_one(BOUNCE | {"Type": kind})
     assert event.event_type is EventType.UNKNOWN
@@ -394,9 +427,10 @@ async def test_subscription_change_resubscribe() -> None:
     assert event.recipient == "john@example.com"
 
 
-@pytest.mark.parametrize("change", [{"SuppressionReason": "SomethingNew"},
-                                    {"SuppressSending": "true"},
-                                    {"SuppressSending": None}])
+@pytest.mark.parametrize(
+    "change",
+    [{"SuppressionReason": "SomethingNew"}, {"SuppressSending": "true"}, {"SuppressSending": None}],
+)
 async def test_subscription_change_not_understood(change: dict[str, Any]) -> None:
     event = await normalise_one(UNSUBSCRIBE | change)
     assert event.event_type is EventType.UNKNOWN
@@ -405,8 +439,12 @@ async def test_subscription_change_not_understood(change: dict[str, Any]) -> Non
 
 
 async def test_unknown_record_type() -> None:
-    sample = {"RecordType": "SMTPApiError", "MessageID": "m", "Recipient": "a@example.org",
-              "FailedAt": "2024-01-01T00:00:00Z"}
+    sample = {
+        "RecordType": "SMTPApiError",
+        "MessageID": "m",
+        "Recipient": "a@example.org",
+        "FailedAt": "2024-01-01T00:00:00Z",
+    }
     event = await normalise_one(sample)
     assert event.event_type is EventType.UNKNOWN
     assert event.provider_type == "SMTPApiError"
@@ -417,14 +455,17 @@ async def test_unknown_record_type() -> None:
 # -- config ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("table", "key"), [
-    ({"username": USERNAME}, "password"),
-    ({"password": PASSWORD}, "username"),
-    ({"username": USERNAME, "password": ""}, "password"),
-    ({"username": "", "password": PASSWORD}, "username"),
-    ({"username": "a:b", "password": PASSWORD}, "username"),
-    ({"username": USERNAME, "password": PASSWORD, "secret": PASSWORD}, "secret"),
-])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({"username": USERNAME}, "password"),
+        ({"password": PASSWORD}, "username"),
+        ({"username": USERNAME, "password": ""}, "password"),
+        ({"username": "", "password": PASSWORD}, "username"),
+        ({"username": "a:b", "password": PASSWORD}, "username"),
+        ({"username": USERNAME, "password": PASSWORD, "secret": PASSWORD}, "secret"),
+    ],
+)
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(SourceConfigError) as refused:
         PostmarkSource.from_config("postmark", table, reveal=str)
@@ -439,9 +480,17 @@ def test_config_reveals_both_and_ignores_common_keys() -> None:
         revealed.append(value)
         return {"ref:user": USERNAME, "ref:pass": PASSWORD}[value]
 
-    table = {"id": "postmark", "provider": "postmark", "max_body_bytes": 65536,
-             "rate_limit_per_s": 5, "rate_limit_burst": 10, "payload_fields": ["RecordType"],
-             "recipients": "hash", "username": "ref:user", "password": "ref:pass"}
+    table = {
+        "id": "postmark",
+        "provider": "postmark",
+        "max_body_bytes": 65536,
+        "rate_limit_per_s": 5,
+        "rate_limit_burst": 10,
+        "payload_fields": ["RecordType"],
+        "recipients": "hash",
+        "username": "ref:user",
+        "password": "ref:pass",
+    }
     built = PostmarkSource.from_config("postmark", table, reveal=reveal)
     assert revealed == ["ref:user", "ref:pass"]
     assert built.provider == "postmark"
@@ -453,7 +502,16 @@ def test_default_payload_fields_keep_no_personal_data() -> None:
     for sample in (DELIVERY, BOUNCE, SPAM_COMPLAINT, OPEN, CLICK, UNSUBSCRIBE):
         kept = minimise_payload(sample, PostmarkSource.default_payload_fields)
         dumped = orjson.dumps(kept).decode()
-        for personal in ("@", "Test subject", "dump", "188.2.95.4", "8.8.8.8", "Mozilla",
-                         "https://", "a_value", "details"):
+        for personal in (
+            "@",
+            "Test subject",
+            "dump",
+            "188.2.95.4",
+            "8.8.8.8",
+            "Mozilla",
+            "https://",
+            "a_value",
+            "details",
+        ):
             assert personal not in dumped, (sample["RecordType"], personal)
         assert kept["RecordType"] == sample["RecordType"]

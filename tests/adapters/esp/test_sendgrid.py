@@ -88,8 +88,9 @@ def source(public_key: str = PY_PUBLIC_KEY, **extra: Any) -> SendGridSource:
     return from_config("sg-main", {"public_key": public_key, **extra}, plain)
 
 
-def request(body: bytes, signature: str | None, timestamp: str | None,
-            received_at: float) -> WebhookRequest:
+def request(
+    body: bytes, signature: str | None, timestamp: str | None, received_at: float
+) -> WebhookRequest:
     headers = {}
     if signature is not None:
         headers[SIG] = signature
@@ -110,7 +111,8 @@ class Signer:
     def __init__(self) -> None:
         self.private = ec.generate_private_key(ec.SECP256R1())
         der = self.private.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
         self.public_b64 = base64.b64encode(der).decode("ascii")
 
     def source(self) -> SendGridSource:
@@ -119,8 +121,9 @@ class Signer:
     def request(self, body: bytes, timestamp: int = NOW) -> WebhookRequest:
         signed = str(timestamp).encode("ascii") + body
         signature = self.private.sign(signed, ec.ECDSA(hashes.SHA256()))
-        return request(body, base64.b64encode(signature).decode("ascii"), str(timestamp),
-                       float(timestamp))
+        return request(
+            body, base64.b64encode(signature).decode("ascii"), str(timestamp), float(timestamp)
+        )
 
     def batch(self, *events: dict[str, Any]) -> WebhookRequest:
         return self.request(orjson.dumps(list(events)))
@@ -132,6 +135,7 @@ def signer() -> Signer:
 
 
 # --- the published vectors ----------------------------------------------------------
+
 
 async def test_published_vector_verifies_and_normalises() -> None:
     accepted = await source().accept(published())
@@ -153,8 +157,11 @@ async def test_published_vector_verifies_and_normalises() -> None:
 
 
 async def test_published_key_as_pem_verifies() -> None:
-    pem = ("-----BEGIN PUBLIC KEY-----\n" + "\n".join(textwrap.wrap(PY_PUBLIC_KEY, 64))
-           + "\n-----END PUBLIC KEY-----\n")
+    pem = (
+        "-----BEGIN PUBLIC KEY-----\n"
+        + "\n".join(textwrap.wrap(PY_PUBLIC_KEY, 64))
+        + "\n-----END PUBLIC KEY-----\n"
+    )
     accepted = await source(pem).accept(published())
     assert len(accepted.events) == 1
 
@@ -207,20 +214,22 @@ async def test_nodejs_vector_verifies_but_an_object_body_is_malformed() -> None:
     # so it never gets as far as the body.
     tampered = NODE_SIGNATURE.replace("H2j", "H3j")
     with pytest.raises(VerificationFailed):
-        await nodejs.accept(request(NODE_PAYLOAD, tampered, NODE_TIMESTAMP,
-                                    int(NODE_TIMESTAMP)))
+        await nodejs.accept(request(NODE_PAYLOAD, tampered, NODE_TIMESTAMP, int(NODE_TIMESTAMP)))
 
 
 async def test_headers_are_case_insensitive_as_aiohttp_gives_them() -> None:
-    headers = CIMultiDict({
-        "X-Twilio-Email-Event-Webhook-Signature": PY_SIGNATURE,
-        "X-Twilio-Email-Event-Webhook-Timestamp": PY_TIMESTAMP,
-    })
+    headers = CIMultiDict(
+        {
+            "X-Twilio-Email-Event-Webhook-Signature": PY_SIGNATURE,
+            "X-Twilio-Email-Event-Webhook-Timestamp": PY_TIMESTAMP,
+        }
+    )
     req = WebhookRequest(body=PY_PAYLOAD, headers=headers, received_at=int(PY_TIMESTAMP))
     assert len((await source().accept(req)).events) == 1
 
 
 # --- header and signature failures --------------------------------------------------
+
 
 @pytest.mark.parametrize("missing", ["signature", "timestamp"])
 async def test_missing_header_fails(missing: str) -> None:
@@ -254,20 +263,24 @@ async def test_valid_base64_that_is_not_der_fails() -> None:
         await source().accept(published(signature=base64.b64encode(b"garbage").decode()))
 
 
-@pytest.mark.parametrize("timestamp", ["-1600112502", "1600112502.0", " 1600112502",
-                                       "١٦٠٠١١٢٥٠٢", "1_600_112_502"])
+@pytest.mark.parametrize(
+    "timestamp", ["-1600112502", "1600112502.0", " 1600112502", "١٦٠٠١١٢٥٠٢", "1_600_112_502"]
+)
 async def test_non_digit_timestamp_fails(timestamp: str) -> None:
     with pytest.raises(VerificationFailed, match="timestamp"):
         await source().accept(published(timestamp=timestamp))
 
 
-@pytest.mark.parametrize(("offset_s", "passes"), [
-    (0, True),
-    (base.DEFAULT_TOLERANCE_S, True),        # received 5 min after signing: inside
-    (base.DEFAULT_TOLERANCE_S + 1, False),   # stale
-    (-base.DEFAULT_TOLERANCE_S, True),       # signed 5 min "in the future": inside
-    (-base.DEFAULT_TOLERANCE_S - 1, False),  # from the future
-])
+@pytest.mark.parametrize(
+    ("offset_s", "passes"),
+    [
+        (0, True),
+        (base.DEFAULT_TOLERANCE_S, True),  # received 5 min after signing: inside
+        (base.DEFAULT_TOLERANCE_S + 1, False),  # stale
+        (-base.DEFAULT_TOLERANCE_S, True),  # signed 5 min "in the future": inside
+        (-base.DEFAULT_TOLERANCE_S - 1, False),  # from the future
+    ],
+)
 async def test_timestamp_tolerance(offset_s: float, passes: bool) -> None:
     req = published(received_at=int(PY_TIMESTAMP) + offset_s)
     if passes:
@@ -291,26 +304,44 @@ async def test_huge_timestamp_fails_cleanly() -> None:
 
 # --- verified but malformed ---------------------------------------------------------
 
-@pytest.mark.parametrize("body", [b"[{", b"", b"\xff\xfe", b'{"event":"open"}', b'"x"',
-                                  b"[1]", b'[{"event":"open"}, []]', b"[null]"])
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[{",
+        b"",
+        b"\xff\xfe",
+        b'{"event":"open"}',
+        b'"x"',
+        b"[1]",
+        b'[{"event":"open"}, []]',
+        b"[null]",
+    ],
+)
 async def test_malformed_body_after_valid_signature(signer: Signer, body: bytes) -> None:
     with pytest.raises(MalformedPayload):
         await signer.source().accept(signer.request(body))
 
 
-@pytest.mark.parametrize(("event", "provider_type"), [
-    ({"timestamp": NOW}, "malformed:?"),                       # no event type
-    ({"event": 7}, "malformed:?"),
-    ({"event": "open", "timestamp": "yesterday"}, "malformed:open"),
-    ({"event": "open", "timestamp": True}, "malformed:open"),
-    ({"event": "open", "timestamp": 1e300}, "malformed:open"),
-    ({"event": "open", "email": ["a@example.com"]}, "malformed:open"),
-    ({"event": "bounce", "type": 5}, "malformed:bounce"),
-    ({"event": "group_unsubscribe", "email": "a@example.com"},  # no asm_group_id
-     "malformed:group_unsubscribe"),
-])
-async def test_malformed_event_is_kept_as_unknown(signer: Signer, event: dict[str, Any],
-                                                  provider_type: str) -> None:
+@pytest.mark.parametrize(
+    ("event", "provider_type"),
+    [
+        ({"timestamp": NOW}, "malformed:?"),  # no event type
+        ({"event": 7}, "malformed:?"),
+        ({"event": "open", "timestamp": "yesterday"}, "malformed:open"),
+        ({"event": "open", "timestamp": True}, "malformed:open"),
+        ({"event": "open", "timestamp": 1e300}, "malformed:open"),
+        ({"event": "open", "email": ["a@example.com"]}, "malformed:open"),
+        ({"event": "bounce", "type": 5}, "malformed:bounce"),
+        (
+            {"event": "group_unsubscribe", "email": "a@example.com"},  # no asm_group_id
+            "malformed:group_unsubscribe",
+        ),
+    ],
+)
+async def test_malformed_event_is_kept_as_unknown(
+    signer: Signer, event: dict[str, Any], provider_type: str
+) -> None:
     [kept] = (await signer.source().accept(signer.batch(event))).events
     assert (kept.event_type, kept.provider_type) == (EventType.UNKNOWN, provider_type)
     assert kept.occurred_at is None and kept.recipient is None and kept.list_id is None
@@ -321,7 +352,7 @@ async def test_malformed_event_is_kept_as_unknown(signer: Signer, event: dict[st
 async def test_one_malformed_event_does_not_cost_the_batch(signer: Signer) -> None:
     # SendGrid retries a refused batch for 24 hours and then drops it: refusing
     # it for one bad event would lose the good ones.
-    bad = sg_event("group_unsubscribe", 2)                     # no asm_group_id
+    bad = sg_event("group_unsubscribe", 2)  # no asm_group_id
     batch = [sg_event("delivered", 1), bad, sg_event("bounce", 3, type="bounce")]
     events = (await signer.source().accept(signer.batch(*batch))).events
 
@@ -336,7 +367,8 @@ async def test_one_malformed_event_does_not_cost_the_batch(signer: Signer) -> No
 
 @pytest.mark.parametrize("sg_event_id", [None, 42, "", ["evt-1"]])
 async def test_malformed_event_without_a_string_id_is_fingerprinted(
-        signer: Signer, sg_event_id: Any) -> None:
+    signer: Signer, sg_event_id: Any
+) -> None:
     event = {"event": "open", "timestamp": "yesterday", "sg_event_id": sg_event_id}
     [kept] = (await signer.source().accept(signer.batch(event))).events
     assert kept.provider_event_id is None
@@ -347,8 +379,7 @@ async def test_empty_batch_is_accepted(signer: Signer) -> None:
     assert (await signer.source().accept(signer.request(b"[]"))).events == []
 
 
-async def test_malformed_body_without_signature_is_verification_failure(
-        signer: Signer) -> None:
+async def test_malformed_body_without_signature_is_verification_failure(signer: Signer) -> None:
     # Garbage is never parsed before the signature is checked.
     with pytest.raises(VerificationFailed):
         await signer.source().accept(request(b"[{", PY_SIGNATURE, str(NOW), NOW))
@@ -356,11 +387,16 @@ async def test_malformed_body_without_signature_is_verification_failure(
 
 # --- normalisation ------------------------------------------------------------------
 
+
 def sg_event(event: str, n: int, **fields: Any) -> dict[str, Any]:
     return {
-        "email": f"user{n}@example.com", "timestamp": NOW - n, "event": event,
-        "smtp-id": f"<msg{n}@ismtpd-555>", "sg_event_id": f"evt-{n}",
-        "sg_message_id": f"xmsg{n}.filterdrecv-p3mdw1-{n}.0", **fields,
+        "email": f"user{n}@example.com",
+        "timestamp": NOW - n,
+        "event": event,
+        "smtp-id": f"<msg{n}@ismtpd-555>",
+        "sg_event_id": f"evt-{n}",
+        "sg_message_id": f"xmsg{n}.filterdrecv-p3mdw1-{n}.0",
+        **fields,
     }
 
 
@@ -369,10 +405,10 @@ async def test_batch_of_every_kind_is_normalised(signer: Signer) -> None:
         sg_event("processed", 1),
         sg_event("delivered", 2, response="250 OK"),
         sg_event("deferred", 3, response="400 try again later", attempt="5"),
-        sg_event("bounce", 4, type="bounce", status="5.1.1",
-                 bounce_classification="Invalid Address"),
-        sg_event("bounce", 5, type="blocked", status="4.0.0",
-                 bounce_classification="Reputation"),
+        sg_event(
+            "bounce", 4, type="bounce", status="5.1.1", bounce_classification="Invalid Address"
+        ),
+        sg_event("bounce", 5, type="blocked", status="4.0.0", bounce_classification="Reputation"),
         sg_event("dropped", 6, reason="Unsubscribed Address"),
         sg_event("dropped", 7, reason="Spam Content (if Spam Checker app is enabled)"),
         sg_event("open", 8, sg_machine_open=False, useragent="Mozilla/4.0", ip="192.0.2.1"),
@@ -385,8 +421,9 @@ async def test_batch_of_every_kind_is_normalised(signer: Signer) -> None:
     ]
     events = (await signer.source().accept(signer.batch(*batch))).events
 
-    got = [(e.provider_type, e.event_type, e.bounce_type, e.bounce_subtype, e.list_id)
-           for e in events]
+    got = [
+        (e.provider_type, e.event_type, e.bounce_type, e.bounce_subtype, e.list_id) for e in events
+    ]
     assert got == [
         ("processed", EventType.ACCEPTED, None, None, None),
         ("delivered", EventType.DELIVERED, None, None, None),
@@ -412,68 +449,81 @@ async def test_batch_of_every_kind_is_normalised(signer: Signer) -> None:
         assert event.payload == batch[n - 1]
 
 
-@pytest.mark.parametrize(("kind", "classification", "expected"), [
-    ("bounce", None, BounceType.PERMANENT),
-    ("bounce", "Invalid Address", BounceType.PERMANENT),
-    ("bounce", "Mailbox Unavailable", BounceType.PERMANENT),
-    ("bounce", "Unclassified", BounceType.PERMANENT),
-    ("bounce", "Content", BounceType.TRANSIENT),
-    ("bounce", "Reputation", BounceType.TRANSIENT),
-    ("bounce", "Frequency or Volume Too High", BounceType.TRANSIENT),
-    ("bounce", "Technical Failure", BounceType.TRANSIENT),
-    ("blocked", None, BounceType.TRANSIENT),
-    ("blocked", "Invalid Address", BounceType.TRANSIENT),
-    (None, None, BounceType.UNDETERMINED),
-    ("soft", None, BounceType.UNDETERMINED),
-])
-async def test_bounce_classification_rule(signer: Signer, kind: str | None,
-                                          classification: str | None,
-                                          expected: BounceType) -> None:
+@pytest.mark.parametrize(
+    ("kind", "classification", "expected"),
+    [
+        ("bounce", None, BounceType.PERMANENT),
+        ("bounce", "Invalid Address", BounceType.PERMANENT),
+        ("bounce", "Mailbox Unavailable", BounceType.PERMANENT),
+        ("bounce", "Unclassified", BounceType.PERMANENT),
+        ("bounce", "Content", BounceType.TRANSIENT),
+        ("bounce", "Reputation", BounceType.TRANSIENT),
+        ("bounce", "Frequency or Volume Too High", BounceType.TRANSIENT),
+        ("bounce", "Technical Failure", BounceType.TRANSIENT),
+        ("blocked", None, BounceType.TRANSIENT),
+        ("blocked", "Invalid Address", BounceType.TRANSIENT),
+        (None, None, BounceType.UNDETERMINED),
+        ("soft", None, BounceType.UNDETERMINED),
+    ],
+)
+async def test_bounce_classification_rule(
+    signer: Signer, kind: str | None, classification: str | None, expected: BounceType
+) -> None:
     fields: dict[str, Any] = {}
     if kind is not None:
         fields["type"] = kind
     if classification is not None:
         fields["bounce_classification"] = classification
-    [event] = (await signer.source().accept(signer.batch(sg_event("bounce", 1, **fields)))
-               ).events
+    [event] = (await signer.source().accept(signer.batch(sg_event("bounce", 1, **fields)))).events
     assert event.event_type is EventType.BOUNCED
     assert event.bounce_type is expected
 
 
 async def test_bounce_subtype_falls_back_to_status(signer: Signer) -> None:
-    [event] = (await signer.source().accept(
-        signer.batch(sg_event("bounce", 1, type="bounce", status="5.1.1")))).events
+    [event] = (
+        await signer.source().accept(
+            signer.batch(sg_event("bounce", 1, type="bounce", status="5.1.1"))
+        )
+    ).events
     assert event.bounce_subtype == "5.1.1"
 
 
-@pytest.mark.parametrize(("reason", "expected"), [
-    ("Bounced Address", EventType.SUPPRESSED),
-    ("Unsubscribed Address", EventType.SUPPRESSED),
-    ("Spam Reporting Address", EventType.SUPPRESSED),
-    ("Invalid", EventType.SUPPRESSED),
-    ("Invalid SMTPAPI header", EventType.REJECTED),
-    ("Spam Content (if spam checker app enabled)", EventType.REJECTED),
-    ("Recipient List over Package Quota", EventType.REJECTED),
-    (None, EventType.REJECTED),
-])
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("Bounced Address", EventType.SUPPRESSED),
+        ("Unsubscribed Address", EventType.SUPPRESSED),
+        ("Spam Reporting Address", EventType.SUPPRESSED),
+        ("Invalid", EventType.SUPPRESSED),
+        ("Invalid SMTPAPI header", EventType.REJECTED),
+        ("Spam Content (if spam checker app enabled)", EventType.REJECTED),
+        ("Recipient List over Package Quota", EventType.REJECTED),
+        (None, EventType.REJECTED),
+    ],
+)
 async def test_drop_rule(signer: Signer, reason: str | None, expected: EventType) -> None:
     fields = {} if reason is None else {"reason": reason}
-    [event] = (await signer.source().accept(signer.batch(sg_event("dropped", 1, **fields)))
-               ).events
+    [event] = (await signer.source().accept(signer.batch(sg_event("dropped", 1, **fields)))).events
     assert event.event_type is expected
 
 
 async def test_unknown_event_type_is_kept(signer: Signer) -> None:
-    [event] = (await signer.source().accept(
-        signer.batch({"event": "machine_opened_twice", "timestamp": NOW}))).events
+    [event] = (
+        await signer.source().accept(
+            signer.batch({"event": "machine_opened_twice", "timestamp": NOW})
+        )
+    ).events
     assert event.event_type is EventType.UNKNOWN
     assert event.provider_type == "machine_opened_twice"
     assert event.provider_event_id is None and event.provider_message_id is None
 
 
 async def test_group_id_as_string(signer: Signer) -> None:
-    [event] = (await signer.source().accept(
-        signer.batch(sg_event("group_unsubscribe", 1, asm_group_id="42")))).events
+    [event] = (
+        await signer.source().accept(
+            signer.batch(sg_event("group_unsubscribe", 1, asm_group_id="42"))
+        )
+    ).events
     assert event.list_id == "asm:42"
 
 
@@ -481,7 +531,10 @@ async def test_missing_optional_fields_are_none(signer: Signer) -> None:
     [event] = (await signer.source().accept(signer.batch({"event": "open"}))).events
     assert event.occurred_at is None
     assert (event.recipient, event.message_id_header, event.provider_message_id) == (
-        None, None, None)
+        None,
+        None,
+        None,
+    )
 
 
 def test_default_payload_fields_are_not_personal() -> None:
@@ -494,6 +547,7 @@ def test_default_payload_fields_are_not_personal() -> None:
 
 # --- configuration ------------------------------------------------------------------
 
+
 def test_from_config_reveals_the_key_and_ignores_common_keys() -> None:
     revealed: list[Any] = []
 
@@ -501,9 +555,17 @@ def test_from_config_reveals_the_key_and_ignores_common_keys() -> None:
         revealed.append(value)
         return PY_PUBLIC_KEY if value == "env:SG_KEY" else value
 
-    table = {"id": "sg-main", "provider": "sendgrid", "max_body_bytes": 1_000_000,
-             "rate_limit_per_s": 10, "rate_limit_burst": 20, "payload_fields": ["event"],
-             "recipients": "hash", "public_key": "env:SG_KEY", "tolerance_s": 60}
+    table = {
+        "id": "sg-main",
+        "provider": "sendgrid",
+        "max_body_bytes": 1_000_000,
+        "rate_limit_per_s": 10,
+        "rate_limit_burst": 20,
+        "payload_fields": ["event"],
+        "recipients": "hash",
+        "public_key": "env:SG_KEY",
+        "tolerance_s": 60,
+    }
     src = from_config("sg-main", table, reveal)
     assert revealed == ["env:SG_KEY"]
     assert src.source_id == "sg-main" and src.tolerance_s == 60.0
@@ -522,23 +584,30 @@ def test_from_config_requires_public_key() -> None:
 
 
 def _b64_spki(key: Any) -> str:
-    der = key.public_bytes(serialization.Encoding.DER,
-                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return base64.b64encode(der).decode("ascii")
 
 
-@pytest.mark.parametrize("bad_key", [
-    pytest.param(lambda: _b64_spki(ec.generate_private_key(ec.SECP384R1()).public_key()),
-                 id="p384"),
-    pytest.param(lambda: _b64_spki(ed25519.Ed25519PrivateKey.generate().public_key()),
-                 id="ed25519"),
-    pytest.param(lambda: "not a key", id="garbage"),
-    pytest.param(lambda: base64.b64encode(b"\x30\x03\x02\x01\x01").decode(), id="not-spki"),
-    pytest.param(lambda: PY_SIGNATURE, id="a-signature"),
-    pytest.param(lambda: "", id="empty"),
-    pytest.param(lambda: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----",
-                 id="bad-pem"),
-])
+@pytest.mark.parametrize(
+    "bad_key",
+    [
+        pytest.param(
+            lambda: _b64_spki(ec.generate_private_key(ec.SECP384R1()).public_key()), id="p384"
+        ),
+        pytest.param(
+            lambda: _b64_spki(ed25519.Ed25519PrivateKey.generate().public_key()), id="ed25519"
+        ),
+        pytest.param(lambda: "not a key", id="garbage"),
+        pytest.param(lambda: base64.b64encode(b"\x30\x03\x02\x01\x01").decode(), id="not-spki"),
+        pytest.param(lambda: PY_SIGNATURE, id="a-signature"),
+        pytest.param(lambda: "", id="empty"),
+        pytest.param(
+            lambda: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----", id="bad-pem"
+        ),
+    ],
+)
 def test_from_config_refuses_what_is_not_a_p256_public_key(bad_key: Any) -> None:
     with pytest.raises(SourceConfigError, match=r"^public_key"):
         source(bad_key())

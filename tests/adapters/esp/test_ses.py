@@ -71,12 +71,14 @@ BOUNCE = {
     "bounce": {
         "bounceType": "Permanent",
         "bounceSubType": "General",
-        "bouncedRecipients": [{
-            "emailAddress": "recipient@example.com",
-            "action": "failed",
-            "status": "5.1.1",
-            "diagnosticCode": "smtp; 550 5.1.1 user unknown",
-        }],
+        "bouncedRecipients": [
+            {
+                "emailAddress": "recipient@example.com",
+                "action": "failed",
+                "status": "5.1.1",
+                "diagnosticCode": "smtp; 550 5.1.1 user unknown",
+            }
+        ],
         "timestamp": "2017-08-05T00:41:02.669Z",
         "feedbackId": "01000157c44f053b-61b59c11-9236-11e6-8f96-7be8aexample-000000",
         "reportingMTA": "dsn; mta.example.com",
@@ -151,11 +153,13 @@ DELIVERY_DELAY = {
         "timestamp": "2020-06-16T00:25:40.095Z",
         "delayType": "TransientCommunicationFailure",
         "expirationTime": "2020-06-16T00:25:40.914Z",
-        "delayedRecipients": [{
-            "emailAddress": "recipient@example.com",
-            "status": "4.4.1",
-            "diagnosticCode": "smtp; 421 4.4.1 Unable to connect to remote host",
-        }],
+        "delayedRecipients": [
+            {
+                "emailAddress": "recipient@example.com",
+                "status": "4.4.1",
+                "diagnosticCode": "smtp; 421 4.4.1 Unable to connect to remote host",
+            }
+        ],
     },
 }
 SUBSCRIPTION = {
@@ -207,8 +211,10 @@ IDENTITY_BOUNCE = {
         "commonHeaders": {
             "from": ["John Doe <john@example.com>"],
             "date": "Wed, 27 Jan 2016 14:05:45 +0000",
-            "to": ["Jane Doe <jane@example.com>, Mary Doe <mary@example.com>, "
-                   "Richard Doe <richard@example.com>"],
+            "to": [
+                "Jane Doe <jane@example.com>, Mary Doe <mary@example.com>, "
+                "Richard Doe <richard@example.com>"
+            ],
             "messageId": "custom-message-ID",
             "subject": "Hello",
         },
@@ -252,9 +258,21 @@ IDENTITY_DELIVERY = {
         "remoteMtaIp": "127.0.2.0",
     },
 }
-ALL_SAMPLES = [BOUNCE, COMPLAINT, DELIVERY, SEND, REJECT, OPEN, CLICK, RENDERING_FAILURE,
-               DELIVERY_DELAY, SUBSCRIPTION, IDENTITY_BOUNCE, IDENTITY_COMPLAINT,
-               IDENTITY_DELIVERY]
+ALL_SAMPLES = [
+    BOUNCE,
+    COMPLAINT,
+    DELIVERY,
+    SEND,
+    REJECT,
+    OPEN,
+    CLICK,
+    RENDERING_FAILURE,
+    DELIVERY_DELAY,
+    SUBSCRIPTION,
+    IDENTITY_BOUNCE,
+    IDENTITY_COMPLAINT,
+    IDENTITY_DELIVERY,
+]
 
 
 def ts(text: str) -> datetime:
@@ -272,7 +290,8 @@ def certificate(signing_key: rsa.RSAPrivateKey) -> bytes:
     now = datetime.now(UTC)
     return (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(signing_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(days=1))
@@ -302,53 +321,83 @@ def fetch(certificate: bytes) -> FakeFetch:
 
 @pytest.fixture
 def source(fetch: FakeFetch) -> SesSource:
-    table = {"id": "ses-prod", "provider": "ses", "topic_arns": [TOPIC],
-             "max_body_bytes": 262144, "payload_fields": ["eventType"], "recipients": "hash"}
+    table = {
+        "id": "ses-prod",
+        "provider": "ses",
+        "topic_arns": [TOPIC],
+        "max_body_bytes": 262144,
+        "payload_fields": ["eventType"],
+        "recipients": "hash",
+    }
     return SesSource.from_config("ses-prod", table, str, fetch=fetch)
 
 
 _CANONICAL_KEYS = {
     "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
-    "SubscriptionConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                                 "TopicArn", "Type"),
-    "UnsubscribeConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                                "TopicArn", "Type"),
+    "SubscriptionConfirmation": (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
+    "UnsubscribeConfirmation": (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
 }
 
 
 def signed(fields: dict[str, Any], key: rsa.RSAPrivateKey) -> bytes:
     """The SNS envelope `fields`, signed (SignatureVersion 2), as a request body."""
     fields = {"SignatureVersion": "2", "SigningCertURL": CERT_URL, **fields}
-    canonical = "".join(f"{k}\n{fields[k]}\n" for k in _CANONICAL_KEYS[fields["Type"]]
-                        if k in fields).encode()
+    canonical = "".join(
+        f"{k}\n{fields[k]}\n" for k in _CANONICAL_KEYS[fields["Type"]] if k in fields
+    ).encode()
     signature = key.sign(canonical, padding.PKCS1v15(), hashes.SHA256())
     return orjson.dumps({**fields, "Signature": base64.b64encode(signature).decode()})
 
 
-def notification_body(ses_event: Any, key: rsa.RSAPrivateKey, *,
-                      message_id: str = SNS_MESSAGE_ID, topic: str = TOPIC) -> bytes:
+def notification_body(
+    ses_event: Any, key: rsa.RSAPrivateKey, *, message_id: str = SNS_MESSAGE_ID, topic: str = TOPIC
+) -> bytes:
     message = ses_event if isinstance(ses_event, str) else orjson.dumps(ses_event).decode()
-    return signed({
-        "Type": "Notification",
-        "MessageId": message_id,
-        "TopicArn": topic,
-        "Message": message,
-        "Timestamp": SNS_TIMESTAMP,
-        "UnsubscribeURL": "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe",
-    }, key)
+    return signed(
+        {
+            "Type": "Notification",
+            "MessageId": message_id,
+            "TopicArn": topic,
+            "Message": message,
+            "Timestamp": SNS_TIMESTAMP,
+            "UnsubscribeURL": "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe",
+        },
+        key,
+    )
 
 
 def request(raw: bytes) -> WebhookRequest:
     # What SNS sends: a JSON body labelled text/plain.
-    return WebhookRequest(body=raw, headers={
-        "content-type": "text/plain; charset=UTF-8",
-        "x-amz-sns-message-type": "Notification",
-        "x-amz-sns-topic-arn": TOPIC,
-    }, received_at=1714611247.0)
+    return WebhookRequest(
+        body=raw,
+        headers={
+            "content-type": "text/plain; charset=UTF-8",
+            "x-amz-sns-message-type": "Notification",
+            "x-amz-sns-topic-arn": TOPIC,
+        },
+        received_at=1714611247.0,
+    )
 
 
-async def accept(source: SesSource, ses_event: Any, key: rsa.RSAPrivateKey,
-                 **kwargs: Any) -> Accepted:
+async def accept(
+    source: SesSource, ses_event: Any, key: rsa.RSAPrivateKey, **kwargs: Any
+) -> Accepted:
     return await source.accept(request(notification_body(ses_event, key, **kwargs)))
 
 
@@ -363,22 +412,26 @@ def test_from_config_reads_topics_and_ignores_common_keys(source: SesSource) -> 
 
 
 def test_module_level_from_config() -> None:
-    built = from_config("s", {"topic_arns": [TOPIC, "arn:aws-cn:sns:cn-north-1:123456789012:x"]},
-                        str)
+    built = from_config(
+        "s", {"topic_arns": [TOPIC, "arn:aws-cn:sns:cn-north-1:123456789012:x"]}, str
+    )
     assert len(built.topic_arns) == 2
 
 
-@pytest.mark.parametrize(("table", "key"), [
-    ({}, "topic_arns"),
-    ({"topic_arns": []}, "topic_arns"),
-    ({"topic_arns": TOPIC}, "topic_arns"),
-    ({"topic_arns": [TOPIC, 7]}, "topic_arns"),
-    ({"topic_arns": [""]}, "topic_arns"),
-    ({"topic_arns": ["arn:aws:sqs:us-east-1:123456789012:queue"]}, "topic_arns"),
-    ({"topic_arns": [TOPIC + ":3f1c2d4e-subscription-id"]}, "topic_arns"),
-    ({"topic_arns": [TOPIC], "secret": "whsec_x"}, "secret"),
-    ({"topic_arns": [TOPIC], "topic_arn": TOPIC}, "topic_arn"),
-])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({}, "topic_arns"),
+        ({"topic_arns": []}, "topic_arns"),
+        ({"topic_arns": TOPIC}, "topic_arns"),
+        ({"topic_arns": [TOPIC, 7]}, "topic_arns"),
+        ({"topic_arns": [""]}, "topic_arns"),
+        ({"topic_arns": ["arn:aws:sqs:us-east-1:123456789012:queue"]}, "topic_arns"),
+        ({"topic_arns": [TOPIC + ":3f1c2d4e-subscription-id"]}, "topic_arns"),
+        ({"topic_arns": [TOPIC], "secret": "whsec_x"}, "secret"),
+        ({"topic_arns": [TOPIC], "topic_arn": TOPIC}, "topic_arn"),
+    ],
+)
 def test_from_config_refuses(table: dict[str, Any], key: str) -> None:
     with pytest.raises(SourceConfigError, match=f"^{key}:"):
         SesSource.from_config("ses", table, str)
@@ -387,17 +440,21 @@ def test_from_config_refuses(table: dict[str, Any], key: str) -> None:
 # --- SNS message types ----------------------------------------------------------------
 
 
-async def test_subscription_confirmation_yields_confirm_url(source: SesSource,
-                                                            signing_key: rsa.RSAPrivateKey) -> None:
-    raw = signed({
-        "Type": "SubscriptionConfirmation",
-        "MessageId": "165545c9-2a5c-472c-8df2-7ff2be2b3b1b",
-        "Token": "2336412f37fb687f5d51e6e2425c464de12884",
-        "TopicArn": TOPIC,
-        "Message": f"You have chosen to subscribe to the topic {TOPIC}.",
-        "SubscribeURL": SUBSCRIBE_URL,
-        "Timestamp": "2012-04-26T20:45:04.751Z",
-    }, signing_key)
+async def test_subscription_confirmation_yields_confirm_url(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
+    raw = signed(
+        {
+            "Type": "SubscriptionConfirmation",
+            "MessageId": "165545c9-2a5c-472c-8df2-7ff2be2b3b1b",
+            "Token": "2336412f37fb687f5d51e6e2425c464de12884",
+            "TopicArn": TOPIC,
+            "Message": f"You have chosen to subscribe to the topic {TOPIC}.",
+            "SubscribeURL": SUBSCRIBE_URL,
+            "Timestamp": "2012-04-26T20:45:04.751Z",
+        },
+        signing_key,
+    )
     accepted = await source.accept(request(raw))
     assert accepted == Accepted(events=[], confirm_url=SUBSCRIBE_URL)
 
@@ -405,46 +462,78 @@ async def test_subscription_confirmation_yields_confirm_url(source: SesSource,
 async def test_unverified_subscription_confirmation_yields_nothing(
     source: SesSource, signing_key: rsa.RSAPrivateKey
 ) -> None:
-    fields = orjson.loads(signed({
-        "Type": "SubscriptionConfirmation", "MessageId": "m", "Token": "t", "TopicArn": TOPIC,
-        "Message": "m", "SubscribeURL": SUBSCRIBE_URL, "Timestamp": "2012-04-26T20:45:04.751Z",
-    }, signing_key))
+    fields = orjson.loads(
+        signed(
+            {
+                "Type": "SubscriptionConfirmation",
+                "MessageId": "m",
+                "Token": "t",
+                "TopicArn": TOPIC,
+                "Message": "m",
+                "SubscribeURL": SUBSCRIBE_URL,
+                "Timestamp": "2012-04-26T20:45:04.751Z",
+            },
+            signing_key,
+        )
+    )
     fields["SubscribeURL"] = SUBSCRIBE_URL + "&extra=1"
     with pytest.raises(VerificationFailed):
         await source.accept(request(orjson.dumps(fields)))
 
 
-@pytest.mark.parametrize("url", [
-    "https://evil.com/?Action=ConfirmSubscription",
-    "https://sns.us-east-1.amazonaws.com.evil.com/?Action=ConfirmSubscription",
-    "http://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription",
-])
-async def test_hostile_subscribe_url_is_refused(url: str, source: SesSource, fetch: FakeFetch,
-                                                signing_key: rsa.RSAPrivateKey) -> None:
-    raw = signed({
-        "Type": "SubscriptionConfirmation", "MessageId": "m", "Token": "t", "TopicArn": TOPIC,
-        "Message": "m", "SubscribeURL": url, "Timestamp": "2012-04-26T20:45:04.751Z",
-    }, signing_key)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://evil.com/?Action=ConfirmSubscription",
+        "https://sns.us-east-1.amazonaws.com.evil.com/?Action=ConfirmSubscription",
+        "http://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription",
+    ],
+)
+async def test_hostile_subscribe_url_is_refused(
+    url: str, source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+) -> None:
+    raw = signed(
+        {
+            "Type": "SubscriptionConfirmation",
+            "MessageId": "m",
+            "Token": "t",
+            "TopicArn": TOPIC,
+            "Message": "m",
+            "SubscribeURL": url,
+            "Timestamp": "2012-04-26T20:45:04.751Z",
+        },
+        signing_key,
+    )
     with pytest.raises(VerificationFailed):
         await source.accept(request(raw))
     assert fetch.calls == []
 
 
-async def test_unsubscribe_confirmation_yields_nothing(source: SesSource,
-                                                       signing_key: rsa.RSAPrivateKey) -> None:
-    raw = signed({
-        "Type": "UnsubscribeConfirmation", "MessageId": "m", "Token": "t", "TopicArn": TOPIC,
-        "Message": "You have unsubscribed", "SubscribeURL": SUBSCRIBE_URL,
-        "Timestamp": "2012-04-26T20:45:04.751Z",
-    }, signing_key)
+async def test_unsubscribe_confirmation_yields_nothing(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
+    raw = signed(
+        {
+            "Type": "UnsubscribeConfirmation",
+            "MessageId": "m",
+            "Token": "t",
+            "TopicArn": TOPIC,
+            "Message": "You have unsubscribed",
+            "SubscribeURL": SUBSCRIBE_URL,
+            "Timestamp": "2012-04-26T20:45:04.751Z",
+        },
+        signing_key,
+    )
     assert await source.accept(request(raw)) == Accepted()
 
 
-async def test_foreign_topic_is_refused_without_fetch(source: SesSource, fetch: FakeFetch,
-                                                      signing_key: rsa.RSAPrivateKey) -> None:
+async def test_foreign_topic_is_refused_without_fetch(
+    source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+) -> None:
     with pytest.raises(VerificationFailed):
-        await accept(source, SEND, signing_key,
-                     topic="arn:aws:sns:us-east-1:999999999999:ses-events")
+        await accept(
+            source, SEND, signing_key, topic="arn:aws:sns:us-east-1:999999999999:ses-events"
+        )
     assert fetch.calls == []
 
 
@@ -465,44 +554,63 @@ async def test_certificate_fetched_once_across_notifications(
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"Type":"Notification"}'])
-async def test_unparsable_envelope_is_verification_failure(raw: bytes, source: SesSource,
-                                                           fetch: FakeFetch) -> None:
+async def test_unparsable_envelope_is_verification_failure(
+    raw: bytes, source: SesSource, fetch: FakeFetch
+) -> None:
     with pytest.raises(VerificationFailed):
         await source.accept(request(raw))
     assert fetch.calls == []
 
 
-async def test_json_content_type_works_too(source: SesSource,
-                                           signing_key: rsa.RSAPrivateKey) -> None:
+async def test_json_content_type_works_too(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     raw = notification_body(SEND, signing_key)
-    accepted = await source.accept(WebhookRequest(
-        body=raw, headers={"content-type": "application/json"}, received_at=0.0))
+    accepted = await source.accept(
+        WebhookRequest(body=raw, headers={"content-type": "application/json"}, received_at=0.0)
+    )
     assert [e.event_type for e in accepted.events] == [EventType.ACCEPTED]
 
 
 # --- normalisation --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("sample", "event_type", "recipient", "occurred_at"), [
-    (SEND, EventType.ACCEPTED, "recipient@example.com", "2016-10-14T05:02:16.645Z"),
-    (DELIVERY, EventType.DELIVERED, "recipient@example.com", "2016-10-19T23:21:04.133Z"),
-    (DELIVERY_DELAY, EventType.DEFERRED, "recipient@example.com", "2020-06-16T00:25:40.095Z"),
-    (BOUNCE, EventType.BOUNCED, "recipient@example.com", "2017-08-05T00:41:02.669Z"),
-    (COMPLAINT, EventType.COMPLAINED, "recipient@example.com", "2017-08-05T00:41:02.669Z"),
-    (REJECT, EventType.REJECTED, "sender@example.com", "2016-10-14T17:38:15.211Z"),
-    (RENDERING_FAILURE, EventType.REJECTED, "recipient@example.com",
-     "2018-01-22T18:43:06.197Z"),
-    (OPEN, EventType.OPENED, "recipient@example.com", "2017-08-09T22:00:19.652Z"),
-    (CLICK, EventType.CLICKED, "recipient@example.com", "2017-08-09T23:51:25.570Z"),
-    (SUBSCRIPTION, EventType.UNSUBSCRIBED, "recipient@example.com",
-     "2022-01-12T01:00:17.910Z"),
-    (IDENTITY_DELIVERY, EventType.DELIVERED, "jane@example.com", "2016-01-27T14:59:38.237Z"),
-    (IDENTITY_COMPLAINT, EventType.COMPLAINED, "richard@example.com",
-     "2016-01-27T14:59:38.237Z"),
-], ids=lambda v: v["eventType"] if isinstance(v, dict) and "eventType" in v else None)
-async def test_documented_samples_normalise(sample: dict, event_type: EventType, recipient: str,
-                                            occurred_at: str, source: SesSource,
-                                            signing_key: rsa.RSAPrivateKey) -> None:
+@pytest.mark.parametrize(
+    ("sample", "event_type", "recipient", "occurred_at"),
+    [
+        (SEND, EventType.ACCEPTED, "recipient@example.com", "2016-10-14T05:02:16.645Z"),
+        (DELIVERY, EventType.DELIVERED, "recipient@example.com", "2016-10-19T23:21:04.133Z"),
+        (DELIVERY_DELAY, EventType.DEFERRED, "recipient@example.com", "2020-06-16T00:25:40.095Z"),
+        (BOUNCE, EventType.BOUNCED, "recipient@example.com", "2017-08-05T00:41:02.669Z"),
+        (COMPLAINT, EventType.COMPLAINED, "recipient@example.com", "2017-08-05T00:41:02.669Z"),
+        (REJECT, EventType.REJECTED, "sender@example.com", "2016-10-14T17:38:15.211Z"),
+        (
+            RENDERING_FAILURE,
+            EventType.REJECTED,
+            "recipient@example.com",
+            "2018-01-22T18:43:06.197Z",
+        ),
+        (OPEN, EventType.OPENED, "recipient@example.com", "2017-08-09T22:00:19.652Z"),
+        (CLICK, EventType.CLICKED, "recipient@example.com", "2017-08-09T23:51:25.570Z"),
+        (SUBSCRIPTION, EventType.UNSUBSCRIBED, "recipient@example.com", "2022-01-12T01:00:17.910Z"),
+        (IDENTITY_DELIVERY, EventType.DELIVERED, "jane@example.com", "2016-01-27T14:59:38.237Z"),
+        (
+            IDENTITY_COMPLAINT,
+            EventType.COMPLAINED,
+            "richard@example.com",
+            "2016-01-27T14:59:38.237Z",
+        ),
+    ],
+    ids=lambda v: v["eventType"] if isinstance(v, dict) and "eventType" in v else None,
+)
+async def test_documented_samples_normalise(
+    sample: dict,
+    event_type: EventType,
+    recipient: str,
+    occurred_at: str,
+    source: SesSource,
+    signing_key: rsa.RSAPrivateKey,
+) -> None:
     (event,) = (await accept(source, sample, signing_key)).events
     raw_type = sample.get("eventType", sample.get("notificationType"))
     assert event.provider_type == raw_type
@@ -527,8 +635,7 @@ async def test_multi_recipient_bounce_yields_one_event_each(
 ) -> None:
     events = (await accept(source, IDENTITY_BOUNCE, signing_key)).events
     assert [e.recipient for e in events] == ["jane@example.com", "richard@example.com"]
-    assert [e.provider_event_id for e in events] == [f"{SNS_MESSAGE_ID}:0",
-                                                     f"{SNS_MESSAGE_ID}:1"]
+    assert [e.provider_event_id for e in events] == [f"{SNS_MESSAGE_ID}:0", f"{SNS_MESSAGE_ID}:1"]
     assert len({dedup_key(e) for e in events}) == 2
     assert {e.event_type for e in events} == {EventType.BOUNCED}
     assert {e.message_id_header for e in events} == {"custom-message-ID"}
@@ -556,14 +663,18 @@ async def test_open_and_click_name_a_recipient_only_when_unambiguous(
     assert event.provider_event_id == SNS_MESSAGE_ID
 
 
-@pytest.mark.parametrize(("bounce_type", "expected"), [
-    ("Permanent", BounceType.PERMANENT),
-    ("Transient", BounceType.TRANSIENT),
-    ("Undetermined", BounceType.UNDETERMINED),
-    ("SomethingNew", BounceType.UNDETERMINED),
-])
-async def test_bounce_types(bounce_type: str, expected: BounceType, source: SesSource,
-                            signing_key: rsa.RSAPrivateKey) -> None:
+@pytest.mark.parametrize(
+    ("bounce_type", "expected"),
+    [
+        ("Permanent", BounceType.PERMANENT),
+        ("Transient", BounceType.TRANSIENT),
+        ("Undetermined", BounceType.UNDETERMINED),
+        ("SomethingNew", BounceType.UNDETERMINED),
+    ],
+)
+async def test_bounce_types(
+    bounce_type: str, expected: BounceType, source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     sample = copy.deepcopy(BOUNCE)
     sample["bounce"]["bounceType"] = bounce_type
     (event,) = (await accept(source, sample, signing_key)).events
@@ -571,8 +682,9 @@ async def test_bounce_types(bounce_type: str, expected: BounceType, source: SesS
 
 
 @pytest.mark.parametrize("subtype", ["Suppressed", "OnAccountSuppressionList"])
-async def test_bounce_on_a_suppression_list_is_suppressed(subtype: str, source: SesSource,
-                                                          signing_key: rsa.RSAPrivateKey) -> None:
+async def test_bounce_on_a_suppression_list_is_suppressed(
+    subtype: str, source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     sample = copy.deepcopy(BOUNCE)
     sample["bounce"]["bounceSubType"] = subtype
     (event,) = (await accept(source, sample, signing_key)).events
@@ -598,43 +710,51 @@ async def test_bounce_without_recipients_still_yields_an_event(
     assert (event.event_type, event.recipient) == (EventType.BOUNCED, None)
 
 
-async def test_unsubscribe_all_scopes_the_contact_list(source: SesSource,
-                                                       signing_key: rsa.RSAPrivateKey) -> None:
+async def test_unsubscribe_all_scopes_the_contact_list(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     (event,) = (await accept(source, SUBSCRIPTION, signing_key)).events
     assert (event.event_type, event.list_id) == (EventType.UNSUBSCRIBED, "ContactListName")
 
 
-async def test_topic_opt_outs_scope_each_topic(source: SesSource,
-                                               signing_key: rsa.RSAPrivateKey) -> None:
+async def test_topic_opt_outs_scope_each_topic(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     sample = copy.deepcopy(SUBSCRIPTION)
-    sample["subscription"]["newTopicPreferences"] = {"unsubscribeAll": False,
+    sample["subscription"]["newTopicPreferences"] = {
+        "unsubscribeAll": False,
         "topicSubscriptionStatus": [
             {"topicName": "ExampleTopicName", "subscriptionStatus": "OptOut"},  # already
             {"topicName": "News", "subscriptionStatus": "OptOut"},
             {"topicName": "Offers", "subscriptionStatus": "OptOut"},
             {"topicName": "Billing", "subscriptionStatus": "OptIn"},
-        ]}
+        ],
+    }
     events = (await accept(source, sample, signing_key)).events
     assert [(e.event_type, e.list_id) for e in events] == [
         (EventType.UNSUBSCRIBED, "ContactListName/News"),
         (EventType.UNSUBSCRIBED, "ContactListName/Offers"),
     ]
-    assert [e.provider_event_id for e in events] == [f"{SNS_MESSAGE_ID}:0",
-                                                     f"{SNS_MESSAGE_ID}:1"]
+    assert [e.provider_event_id for e in events] == [f"{SNS_MESSAGE_ID}:0", f"{SNS_MESSAGE_ID}:1"]
 
 
-async def test_subscription_opt_in_is_unknown(source: SesSource,
-                                              signing_key: rsa.RSAPrivateKey) -> None:
+async def test_subscription_opt_in_is_unknown(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     sample = copy.deepcopy(SUBSCRIPTION)
-    sample["subscription"]["newTopicPreferences"] = {"unsubscribeAll": False,
+    sample["subscription"]["newTopicPreferences"] = {
+        "unsubscribeAll": False,
         "topicSubscriptionStatus": [
-            {"topicName": "ExampleTopicName", "subscriptionStatus": "OptIn"}]}
+            {"topicName": "ExampleTopicName", "subscriptionStatus": "OptIn"}
+        ],
+    }
     (event,) = (await accept(source, sample, signing_key)).events
     assert (event.event_type, event.provider_type) == (EventType.UNKNOWN, "Subscription")
 
 
-async def test_unknown_event_type_is_unknown(source: SesSource,
-                                             signing_key: rsa.RSAPrivateKey) -> None:
+async def test_unknown_event_type_is_unknown(
+    source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     sample = {**copy.deepcopy(SEND), "eventType": "BrandNewThing"}
     (event,) = (await accept(source, sample, signing_key)).events
     assert (event.event_type, event.provider_type) == (EventType.UNKNOWN, "BrandNewThing")
@@ -646,39 +766,62 @@ async def test_notification_without_mail_uses_the_sns_timestamp(
     source: SesSource, signing_key: rsa.RSAPrivateKey
 ) -> None:
     # Sent once when an identity's notification topic is set.
-    sample = {"notificationType": "AmazonSnsSubscriptionSucceeded",
-              "message": "You have successfully subscribed your Amazon SNS topic."}
+    sample = {
+        "notificationType": "AmazonSnsSubscriptionSucceeded",
+        "message": "You have successfully subscribed your Amazon SNS topic.",
+    }
     (event,) = (await accept(source, sample, signing_key)).events
     assert event.event_type == EventType.UNKNOWN
     assert event.occurred_at == ts(SNS_TIMESTAMP)
     assert event.provider_message_id is None
 
 
-@pytest.mark.parametrize("message", [
-    "not json",
-    '{"eventType": "Bounce"',
-    "[]",
-    '"Bounce"',
-    "{}",
-    '{"eventType": 5}',
-    orjson.dumps({"eventType": "Bounce", "mail": SEND["mail"]}).decode(),
-    orjson.dumps({**BOUNCE, "bounce": {**BOUNCE["bounce"], "bouncedRecipients": [{}]}}).decode(),
-    orjson.dumps({**BOUNCE, "bounce": {**BOUNCE["bounce"], "timestamp": "yesterday"}}).decode(),
-    orjson.dumps({**DELIVERY, "delivery": {**DELIVERY["delivery"], "recipients": "x"}}).decode(),
-    orjson.dumps({**SEND, "mail": ["not", "an", "object"]}).decode(),
-    orjson.dumps({**SEND, "mail": {**SEND["mail"], "destination": [1]}}).decode(),
-], ids=["text", "truncated", "array", "string", "no-type", "numeric-type", "no-bounce",
-        "recipient-without-address", "bad-timestamp", "recipients-not-list", "mail-not-object",
-        "destination-not-strings"])
-async def test_verified_but_malformed_ses_event(message: str, source: SesSource,
-                                                signing_key: rsa.RSAPrivateKey) -> None:
+@pytest.mark.parametrize(
+    "message",
+    [
+        "not json",
+        '{"eventType": "Bounce"',
+        "[]",
+        '"Bounce"',
+        "{}",
+        '{"eventType": 5}',
+        orjson.dumps({"eventType": "Bounce", "mail": SEND["mail"]}).decode(),
+        orjson.dumps(
+            {**BOUNCE, "bounce": {**BOUNCE["bounce"], "bouncedRecipients": [{}]}}
+        ).decode(),
+        orjson.dumps({**BOUNCE, "bounce": {**BOUNCE["bounce"], "timestamp": "yesterday"}}).decode(),
+        orjson.dumps(
+            {**DELIVERY, "delivery": {**DELIVERY["delivery"], "recipients": "x"}}
+        ).decode(),
+        orjson.dumps({**SEND, "mail": ["not", "an", "object"]}).decode(),
+        orjson.dumps({**SEND, "mail": {**SEND["mail"], "destination": [1]}}).decode(),
+    ],
+    ids=[
+        "text",
+        "truncated",
+        "array",
+        "string",
+        "no-type",
+        "numeric-type",
+        "no-bounce",
+        "recipient-without-address",
+        "bad-timestamp",
+        "recipients-not-list",
+        "mail-not-object",
+        "destination-not-strings",
+    ],
+)
+async def test_verified_but_malformed_ses_event(
+    message: str, source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     with pytest.raises(MalformedPayload):
         await accept(source, message, signing_key)
 
 
 @pytest.mark.parametrize("sample", ALL_SAMPLES)
-async def test_default_payload_fields_keep_no_addresses(sample: dict, source: SesSource,
-                                                        signing_key: rsa.RSAPrivateKey) -> None:
+async def test_default_payload_fields_keep_no_addresses(
+    sample: dict, source: SesSource, signing_key: rsa.RSAPrivateKey
+) -> None:
     for event in (await accept(source, sample, signing_key)).events:
         kept = minimise_payload(event.payload, source.default_payload_fields)
         text = orjson.dumps(kept).decode()
@@ -693,8 +836,10 @@ async def test_default_payload_fields_keep_the_bounce_classification(
     (event,) = (await accept(source, BOUNCE, signing_key)).events
     kept = minimise_payload(event.payload, source.default_payload_fields)
     assert kept["bounce"] == {
-        "bounceType": "Permanent", "bounceSubType": "General",
-        "feedbackId": BOUNCE["bounce"]["feedbackId"], "reportingMTA": "dsn; mta.example.com",
+        "bounceType": "Permanent",
+        "bounceSubType": "General",
+        "feedbackId": BOUNCE["bounce"]["feedbackId"],
+        "reportingMTA": "dsn; mta.example.com",
         "timestamp": "2017-08-05T00:41:02.669Z",
     }
     assert kept["mail"]["tags"] == {"ses:configuration-set": ["ConfigSet"]}

@@ -38,9 +38,7 @@ from inboxd.adapters.esp.sns_certificates import CertificateCache, fetch_certifi
 
 # aws/aws-sdk-ruby, gems/aws-sdk-sns/spec/message_verifier_spec.rb: two real
 # messages (SignatureVersion 1 and 2) and the SNS certificate that signed them.
-RUBY_CERT_URL = (
-    "https://sns.us-east-2.amazonaws.com/SimpleNotificationService-7ff5318490ec183fbaddaa2a969abfda.pem"
-)
+RUBY_CERT_URL = "https://sns.us-east-2.amazonaws.com/SimpleNotificationService-7ff5318490ec183fbaddaa2a969abfda.pem"
 RUBY_CERT = b"""-----BEGIN CERTIFICATE-----
 MIIF1zCCBL+gAwIBAgIQB9pYWG3Mi7xej22g9pobJTANBgkqhkiG9w0BAQsFADBG
 MQswCQYDVQQGEwJVUzEPMA0GA1UEChMGQW1hem9uMRUwEwYDVQQLEwxTZXJ2ZXIg
@@ -107,9 +105,7 @@ RUBY_MESSAGE_V2 = b"""{
 
 # rizen/AWS-SNS-Verify (Perl), t/01_verify.t: a real SignatureVersion 1 message
 # with a Subject (so the optional key is in the canonical string) and its certificate.
-PERL_CERT_URL = (
-    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-d6d679a1d18e95c2f9ffcf11f4f9e198.pem"
-)
+PERL_CERT_URL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-d6d679a1d18e95c2f9ffcf11f4f9e198.pem"
 PERL_CERT = b"""-----BEGIN CERTIFICATE-----
 MIIFFzCCA/+gAwIBAgIQfXvtWTP5lfZLpmyNHLk1TDANBgkqhkiG9w0BAQUFADCB
 tTELMAkGA1UEBhMCVVMxFzAVBgNVBAoTDlZlcmlTaWduLCBJbmMuMR8wHQYDVQQL
@@ -176,10 +172,24 @@ SUBSCRIBE_URL = (
 # the module's table is not mirrored by the tests (AWS SNS developer guide).
 CANONICAL_KEYS = {
     "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
-    "SubscriptionConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                                 "TopicArn", "Type"),
-    "UnsubscribeConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
-                                "TopicArn", "Type"),
+    "SubscriptionConfirmation": (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
+    "UnsubscribeConfirmation": (
+        "Message",
+        "MessageId",
+        "SubscribeURL",
+        "Timestamp",
+        "Token",
+        "TopicArn",
+        "Type",
+    ),
 }
 DIGESTS = {"1": hashes.SHA1, "2": hashes.SHA256}
 
@@ -289,13 +299,18 @@ async def verify(raw: bytes, cache: CertificateCache, topics: frozenset[str] = T
 # --- published vectors ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "message_id"), [
-    (RUBY_MESSAGE_V1, "792cda85-518f-5dd3-9163-81d851212f3a"),
-    (RUBY_MESSAGE_V2, "17dea24b-55c2-540b-8362-f916557af765"),
-    (PERL_MESSAGE, "a890c547-5d98-55e2-971d-8826fff56413"),
-], ids=["ruby-sha1", "ruby-sha256", "perl-sha1-subject"])
-async def test_published_vectors_verify(raw: bytes, message_id: str, cache: CertificateCache,
-                                        fetch: FakeFetch) -> None:
+@pytest.mark.parametrize(
+    ("raw", "message_id"),
+    [
+        (RUBY_MESSAGE_V1, "792cda85-518f-5dd3-9163-81d851212f3a"),
+        (RUBY_MESSAGE_V2, "17dea24b-55c2-540b-8362-f916557af765"),
+        (PERL_MESSAGE, "a890c547-5d98-55e2-971d-8826fff56413"),
+    ],
+    ids=["ruby-sha1", "ruby-sha256", "perl-sha1-subject"],
+)
+async def test_published_vectors_verify(
+    raw: bytes, message_id: str, cache: CertificateCache, fetch: FakeFetch
+) -> None:
     message = await verify(raw, cache, PUBLISHED_TOPICS)
     assert message.type == "Notification"
     assert message.message_id == message_id
@@ -308,23 +323,29 @@ async def test_published_vector_keeps_subject(cache: CertificateCache) -> None:
     assert (message.subject, message.message) == ("test subject", "test message")
 
 
-@pytest.mark.parametrize("tamper", [
-    lambda f: {**f, "Message": "Hello World"},
-    lambda f: {**f, "Subject": "added"},
-    lambda f: {**f, "Timestamp": "2022-07-28T21:23:58.318Z"},
-    lambda f: {**f, "MessageId": "792cda85-518f-5dd3-9163-81d851212f3b"},
-    lambda f: {**f, "TopicArn": RUBY_TOPIC_V2},
-    lambda f: {**f, "SignatureVersion": "2"},
-], ids=["message", "subject-added", "timestamp", "message-id", "topic", "version"])
-async def test_published_vector_tampered_fails(tamper: Callable[[dict], dict],
-                                               cache: CertificateCache) -> None:
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda f: {**f, "Message": "Hello World"},
+        lambda f: {**f, "Subject": "added"},
+        lambda f: {**f, "Timestamp": "2022-07-28T21:23:58.318Z"},
+        lambda f: {**f, "MessageId": "792cda85-518f-5dd3-9163-81d851212f3b"},
+        lambda f: {**f, "TopicArn": RUBY_TOPIC_V2},
+        lambda f: {**f, "SignatureVersion": "2"},
+    ],
+    ids=["message", "subject-added", "timestamp", "message-id", "topic", "version"],
+)
+async def test_published_vector_tampered_fails(
+    tamper: Callable[[dict], dict], cache: CertificateCache
+) -> None:
     fields = tamper(orjson.loads(RUBY_MESSAGE_V1))
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache, PUBLISHED_TOPICS)
 
 
-async def test_published_vector_with_other_certificate_fails(fetch: FakeFetch,
-                                                             cache: CertificateCache) -> None:
+async def test_published_vector_with_other_certificate_fails(
+    fetch: FakeFetch, cache: CertificateCache
+) -> None:
     fetch.pems[RUBY_CERT_URL] = PERL_CERT
     with pytest.raises(VerificationFailed, match="signature"):
         await verify(RUBY_MESSAGE_V1, cache, PUBLISHED_TOPICS)
@@ -347,8 +368,9 @@ async def test_notification_verifies_with_both_signature_versions(
 
 
 @pytest.mark.parametrize("subject", [None, "absent"])
-async def test_notification_without_subject(subject: str | None, signing_key: rsa.RSAPrivateKey,
-                                            cache: CertificateCache) -> None:
+async def test_notification_without_subject(
+    subject: str | None, signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     fields = notification(Subject=subject)
     if subject == "absent":
         del fields["Subject"]
@@ -356,8 +378,9 @@ async def test_notification_without_subject(subject: str | None, signing_key: rs
     assert message.subject is None
 
 
-async def test_message_with_newlines_and_unicode(signing_key: rsa.RSAPrivateKey,
-                                                 cache: CertificateCache) -> None:
+async def test_message_with_newlines_and_unicode(
+    signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     text = '{"eventType":"Send",\n"note":"caf\u00e9 \u2014 \\"quoted\\""}'
     message = await verify(body(sign(notification(Message=text), signing_key)), cache)
     assert message.message == text
@@ -365,9 +388,9 @@ async def test_message_with_newlines_and_unicode(signing_key: rsa.RSAPrivateKey,
 
 @pytest.mark.parametrize("message_type", ["SubscriptionConfirmation", "UnsubscribeConfirmation"])
 @pytest.mark.parametrize("version", ["1", "2"])
-async def test_confirmations_verify(message_type: str, version: str,
-                                    signing_key: rsa.RSAPrivateKey,
-                                    cache: CertificateCache) -> None:
+async def test_confirmations_verify(
+    message_type: str, version: str, signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     fields = sign(confirmation(message_type, SignatureVersion=version), signing_key)
     message = await verify(body(fields), cache)
     assert message.type == message_type
@@ -375,15 +398,17 @@ async def test_confirmations_verify(message_type: str, version: str,
     assert message.token == fields["Token"]
 
 
-async def test_confirmation_token_is_signed(signing_key: rsa.RSAPrivateKey,
-                                            cache: CertificateCache) -> None:
+async def test_confirmation_token_is_signed(
+    signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     fields = {**sign(confirmation(), signing_key), "Token": "other"}
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache)
 
 
-async def test_china_region_certificate_url(signing_key: rsa.RSAPrivateKey, fetch: FakeFetch,
-                                            certificate: bytes) -> None:
+async def test_china_region_certificate_url(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, certificate: bytes
+) -> None:
     url = "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem"
     fetch.pems[url] = certificate
     fields = sign(notification(SigningCertURL=url), signing_key)
@@ -404,48 +429,58 @@ async def test_unknown_signature_version_fails_without_fetch(
     assert fetch.calls == []
 
 
-async def test_signature_version_must_match_the_signature(signing_key: rsa.RSAPrivateKey,
-                                                          cache: CertificateCache) -> None:
+async def test_signature_version_must_match_the_signature(
+    signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     fields = {**sign(notification(SignatureVersion="2"), signing_key), "SignatureVersion": "1"}
     with pytest.raises(VerificationFailed, match="signature"):
         await verify(body(fields), cache)
 
 
-@pytest.mark.parametrize("tamper", [
-    lambda f: {**f, "Message": f["Message"] + " "},
-    lambda f: {**f, "Subject": "Other"},
-    lambda f: {k: v for k, v in f.items() if k != "Subject"},
-    lambda f: {**f, "Timestamp": "2012-05-02T00:54:07.655Z"},
-    lambda f: {**f, "TopicArn": OTHER_TOPIC},
-    lambda f: {**f, "MessageId": "other"},
-], ids=["message", "subject", "subject-removed", "timestamp", "topic", "message-id"])
-async def test_tampered_notification_fails(tamper: Callable[[dict], dict],
-                                           signing_key: rsa.RSAPrivateKey,
-                                           cache: CertificateCache) -> None:
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda f: {**f, "Message": f["Message"] + " "},
+        lambda f: {**f, "Subject": "Other"},
+        lambda f: {k: v for k, v in f.items() if k != "Subject"},
+        lambda f: {**f, "Timestamp": "2012-05-02T00:54:07.655Z"},
+        lambda f: {**f, "TopicArn": OTHER_TOPIC},
+        lambda f: {**f, "MessageId": "other"},
+    ],
+    ids=["message", "subject", "subject-removed", "timestamp", "topic", "message-id"],
+)
+async def test_tampered_notification_fails(
+    tamper: Callable[[dict], dict], signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     with pytest.raises(VerificationFailed, match="signature"):
         await verify(body(tamper(sign(notification(), signing_key))), cache)
 
 
-@pytest.mark.parametrize("signature", [
-    lambda s: s[:-8],                                      # truncated, still base64
-    lambda s: s[: len(s) // 2],                            # half
-    lambda s: "bad",                                       # not base64
-    lambda s: "",                                          # empty
-    lambda s: "!!" + s[2:],                                # invalid characters
-    lambda s: base64.b64encode(b"\x00" * 256).decode(),    # right length, garbage
-    lambda s: s[:10] + ("A" if s[10] != "A" else "B") + s[11:],  # one character flipped
-], ids=["truncated", "half", "not-base64", "empty", "bad-chars", "zeros", "flipped"])
-async def test_garbage_signature_fails(signature: Callable[[str], str],
-                                       signing_key: rsa.RSAPrivateKey,
-                                       cache: CertificateCache) -> None:
+@pytest.mark.parametrize(
+    "signature",
+    [
+        lambda s: s[:-8],  # truncated, still base64
+        lambda s: s[: len(s) // 2],  # half
+        lambda s: "bad",  # not base64
+        lambda s: "",  # empty
+        lambda s: "!!" + s[2:],  # invalid characters
+        lambda s: base64.b64encode(b"\x00" * 256).decode(),  # right length, garbage
+        lambda s: s[:10] + ("A" if s[10] != "A" else "B") + s[11:],  # one character flipped
+    ],
+    ids=["truncated", "half", "not-base64", "empty", "bad-chars", "zeros", "flipped"],
+)
+async def test_garbage_signature_fails(
+    signature: Callable[[str], str], signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     fields = sign(notification(), signing_key)
     fields["Signature"] = signature(fields["Signature"])
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache)
 
 
-async def test_signature_by_another_key_fails(signing_key: rsa.RSAPrivateKey,
-                                              cache: CertificateCache) -> None:
+async def test_signature_by_another_key_fails(
+    signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     with pytest.raises(VerificationFailed, match="signature"):
         await verify(body(sign(notification(), other)), cache)
@@ -497,13 +532,16 @@ async def test_hostile_signing_cert_url_fails_without_fetch(
     assert fetch.calls == []
 
 
-@pytest.mark.parametrize("url", [
-    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-7ff5318490ec183fbaddaa2a969abfda.pem",
-    "https://sns.us-east-1.amazonaws.com:443/SimpleNotificationService-abc.pem",
-    "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-abc.pem",
-    "https://sns.cn-northwest-1.amazonaws.com.cn/SimpleNotificationService-abc.pem",
-    "https://sns.ap-southeast-5.amazonaws.com/SimpleNotificationService-abc.pem",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-7ff5318490ec183fbaddaa2a969abfda.pem",
+        "https://sns.us-east-1.amazonaws.com:443/SimpleNotificationService-abc.pem",
+        "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-abc.pem",
+        "https://sns.cn-northwest-1.amazonaws.com.cn/SimpleNotificationService-abc.pem",
+        "https://sns.ap-southeast-5.amazonaws.com/SimpleNotificationService-abc.pem",
+    ],
+)
 def test_signing_cert_urls_accepted(url: str) -> None:
     assert is_signing_cert_url(url)
 
@@ -532,9 +570,9 @@ async def test_hostile_subscribe_url_fails_without_fetch(
     assert fetch.calls == []
 
 
-async def test_topic_not_allowlisted_fails_without_fetch(signing_key: rsa.RSAPrivateKey,
-                                                         fetch: FakeFetch,
-                                                         cache: CertificateCache) -> None:
+async def test_topic_not_allowlisted_fails_without_fetch(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
+) -> None:
     foreign = "arn:aws:sns:eu-west-1:999999999999:someone-else"
     with pytest.raises(VerificationFailed, match="TopicArn"):
         await verify(body(sign(notification(TopicArn=foreign), signing_key)), cache)
@@ -543,25 +581,43 @@ async def test_topic_not_allowlisted_fails_without_fetch(signing_key: rsa.RSAPri
     assert fetch.calls == []
 
 
-@pytest.mark.parametrize("raw", [
-    b"",
-    b"not json",
-    b'{"Type": "Notification"',
-    b"[]",
-    b'"Notification"',
-    b"\xff\xfe{}",
-    b"{}",
-    orjson.dumps({**notification(), "Type": "Other"}),
-    orjson.dumps({**notification(), "Type": None}),
-    orjson.dumps({k: v for k, v in notification().items() if k != "Message"}),
-    orjson.dumps({**notification(), "Message": {"eventType": "Send"}}),
-    orjson.dumps({**notification(), "Timestamp": 1336000446}),
-    orjson.dumps({**notification(), "Signature": None}),
-    orjson.dumps({k: v for k, v in notification().items() if k != "SigningCertURL"}),
-    orjson.dumps({k: v for k, v in confirmation().items() if k != "SubscribeURL"}),
-], ids=["empty", "text", "truncated", "array", "string", "not-utf8", "empty-object",
-        "unknown-type", "null-type", "no-message", "message-object", "numeric-timestamp",
-        "null-signature", "no-cert-url", "no-subscribe-url"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b'{"Type": "Notification"',
+        b"[]",
+        b'"Notification"',
+        b"\xff\xfe{}",
+        b"{}",
+        orjson.dumps({**notification(), "Type": "Other"}),
+        orjson.dumps({**notification(), "Type": None}),
+        orjson.dumps({k: v for k, v in notification().items() if k != "Message"}),
+        orjson.dumps({**notification(), "Message": {"eventType": "Send"}}),
+        orjson.dumps({**notification(), "Timestamp": 1336000446}),
+        orjson.dumps({**notification(), "Signature": None}),
+        orjson.dumps({k: v for k, v in notification().items() if k != "SigningCertURL"}),
+        orjson.dumps({k: v for k, v in confirmation().items() if k != "SubscribeURL"}),
+    ],
+    ids=[
+        "empty",
+        "text",
+        "truncated",
+        "array",
+        "string",
+        "not-utf8",
+        "empty-object",
+        "unknown-type",
+        "null-type",
+        "no-message",
+        "message-object",
+        "numeric-timestamp",
+        "null-signature",
+        "no-cert-url",
+        "no-subscribe-url",
+    ],
+)
 async def test_malformed_envelope_is_verification_failure_without_fetch(
     raw: bytes, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
@@ -572,16 +628,17 @@ async def test_malformed_envelope_is_verification_failure_without_fetch(
     assert fetch.calls == []
 
 
-async def test_unparsable_timestamp_fails_without_fetch(signing_key: rsa.RSAPrivateKey,
-                                                        fetch: FakeFetch,
-                                                        cache: CertificateCache) -> None:
+async def test_unparsable_timestamp_fails_without_fetch(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
+) -> None:
     with pytest.raises(VerificationFailed, match="Timestamp"):
         await verify(body(sign(notification(Timestamp="yesterday"), signing_key)), cache)
     assert fetch.calls == []
 
 
-async def test_old_timestamp_is_accepted(signing_key: rsa.RSAPrivateKey,
-                                         cache: CertificateCache) -> None:
+async def test_old_timestamp_is_accepted(
+    signing_key: rsa.RSAPrivateKey, cache: CertificateCache
+) -> None:
     # No tolerance window: SNS retries with the original Timestamp (module docstring).
     fields = sign(notification(Timestamp="2001-01-01T00:00:00.000Z"), signing_key)
     assert (await verify(body(fields), cache)).timestamp.year == 2001
@@ -598,8 +655,9 @@ async def test_certificate_is_fetched_once_for_two_messages(
     assert fetch.calls == [CERT_URL]
 
 
-async def test_certificate_expires_after_ttl(signing_key: rsa.RSAPrivateKey,
-                                             fetch: FakeFetch) -> None:
+async def test_certificate_expires_after_ttl(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch
+) -> None:
     now = [1000.0]
     cache = CertificateCache(fetch, ttl_s=60.0, clock=lambda: now[0])
     raw = body(sign(notification(), signing_key))
@@ -613,8 +671,9 @@ async def test_certificate_expires_after_ttl(signing_key: rsa.RSAPrivateKey,
 
 
 async def test_cache_is_bounded_least_recently_used_first(certificate: bytes) -> None:
-    urls = [f"https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-{i}.pem"
-            for i in range(3)]
+    urls = [
+        f"https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-{i}.pem" for i in range(3)
+    ]
     fetch = FakeFetch(dict.fromkeys(urls, certificate))
     cache = CertificateCache(fetch, max_entries=2)
     for url in (urls[0], urls[1], urls[0], urls[2], urls[0], urls[1]):
@@ -649,7 +708,9 @@ async def test_concurrent_misses_fetch_once(certificate: bytes) -> None:
 
 
 async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
-    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, certificate: bytes,
+    signing_key: rsa.RSAPrivateKey,
+    fetch: FakeFetch,
+    certificate: bytes,
 ) -> None:
     from inboxd.adapters.esp.sns_certificates import CERT_FAILURE_TTL_S
 
@@ -668,8 +729,9 @@ async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
     assert fetch.calls == [CERT_URL, CERT_URL]
 
 
-async def test_fetches_at_once_are_capped(signing_key: rsa.RSAPrivateKey,
-                                          certificate: bytes) -> None:
+async def test_fetches_at_once_are_capped(
+    signing_key: rsa.RSAPrivateKey, certificate: bytes
+) -> None:
     import anyio
 
     from inboxd.adapters.esp.sns_certificates import MAX_CONCURRENT_CERT_FETCHES
@@ -686,8 +748,7 @@ async def test_fetches_at_once_are_capped(signing_key: rsa.RSAPrivateKey,
     outcomes: list[object] = []
 
     async def ask(i: int) -> None:
-        url = ("https://sns.us-east-1.amazonaws.com/"
-               f"SimpleNotificationService-{i:032x}.pem")
+        url = f"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-{i:032x}.pem"
         try:
             outcomes.append(await cache.public_key(url))
         except SourceUnavailable as exc:
@@ -703,13 +764,17 @@ async def test_fetches_at_once_are_capped(signing_key: rsa.RSAPrivateKey,
     assert sum(isinstance(o, SourceUnavailable) for o in outcomes) == 3
 
 
-@pytest.mark.parametrize("served", [
-    b"",
-    b"<html>Not Found</html>",
-    b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
-    b"<xml><value>\n" + RUBY_CERT + b"\n</value></xml>",
-    RUBY_CERT + PERL_CERT,
-], ids=["empty", "html", "bad-pem", "wrapped", "two-certificates"])
+@pytest.mark.parametrize(
+    "served",
+    [
+        b"",
+        b"<html>Not Found</html>",
+        b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+        b"<xml><value>\n" + RUBY_CERT + b"\n</value></xml>",
+        RUBY_CERT + PERL_CERT,
+    ],
+    ids=["empty", "html", "bad-pem", "wrapped", "two-certificates"],
+)
 async def test_response_that_is_not_one_certificate_fails(
     served: bytes, signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
@@ -718,9 +783,9 @@ async def test_response_that_is_not_one_certificate_fails(
         await verify(body(sign(notification(), signing_key)), cache)
 
 
-async def test_certificate_with_non_rsa_key_fails(signing_key: rsa.RSAPrivateKey,
-                                                  fetch: FakeFetch,
-                                                  cache: CertificateCache) -> None:
+async def test_certificate_with_non_rsa_key_fails(
+    signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
+) -> None:
     fetch.pems[CERT_URL] = make_certificate(ec.generate_private_key(ec.SECP256R1()))
     with pytest.raises(VerificationFailed, match="RSA"):
         await verify(body(sign(notification(), signing_key)), cache)
@@ -762,20 +827,21 @@ async def cert_server(certificate: bytes):
         yield server
 
 
-async def test_default_fetch_returns_the_body(cert_server: TestServer,
-                                              certificate: bytes) -> None:
+async def test_default_fetch_returns_the_body(cert_server: TestServer, certificate: bytes) -> None:
     assert await fetch_certificate(str(cert_server.make_url("/cert.pem"))) == certificate
 
 
 @pytest.mark.parametrize("path", ["/missing.pem", "/redirect.pem", "/huge.pem"])
-async def test_default_fetch_failures_are_source_unavailable(cert_server: TestServer,
-                                                             path: str) -> None:
+async def test_default_fetch_failures_are_source_unavailable(
+    cert_server: TestServer, path: str
+) -> None:
     with pytest.raises(SourceUnavailable):
         await fetch_certificate(str(cert_server.make_url(path)))
 
 
-async def test_default_fetch_has_a_deadline(cert_server: TestServer,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_default_fetch_has_a_deadline(
+    cert_server: TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sns_certificates, "CERT_FETCH_TIMEOUT_S", 0.2)
     with pytest.raises(SourceUnavailable, match="timed out"):
         await fetch_certificate(str(cert_server.make_url("/hang.pem")))

@@ -65,8 +65,13 @@ def sign(secret: str, msg_id: str, timestamp: int | str, body: bytes) -> str:
 
 
 def signed_request(
-    body: bytes, *, secret: str = VECTOR_SECRET, msg_id: str = "msg_2W2D3qXLS5fOaPja1GDg7rF2CwB",
-    timestamp: int = NOW, received_at: float = NOW, prefix: str = "webhook",
+    body: bytes,
+    *,
+    secret: str = VECTOR_SECRET,
+    msg_id: str = "msg_2W2D3qXLS5fOaPja1GDg7rF2CwB",
+    timestamp: int = NOW,
+    received_at: float = NOW,
+    prefix: str = "webhook",
 ) -> WebhookRequest:
     headers = {
         f"{prefix}-id": msg_id,
@@ -141,14 +146,17 @@ async def test_no_headers_at_all_fails() -> None:
         await source().accept(WebhookRequest(VECTOR_BODY, {}, float(VECTOR_TIMESTAMP)))
 
 
-@pytest.mark.parametrize("signature", [
-    VECTOR_SIGNATURE[:-8],               # truncated
-    VECTOR_SIGNATURE[:-1],               # last padding character cut
-    "v1,",                               # nothing after the version
-    VECTOR_SIGNATURE.removeprefix("v1,"),  # no version
-    "v1a," + VECTOR_SIGNATURE[3:],       # another version with the right bytes
-    "v1 " + VECTOR_SIGNATURE[3:],        # malformed separator
-])
+@pytest.mark.parametrize(
+    "signature",
+    [
+        VECTOR_SIGNATURE[:-8],  # truncated
+        VECTOR_SIGNATURE[:-1],  # last padding character cut
+        "v1,",  # nothing after the version
+        VECTOR_SIGNATURE.removeprefix("v1,"),  # no version
+        "v1a," + VECTOR_SIGNATURE[3:],  # another version with the right bytes
+        "v1 " + VECTOR_SIGNATURE[3:],  # malformed separator
+    ],
+)
 def test_truncated_or_malformed_signature_fails(signature: str) -> None:
     headers = vector_headers() | {"webhook-signature": signature}
     request = WebhookRequest(VECTOR_BODY, headers, float(VECTOR_TIMESTAMP))
@@ -159,14 +167,16 @@ def test_truncated_or_malformed_signature_fails(signature: str) -> None:
 def test_one_matching_signature_among_several_passes() -> None:
     header = " ".join([VECTOR_DECOY_V1, VECTOR_DECOY_V2, VECTOR_SIGNATURE, VECTOR_DECOY_V1])
     request = WebhookRequest(
-        VECTOR_BODY, vector_headers() | {"webhook-signature": header}, float(VECTOR_TIMESTAMP))
+        VECTOR_BODY, vector_headers() | {"webhook-signature": header}, float(VECTOR_TIMESTAMP)
+    )
     assert verify_request(request, (VECTOR_KEY,), DEFAULT_TOLERANCE_S) == VECTOR_ID
 
 
 def test_several_signatures_none_matching_fails() -> None:
     header = " ".join([VECTOR_DECOY_V1, VECTOR_DECOY_V2, VECTOR_WRONG_SIGNATURE])
     request = WebhookRequest(
-        VECTOR_BODY, vector_headers() | {"webhook-signature": header}, float(VECTOR_TIMESTAMP))
+        VECTOR_BODY, vector_headers() | {"webhook-signature": header}, float(VECTOR_TIMESTAMP)
+    )
     with pytest.raises(VerificationFailed):
         verify_request(request, (VECTOR_KEY,), DEFAULT_TOLERANCE_S)
 
@@ -180,9 +190,15 @@ def test_timestamp_inside_tolerance_passes(skew_s: float) -> None:
     assert verify_request(request, (VECTOR_KEY,), DEFAULT_TOLERANCE_S) == VECTOR_ID
 
 
-@pytest.mark.parametrize(("skew_s", "reason"), [
-    (301, "too old"), (300.5, "too old"), (-301, "too new"), (-300.5, "too new"),
-])
+@pytest.mark.parametrize(
+    ("skew_s", "reason"),
+    [
+        (301, "too old"),
+        (300.5, "too old"),
+        (-301, "too new"),
+        (-300.5, "too new"),
+    ],
+)
 def test_timestamp_outside_tolerance_fails(skew_s: float, reason: str) -> None:
     # received_at - timestamp = skew: a stale request arrives later than signed, a
     # "future" one earlier.
@@ -191,10 +207,19 @@ def test_timestamp_outside_tolerance_fails(skew_s: float, reason: str) -> None:
         verify_request(request, (VECTOR_KEY,), DEFAULT_TOLERANCE_S)
 
 
-@pytest.mark.parametrize("timestamp", [
-    "hello", "1614265330.0", "-1614265330", "1614265330 ", "+1614265330", "1e9", "٣",
-    "1" * 40,
-])
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "hello",
+        "1614265330.0",
+        "-1614265330",
+        "1614265330 ",
+        "+1614265330",
+        "1e9",
+        "٣",
+        "1" * 40,
+    ],
+)
 def test_non_integer_timestamp_fails(timestamp: str) -> None:
     # Signed over the odd timestamp, so only the timestamp check can refuse it.
     headers = {
@@ -226,16 +251,23 @@ def test_reserialised_body_fails() -> None:
         verify_request(request, (VECTOR_KEY,), DEFAULT_TOLERANCE_S)
 
 
-@pytest.mark.parametrize("body", [b'{"type": "email.sent",', b"", b"\xff\xfe", b"[1, 2]",
-                                  b'"email.sent"', b"null"])
+@pytest.mark.parametrize(
+    "body", [b'{"type": "email.sent",', b"", b"\xff\xfe", b"[1, 2]", b'"email.sent"', b"null"]
+)
 async def test_malformed_body_after_valid_signature(body: bytes) -> None:
     with pytest.raises(MalformedPayload):
         await source().accept(signed_request(body))
 
 
-@pytest.mark.parametrize("body", [{"data": {}}, {"type": 7, "data": {}},
-                                  {"type": "email.sent", "data": []},
-                                  {"type": "email.sent", "created_at": "yesterday", "data": {}}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"data": {}},
+        {"type": 7, "data": {}},
+        {"type": "email.sent", "data": []},
+        {"type": "email.sent", "created_at": "yesterday", "data": {}},
+    ],
+)
 async def test_wrong_shape_after_valid_signature(body: dict[str, Any]) -> None:
     with pytest.raises(MalformedPayload):
         await source().accept(signed_request(orjson.dumps(body)))
@@ -253,13 +285,15 @@ async def test_webhook_headers_are_preferred_over_svix() -> None:
     body = orjson.dumps(SENT)
     good = signed_request(body, msg_id="msg_good")
     bad_svix = {"svix-id": "msg_other", "svix-timestamp": "1", "svix-signature": "v1,AAAA"}
-    accepted = await source().accept(
-        WebhookRequest(body, dict(good.headers) | bad_svix, NOW))
+    accepted = await source().accept(WebhookRequest(body, dict(good.headers) | bad_svix, NOW))
     assert accepted.events[0].provider_event_id == "msg_good"
 
     good_svix = signed_request(body, prefix="svix").headers
-    bad_webhook = {"webhook-id": "msg_x", "webhook-timestamp": str(NOW),
-                   "webhook-signature": VECTOR_WRONG_SIGNATURE}
+    bad_webhook = {
+        "webhook-id": "msg_x",
+        "webhook-timestamp": str(NOW),
+        "webhook-signature": VECTOR_WRONG_SIGNATURE,
+    }
     with pytest.raises(VerificationFailed):
         await source().accept(WebhookRequest(body, dict(good_svix) | bad_webhook, NOW))
 
@@ -279,8 +313,11 @@ async def test_rotation_accepts_a_header_signed_with_both() -> None:
     body = orjson.dumps(SENT)
     old = sign(OLD_SECRET, "msg_1", NOW, body)
     new = sign(NEW_SECRET, "msg_1", NOW, body)
-    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(NOW),
-               "webhook-signature": f"{old} {new}"}
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(NOW),
+        "webhook-signature": f"{old} {new}",
+    }
     accepted = await source(secret=NEW_SECRET).accept(WebhookRequest(body, headers, NOW))
     assert accepted.events[0].provider_event_id == "msg_1"
 
@@ -305,21 +342,24 @@ def test_rotation_through_verify_request() -> None:
 # -- config ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("table", "key"), [
-    ({"secret": "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, "secret"),        # no whsec_ prefix
-    ({"secret": "whsec_not base64!!"}, "secret"),
-    ({"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS"}, "secret"),   # bad padding
-    ({"secret": "whsec_"}, "secret"),
-    ({"secret": VECTOR_SECRET, "next_secret": "hunter2hunter2"}, "next_secret"),
-    ({}, "secret"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": 0}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": -5}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": "300"}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": True}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": float("nan")}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "tolerance_s": float("inf")}, "tolerance_s"),
-    ({"secret": VECTOR_SECRET, "signing_secret": VECTOR_SECRET}, "signing_secret"),
-])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({"secret": "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, "secret"),  # no whsec_ prefix
+        ({"secret": "whsec_not base64!!"}, "secret"),
+        ({"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS"}, "secret"),  # bad padding
+        ({"secret": "whsec_"}, "secret"),
+        ({"secret": VECTOR_SECRET, "next_secret": "hunter2hunter2"}, "next_secret"),
+        ({}, "secret"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": 0}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": -5}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": "300"}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": True}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": float("nan")}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "tolerance_s": float("inf")}, "tolerance_s"),
+        ({"secret": VECTOR_SECRET, "signing_secret": VECTOR_SECRET}, "signing_secret"),
+    ],
+)
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(SourceConfigError) as refused:
         StandardWebhooksSource.from_config("resend", table, reveal=str)
@@ -346,10 +386,16 @@ def test_config_ignores_common_keys_and_reveals_secrets() -> None:
         return result
 
     table = {
-        "id": "resend", "provider": "standard_webhooks", "max_body_bytes": 65536,
-        "rate_limit_per_s": 10, "rate_limit_burst": 20, "payload_fields": ["type"],
-        "recipients": "hash", "secret": FakeSecret(VECTOR_SECRET),
-        "next_secret": FakeSecret(NEW_SECRET), "tolerance_s": 120,
+        "id": "resend",
+        "provider": "standard_webhooks",
+        "max_body_bytes": 65536,
+        "rate_limit_per_s": 10,
+        "rate_limit_burst": 20,
+        "payload_fields": ["type"],
+        "recipients": "hash",
+        "secret": FakeSecret(VECTOR_SECRET),
+        "next_secret": FakeSecret(NEW_SECRET),
+        "tolerance_s": 120,
     }
     built = StandardWebhooksSource.from_config("resend", table, reveal=reveal)
     assert revealed == [VECTOR_SECRET, NEW_SECRET]
@@ -378,8 +424,7 @@ _COMMON = {
 
 
 def resend_event(event_type: str, **data: Any) -> dict[str, Any]:
-    return {"type": event_type, "created_at": "2024-11-22T23:41:12.126Z",
-            "data": _COMMON | data}
+    return {"type": event_type, "created_at": "2024-11-22T23:41:12.126Z", "data": _COMMON | data}
 
 
 SENT = resend_event("email.sent")
@@ -390,22 +435,44 @@ SAMPLES: list[tuple[dict[str, Any], EventType]] = [
     (resend_event("email.delivery_delayed"), EventType.DEFERRED),
     (resend_event("email.complained"), EventType.COMPLAINED),
     (resend_event("email.opened"), EventType.OPENED),
-    (resend_event("email.clicked", click={
-        "ipAddress": "122.115.53.11", "link": "https://resend.com",
-        "timestamp": "2024-11-24T05:00:57.163Z",
-        "userAgent": "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7)"}), EventType.CLICKED),
+    (
+        resend_event(
+            "email.clicked",
+            click={
+                "ipAddress": "122.115.53.11",
+                "link": "https://resend.com",
+                "timestamp": "2024-11-24T05:00:57.163Z",
+                "userAgent": "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7)",
+            },
+        ),
+        EventType.CLICKED,
+    ),
     (resend_event("email.failed", failed={"reason": "reached_daily_quota"}), EventType.REJECTED),
-    (resend_event("email.suppressed", suppressed={
-        "message": "Resend has suppressed sending to this address because it is on the "
-                   "account-level suppression list.",
-        "type": "OnAccountSuppressionList"}), EventType.SUPPRESSED),
+    (
+        resend_event(
+            "email.suppressed",
+            suppressed={
+                "message": "Resend has suppressed sending to this address because it is on the "
+                "account-level suppression list.",
+                "type": "OnAccountSuppressionList",
+            },
+        ),
+        EventType.SUPPRESSED,
+    ),
     (resend_event("email.scheduled"), EventType.UNKNOWN),
-    (resend_event("email.received", message_id="<example+123>", cc=[], bcc=[]),
-     EventType.UNKNOWN),
-    (resend_event("email.bounced", bounce={
-        "message": "The recipient's email address is on the suppression list because it "
-                   "has a recent history of producing hard bounces.",
-        "subType": "Suppressed", "type": "Permanent"}), EventType.BOUNCED),
+    (resend_event("email.received", message_id="<example+123>", cc=[], bcc=[]), EventType.UNKNOWN),
+    (
+        resend_event(
+            "email.bounced",
+            bounce={
+                "message": "The recipient's email address is on the suppression list because it "
+                "has a recent history of producing hard bounces.",
+                "subType": "Suppressed",
+                "type": "Permanent",
+            },
+        ),
+        EventType.BOUNCED,
+    ),
 ]
 
 
@@ -429,20 +496,31 @@ async def test_resend_samples_normalise(sample: dict[str, Any], expected: EventT
         assert event.bounce_type is None and event.bounce_subtype is None
 
 
-@pytest.mark.parametrize(("bounce", "bounce_type", "subtype"), [
-    ({"type": "Permanent", "subType": "General"}, BounceType.PERMANENT, "General"),
-    ({"type": "Transient", "subType": "MailboxFull"}, BounceType.TRANSIENT, "MailboxFull"),
-    ({"type": "Temporary"}, BounceType.TRANSIENT, None),
-    ({"type": "Undetermined", "subType": "Undetermined"}, BounceType.UNDETERMINED,
-     "Undetermined"),
-    ({"type": "Sideways"}, BounceType.UNDETERMINED, None),
-    # Older payloads (django-anymail's recorded Resend bounce) carry only a message.
-    ({"message": "The recipient's email provider sent a hard bounce message"},
-     BounceType.UNDETERMINED, None),
-    (None, BounceType.UNDETERMINED, None),
-])
+@pytest.mark.parametrize(
+    ("bounce", "bounce_type", "subtype"),
+    [
+        ({"type": "Permanent", "subType": "General"}, BounceType.PERMANENT, "General"),
+        ({"type": "Transient", "subType": "MailboxFull"}, BounceType.TRANSIENT, "MailboxFull"),
+        ({"type": "Temporary"}, BounceType.TRANSIENT, None),
+        (
+            {"type": "Undetermined", "subType": "Undetermined"},
+            BounceType.UNDETERMINED,
+            "Undetermined",
+        ),
+        ({"type": "Sideways"}, BounceType.UNDETERMINED, None),
+        # Older payloads (django-anymail's recorded Resend bounce) carry only a message.
+        (
+            {"message": "The recipient's email provider sent a hard bounce message"},
+            BounceType.UNDETERMINED,
+            None,
+        ),
+        (None, BounceType.UNDETERMINED, None),
+    ],
+)
 async def test_bounce_types(
-    bounce: dict[str, Any] | None, bounce_type: BounceType, subtype: str | None,
+    bounce: dict[str, Any] | None,
+    bounce_type: BounceType,
+    subtype: str | None,
 ) -> None:
     sample = resend_event("email.bounced", bounce=bounce)
     [event] = (await source().accept(signed_request(orjson.dumps(sample)))).events
@@ -452,8 +530,11 @@ async def test_bounce_types(
 
 
 async def test_unknown_type_is_kept_raw() -> None:
-    sample = {"type": "contact.created", "created_at": "2024-11-22T23:41:12.126Z",
-              "data": {"id": "e169aa45-1ecf-4183-9955-b1499d5701d3"}}
+    sample = {
+        "type": "contact.created",
+        "created_at": "2024-11-22T23:41:12.126Z",
+        "data": {"id": "e169aa45-1ecf-4183-9955-b1499d5701d3"},
+    }
     [event] = (await source().accept(signed_request(orjson.dumps(sample), msg_id="m"))).events
     assert event.event_type is EventType.UNKNOWN
     assert event.provider_type == "contact.created"
@@ -484,14 +565,24 @@ async def test_missing_created_at_leaves_occurred_at_unset() -> None:
     assert event.occurred_at is None
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"message_id": "<111-222-333@email.example.com>"}, "<111-222-333@email.example.com>"),
-    ({"headers": [{"name": "Reply-To", "value": "reply@example.com"},
-                  {"name": "Message-ID", "value": "<abc@example.org>"}]}, "<abc@example.org>"),
-    ({"headers": {"message-id": "<def@example.org>"}}, "<def@example.org>"),
-    ({"headers": [{"name": "Reply-To", "value": "reply@example.com"}, "junk"]}, None),
-    ({"headers": "Message-ID: <x@y>"}, None),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"message_id": "<111-222-333@email.example.com>"}, "<111-222-333@email.example.com>"),
+        (
+            {
+                "headers": [
+                    {"name": "Reply-To", "value": "reply@example.com"},
+                    {"name": "Message-ID", "value": "<abc@example.org>"},
+                ]
+            },
+            "<abc@example.org>",
+        ),
+        ({"headers": {"message-id": "<def@example.org>"}}, "<def@example.org>"),
+        ({"headers": [{"name": "Reply-To", "value": "reply@example.com"}, "junk"]}, None),
+        ({"headers": "Message-ID: <x@y>"}, None),
+    ],
+)
 async def test_message_id_header(data: dict[str, Any], expected: str | None) -> None:
     sample = resend_event("email.delivered", **data)
     [event] = (await source().accept(signed_request(orjson.dumps(sample)))).events
@@ -501,8 +592,11 @@ async def test_message_id_header(data: dict[str, Any], expected: str | None) -> 
 def test_default_payload_fields_keep_no_personal_data() -> None:
     sample = resend_event(
         "email.bounced",
-        bounce={"message": "550 5.1.1 <delivered@resend.dev>: user unknown",
-                "subType": "General", "type": "Permanent"},
+        bounce={
+            "message": "550 5.1.1 <delivered@resend.dev>: user unknown",
+            "subType": "General",
+            "type": "Permanent",
+        },
         click={"link": "https://example.com/reset?token=s3cr3t", "ipAddress": "192.0.2.1"},
     )
     kept = minimise_payload(sample, StandardWebhooksSource.default_payload_fields)
@@ -514,6 +608,7 @@ def test_default_payload_fields_keep_no_personal_data() -> None:
 
 
 # -- hostile input that once escaped as a 500 (security review) --------------------------
+
 
 async def test_an_id_that_is_not_utf8_is_refused_not_a_crash() -> None:
     body = b'{"type": "email.delivered", "data": {"to": ["a@x.example"]}}'
@@ -527,11 +622,12 @@ async def test_a_timestamp_padded_with_thousands_of_zeros_is_checked_not_a_crash
     body = b'{"type": "email.delivered", "data": {"to": ["a@x.example"]}}'
     padded = "0" * 4400 + str(NOW)
     request = signed_request(body)
-    headers = {**request.headers, "webhook-timestamp": padded,
-               "webhook-signature": sign(VECTOR_SECRET, "msg_2W2D3qXLS5fOaPja1GDg7rF2CwB",
-                                         padded, body)}
-    accepted = await source().accept(WebhookRequest(body=body, headers=headers,
-                                                    received_at=NOW))
+    headers = {
+        **request.headers,
+        "webhook-timestamp": padded,
+        "webhook-signature": sign(VECTOR_SECRET, "msg_2W2D3qXLS5fOaPja1GDg7rF2CwB", padded, body),
+    }
+    accepted = await source().accept(WebhookRequest(body=body, headers=headers, received_at=NOW))
     assert len(accepted.events) == 1  # the same second, however it is written
 
 

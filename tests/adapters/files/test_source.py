@@ -25,8 +25,11 @@ MBOX_SAMPLES = (
 )
 # A corpus .eml whose first line is a "From " postmark.
 POSTMARK_EML = "mikel-mail/plain_emails__raw_email.eml"
-PLAIN_EMLS = ("axllent-mailpit/plain-text.eml", "axllent-mailpit/tags.eml",
-              "axllent-mailpit/mime-attachment.eml")
+PLAIN_EMLS = (
+    "axllent-mailpit/plain-text.eml",
+    "axllent-mailpit/tags.eml",
+    "axllent-mailpit/mime-attachment.eml",
+)
 POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
 _FROM_LINE = re.compile(rb"(?m)^(>*From )")
 
@@ -81,8 +84,10 @@ def test_directory_walk_is_sorted_and_counts_skipped_files(mime: Path, tmp_path:
     ]
     assert plan.skipped == (top / "notes.md",)
     raws = [m.raw for m in iter_messages(plan)]
-    assert raws == [(mime / name).read_bytes() for name in (
-        PLAIN_EMLS[1], PLAIN_EMLS[0], MBOX_SAMPLES[0], PLAIN_EMLS[2], MBOX_SAMPLES[2])]
+    assert raws == [
+        (mime / name).read_bytes()
+        for name in (PLAIN_EMLS[1], PLAIN_EMLS[0], MBOX_SAMPLES[0], PLAIN_EMLS[2], MBOX_SAMPLES[2])
+    ]
 
 
 def test_mbox_gives_back_the_exact_bytes(mime: Path, tmp_path: Path) -> None:

@@ -75,13 +75,16 @@ class _Passes:
 
 
 def _source(root: Path) -> tuple[MaildirSource, _Passes]:
-    source = MaildirSource("acme", "inbox", MaildirConfig(root), page_size=PAGE_SIZE,
-                           list_pages=LIST_PAGES)
+    source = MaildirSource(
+        "acme", "inbox", MaildirConfig(root), page_size=PAGE_SIZE, list_pages=LIST_PAGES
+    )
     return source, _Passes(source)
 
 
 async def _run(
-    source: MaildirSource, *, behind: int = 0,
+    source: MaildirSource,
+    *,
+    behind: int = 0,
     outcome: Callable[[str], Outcome] = lambda name: Outcome.NEW,
     after_page: Callable[[int], None] = lambda n: None,
 ) -> list[str]:
@@ -152,8 +155,10 @@ async def test_files_that_stay_in_new_do_not_make_the_run_loop(
     source, passes = _source(root)
 
     yielded = await _run(
-        source, behind=1,
-        outcome=lambda n: Outcome.RETRIABLE_FAILURE if n == retriable else Outcome.NEW)
+        source,
+        behind=1,
+        outcome=lambda n: Outcome.RETRIABLE_FAILURE if n == retriable else Outcome.NEW,
+    )
 
     assert yielded == readable  # the unreadable ones were skipped, each file tried once
     assert passes.listed[-1] == []  # the run ended on a pass with nothing new

@@ -17,23 +17,42 @@ T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 POLICY = SourcePolicy(payload_fields=("kind",), keep_recipients=True)
 
 
-def event(kind: EventType, *, minute: int = 0, eid: str | None = None,
-          msg: str = "pm-1", rcpt: str = "Ann@Example.com", bounce: BounceType | None = None,
-          list_id: str | None = None, mid: str | None = None) -> DeliveryEvent:
+def event(
+    kind: EventType,
+    *,
+    minute: int = 0,
+    eid: str | None = None,
+    msg: str = "pm-1",
+    rcpt: str = "Ann@Example.com",
+    bounce: BounceType | None = None,
+    list_id: str | None = None,
+    mid: str | None = None,
+) -> DeliveryEvent:
     if kind is EventType.BOUNCED and bounce is None:
         bounce = BounceType.PERMANENT
     return DeliveryEvent(
         provider_event_id=eid if eid is not None else f"{kind}-{minute}-{msg}-{rcpt}",
-        provider_type=f"x.{kind}", event_type=kind,
-        occurred_at=T0 + timedelta(minutes=minute), provider_message_id=msg,
-        message_id_header=mid, recipient=rcpt, bounce_type=bounce,
-        bounce_subtype="General" if bounce else None, list_id=list_id,
-        payload={"kind": str(kind), "secret_body": "never stored"})
+        provider_type=f"x.{kind}",
+        event_type=kind,
+        occurred_at=T0 + timedelta(minutes=minute),
+        provider_message_id=msg,
+        message_id_header=mid,
+        recipient=rcpt,
+        bounce_type=bounce,
+        bounce_subtype="General" if bounce else None,
+        list_id=list_id,
+        payload={"kind": str(kind), "secret_body": "never stored"},
+    )
 
 
-async def store_events(pool: asyncpg.Pool, events: list[DeliveryEvent], *,
-                       tenant: str = "acme", source: str = "esp",
-                       token: str | None = None) -> Stored:
+async def store_events(
+    pool: asyncpg.Pool,
+    events: list[DeliveryEvent],
+    *,
+    tenant: str = "acme",
+    source: str = "esp",
+    token: str | None = None,
+) -> Stored:
     """Submit through a running intake (one request) and wait for its commit."""
     async with pool.acquire() as conn:
         await ensure_tenants(conn, [tenant])
@@ -42,8 +61,9 @@ async def store_events(pool: asyncpg.Pool, events: list[DeliveryEvent], *,
     async with anyio.create_task_group() as tg:
         await tg.start(intake.run)
         try:
-            outcome = await intake.submit(tenant, source, "test", events, POLICY,
-                                          received_at=time.time(), replay_token=token)
+            outcome = await intake.submit(
+                tenant, source, "test", events, POLICY, received_at=time.time(), replay_token=token
+            )
         except Exception as exc:  # raised below, outside the task group
             outcome = exc
         tg.cancel_scope.cancel()
@@ -64,7 +84,8 @@ async def evidence(pool: asyncpg.Pool) -> list[dict]:
             "SELECT source, message_key, recipient_hash, recipient, message_id, status, "
             "accepted_at, last_deferred_at, delivered_at, bounced_at, bounce_type, "
             "bounce_subtype, complained_at, rejected_at, suppressed_at, unsubscribed_at, "
-            "last_opened_at, last_clicked_at FROM delivery_evidence ORDER BY 1, 2, 3")
+            "last_opened_at, last_clicked_at FROM delivery_evidence ORDER BY 1, 2, 3"
+        )
     return [dict(r) for r in rows]
 
 
@@ -72,12 +93,14 @@ async def suppressions(pool: asyncpg.Pool) -> list[tuple]:
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT s.address, s.scope, s.reason, e.dedup_key FROM suppressions s "
-            "JOIN delivery_events e USING (tenant_id, event_id) ORDER BY 1, 2")
+            "JOIN delivery_events e USING (tenant_id, event_id) ORDER BY 1, 2"
+        )
     return [tuple(r) for r in rows]
 
 
-async def wait_until(pool: asyncpg.Pool, sql: str, predicate, *, deadline_s: float = 20.0,
-                     poll_s: float = 0.05):
+async def wait_until(
+    pool: asyncpg.Pool, sql: str, predicate, *, deadline_s: float = 20.0, poll_s: float = 0.05
+):
     """Poll `sql` (a single value) until `predicate(value)`; TimeoutError after the deadline."""
     with anyio.fail_after(deadline_s):
         async with pool.acquire() as conn:

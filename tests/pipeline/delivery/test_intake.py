@@ -46,10 +46,20 @@ async def test_row_holds_the_minimised_payload_and_hashed_key(pool: asyncpg.Pool
 
 
 async def test_events_without_ids_are_fingerprinted(pool: asyncpg.Pool) -> None:
-    a = DeliveryEvent(provider_event_id=None, provider_type="Open", event_type=EventType.OPENED,
-                      occurred_at=None, payload={"MessageID": "m1", "ReceivedAt": "t1"})
-    b = DeliveryEvent(provider_event_id=None, provider_type="Open", event_type=EventType.OPENED,
-                      occurred_at=None, payload={"MessageID": "m1", "ReceivedAt": "t2"})
+    a = DeliveryEvent(
+        provider_event_id=None,
+        provider_type="Open",
+        event_type=EventType.OPENED,
+        occurred_at=None,
+        payload={"MessageID": "m1", "ReceivedAt": "t1"},
+    )
+    b = DeliveryEvent(
+        provider_event_id=None,
+        provider_type="Open",
+        event_type=EventType.OPENED,
+        occurred_at=None,
+        payload={"MessageID": "m1", "ReceivedAt": "t2"},
+    )
     assert (await store_events(pool, [a, b])).new == 2
     assert (await store_events(pool, [a])).new == 0  # the provider's retry
     assert await count(pool) == 2
@@ -64,9 +74,16 @@ async def test_same_event_concurrently_is_one_row(pool: asyncpg.Pool) -> None:
         await tg.start(intake.run)
 
         async def post() -> None:
-            outcomes.append(await intake.submit(
-                "acme", "esp", "test", [event(EventType.DELIVERED, eid="same")], POLICY,
-                received_at=time.time()))
+            outcomes.append(
+                await intake.submit(
+                    "acme",
+                    "esp",
+                    "test",
+                    [event(EventType.DELIVERED, eid="same")],
+                    POLICY,
+                    received_at=time.time(),
+                )
+            )
 
         async with anyio.create_task_group() as posts:
             for _ in range(20):
@@ -85,8 +102,13 @@ async def test_replayed_token_is_refused_and_stores_nothing(pool: asyncpg.Pool) 
 
 
 async def test_nul_characters_are_stored_not_refused(pool: asyncpg.Pool) -> None:
-    bad = DeliveryEvent(provider_event_id="n\x00ul", provider_type="t\x00",
-                        event_type=EventType.UNKNOWN, occurred_at=None, payload={"kind": "a\x00b"})
+    bad = DeliveryEvent(
+        provider_event_id="n\x00ul",
+        provider_type="t\x00",
+        event_type=EventType.UNKNOWN,
+        occurred_at=None,
+        payload={"kind": "a\x00b"},
+    )
     assert (await store_events(pool, [bad])).new == 1
 
 
@@ -101,15 +123,22 @@ async def test_lost_database_raises_unavailable(db_dsn: str) -> None:
             await pool.expire_connections()
             await pool.close()
             with pytest.raises(IntakeUnavailable):
-                await intake.submit("acme", "esp", "test", [event(EventType.DELIVERED)], POLICY,
-                                    received_at=time.time())
+                await intake.submit(
+                    "acme",
+                    "esp",
+                    "test",
+                    [event(EventType.DELIVERED)],
+                    POLICY,
+                    received_at=time.time(),
+                )
             tg.cancel_scope.cancel()
     finally:
         pool.terminate()
 
 
 async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
-        pool: asyncpg.Pool) -> None:
+    pool: asyncpg.Pool,
+) -> None:
     """A group with a request of an unknown tenant (FK violation) is retried one
     request at a time; the intake stops while a good request of it is blocked.
     Every waiter must get an answer, none may hang."""
@@ -125,9 +154,16 @@ async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
 
         async def post(tenant: str, eid: str) -> None:
             try:
-                outcomes.append(await intake.submit(
-                    tenant, "esp", "test", [event(EventType.DELIVERED, eid=eid)], POLICY,
-                    received_at=time.time()))
+                outcomes.append(
+                    await intake.submit(
+                        tenant,
+                        "esp",
+                        "test",
+                        [event(EventType.DELIVERED, eid=eid)],
+                        POLICY,
+                        received_at=time.time(),
+                    )
+                )
             except (IntakeUnavailable, asyncpg.ForeignKeyViolationError) as exc:
                 outcomes.append(exc)
 
@@ -138,8 +174,9 @@ async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
                     # "aaa" sorts first: its FK violation fails the group at once.
                     for tenant, eid in (("aaa", "bad"), ("acme", "g1"), ("acme", "g2")):
                         posts.start_soon(post, tenant, eid)
-                    await wait_until(pool, "SELECT count(*) FROM pg_locks WHERE NOT granted",
-                                     lambda n: n > 0)
+                    await wait_until(
+                        pool, "SELECT count(*) FROM pg_locks WHERE NOT granted", lambda n: n > 0
+                    )
                     tg.cancel_scope.cancel()  # the intake stops mid-isolation
         await locker_tx.rollback()
     assert len(outcomes) == 3  # nobody hangs
@@ -156,8 +193,13 @@ async def test_one_bad_request_fails_alone_and_its_group_commits(pool: asyncpg.P
     async def post(tenant: str, eid: str) -> None:
         try:
             outcomes[eid] = await intake.submit(
-                tenant, "esp", "test", [event(EventType.DELIVERED, eid=eid)], POLICY,
-                received_at=time.time())
+                tenant,
+                "esp",
+                "test",
+                [event(EventType.DELIVERED, eid=eid)],
+                POLICY,
+                received_at=time.time(),
+            )
         except asyncpg.ForeignKeyViolationError as exc:
             outcomes[eid] = exc
 

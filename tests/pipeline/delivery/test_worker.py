@@ -33,12 +33,18 @@ async def outbox(pool: asyncpg.Pool) -> list[tuple[str, dict]]:
 
 async def reset(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
-        await conn.execute("TRUNCATE suppressions, delivery_evidence, delivery_events, events, "
-                           "webhook_replay_tokens")
+        await conn.execute(
+            "TRUNCATE suppressions, delivery_evidence, delivery_events, events, "
+            "webhook_replay_tokens"
+        )
 
 
-FOUR = [event(E.DELIVERED, minute=2), event(E.DEFERRED, minute=1),
-        event(E.OPENED, minute=5), event(E.BOUNCED, minute=9)]
+FOUR = [
+    event(E.DELIVERED, minute=2),
+    event(E.DEFERRED, minute=1),
+    event(E.OPENED, minute=5),
+    event(E.BOUNCED, minute=9),
+]
 
 
 async def test_every_order_of_four_events_gives_the_same_evidence(pool: asyncpg.Pool) -> None:
@@ -59,8 +65,9 @@ async def test_every_order_of_four_events_gives_the_same_evidence(pool: asyncpg.
 async def test_late_deferral_never_overwrites_delivered(pool: asyncpg.Pool) -> None:
     await store_events(pool, [event(E.DELIVERED, minute=2)])
     await apply_all(pool)
-    await store_events(pool, [event(E.DEFERRED, minute=1), event(E.DEFERRED, minute=7),
-                              event(E.OPENED, minute=8)])
+    await store_events(
+        pool, [event(E.DEFERRED, minute=1), event(E.DEFERRED, minute=7), event(E.OPENED, minute=8)]
+    )
     await apply_all(pool)
     (row,) = await evidence(pool)
     assert row["status"] == "delivered"
@@ -68,24 +75,31 @@ async def test_late_deferral_never_overwrites_delivered(pool: asyncpg.Pool) -> N
 
 
 async def test_suppressions_follow_the_rules(pool: asyncpg.Pool) -> None:
-    await store_events(pool, [
-        event(E.BOUNCED, rcpt="hard@x.example", bounce=BounceType.PERMANENT),
-        event(E.BOUNCED, rcpt="soft@x.example", bounce=BounceType.TRANSIENT),
-        event(E.BOUNCED, rcpt="maybe@x.example", bounce=BounceType.UNDETERMINED),
-        event(E.COMPLAINED, rcpt="angry@x.example"),
-        event(E.UNSUBSCRIBED, rcpt="news@x.example", list_id="weekly"),
-        event(E.UNSUBSCRIBED, rcpt="all@x.example"),
-        event(E.SUPPRESSED, rcpt="listed@x.example", bounce=BounceType.PERMANENT),
-        event(E.SUPPRESSED, rcpt="dropped@x.example"),
-    ])
+    await store_events(
+        pool,
+        [
+            event(E.BOUNCED, rcpt="hard@x.example", bounce=BounceType.PERMANENT),
+            event(E.BOUNCED, rcpt="soft@x.example", bounce=BounceType.TRANSIENT),
+            event(E.BOUNCED, rcpt="maybe@x.example", bounce=BounceType.UNDETERMINED),
+            event(E.COMPLAINED, rcpt="angry@x.example"),
+            event(E.UNSUBSCRIBED, rcpt="news@x.example", list_id="weekly"),
+            event(E.UNSUBSCRIBED, rcpt="all@x.example"),
+            event(E.SUPPRESSED, rcpt="listed@x.example", bounce=BounceType.PERMANENT),
+            event(E.SUPPRESSED, rcpt="dropped@x.example"),
+        ],
+    )
     await apply_all(pool)
     assert await suppressions(pool) == [
         ("all@x.example", "source:esp", "unsubscribe", "id:unsubscribed-0-pm-1-all@x.example"),
         ("angry@x.example", "all", "complaint", "id:complained-0-pm-1-angry@x.example"),
         ("hard@x.example", "all", "hard_bounce", "id:bounced-0-pm-1-hard@x.example"),
         ("listed@x.example", "all", "hard_bounce", "id:suppressed-0-pm-1-listed@x.example"),
-        ("news@x.example", "list:esp:weekly", "unsubscribe",
-         "id:unsubscribed-0-pm-1-news@x.example"),
+        (
+            "news@x.example",
+            "list:esp:weekly",
+            "unsubscribe",
+            "id:unsubscribed-0-pm-1-news@x.example",
+        ),
     ]
     kinds = [kind for kind, _ in await outbox(pool)]
     assert kinds.count("suppression.added") == 5
@@ -120,8 +134,14 @@ async def test_correlates_with_the_outbound_message(pool: asyncpg.Pool, make_mai
     tenant, mailbox = await make_mailbox("acme", "sent")
     async with pool.acquire() as conn:
         message_id = await record_outbound(
-            conn, tenant_id=tenant, mailbox_id=mailbox, message_id_header="<Out-1@App.Example>",
-            placeholder_message_id="pending_1", thread_id="pending_t1", from_address="a@app")
+            conn,
+            tenant_id=tenant,
+            mailbox_id=mailbox,
+            message_id_header="<Out-1@App.Example>",
+            placeholder_message_id="pending_1",
+            thread_id="pending_t1",
+            from_address="a@app",
+        )
     await store_events(pool, [event(E.DELIVERED, mid="<Out-1@app.example>")])
     await apply_all(pool)
     (row,) = await evidence(pool)
@@ -141,24 +161,29 @@ async def test_failing_event_retries_then_dies_and_replays(pool: asyncpg.Pool) -
             END $$;
             CREATE TRIGGER poison BEFORE INSERT ON delivery_evidence
               FOR EACH ROW EXECUTE FUNCTION poison();""")
-    await store_events(pool, [event(E.DELIVERED, rcpt="ok@x.example"),
-                              event(E.DELIVERED, rcpt="poison@x.example")])
+    await store_events(
+        pool, [event(E.DELIVERED, rcpt="ok@x.example"), event(E.DELIVERED, rcpt="poison@x.example")]
+    )
     await apply_all(pool)
     assert [r["recipient"] for r in await evidence(pool)] == ["ok@x.example"]
     for _ in range(MAX_ATTEMPTS):
         async with pool.acquire() as conn:
-            await conn.execute("UPDATE delivery_events SET next_attempt_at = now() "
-                               "WHERE state = 'pending'")
+            await conn.execute(
+                "UPDATE delivery_events SET next_attempt_at = now() WHERE state = 'pending'"
+            )
         await apply_due(pool)
     async with pool.acquire() as conn:
-        dead = await conn.fetchrow("SELECT attempts, last_error FROM delivery_events "
-                                   "WHERE state = 'dead'")
+        dead = await conn.fetchrow(
+            "SELECT attempts, last_error FROM delivery_events WHERE state = 'dead'"
+        )
         assert dead["attempts"] == MAX_ATTEMPTS and "poisoned" in dead["last_error"]
         await conn.execute("DROP TRIGGER poison ON delivery_evidence")
         assert await replay_events(conn, dead_only=True) == 1
     await apply_all(pool)
     assert sorted(r["recipient"] for r in await evidence(pool)) == [
-        "ok@x.example", "poison@x.example"]
+        "ok@x.example",
+        "poison@x.example",
+    ]
 
 
 async def test_backoff_is_bounded_and_jittered() -> None:
@@ -177,23 +202,39 @@ KINDS = [E.ACCEPTED, E.DELIVERED, E.DEFERRED, E.BOUNCED, E.OPENED, E.CLICKED, E.
 
 @st.composite
 def event_sets(draw: st.DrawFn) -> tuple[list, list[int]]:
-    picks = draw(st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 5),
-                                    st.sampled_from([BounceType.PERMANENT,
-                                                     BounceType.TRANSIENT])),
-                          min_size=1, max_size=8))
-    events = [event(kind, minute=minute, eid=f"e{i}", rcpt=f"r{i % 2}@x.example",
-                    bounce=bounce if kind is E.BOUNCED else None)
-              for i, (kind, minute, bounce) in enumerate(picks)]
+    picks = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(KINDS),
+                st.integers(0, 5),
+                st.sampled_from([BounceType.PERMANENT, BounceType.TRANSIENT]),
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    events = [
+        event(
+            kind,
+            minute=minute,
+            eid=f"e{i}",
+            rcpt=f"r{i % 2}@x.example",
+            bounce=bounce if kind is E.BOUNCED else None,
+        )
+        for i, (kind, minute, bounce) in enumerate(picks)
+    ]
     order = draw(st.permutations(range(len(events))))
     split = draw(st.integers(1, len(events)))
     return events, list(order), split
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=event_sets())
 async def test_any_arrival_order_and_batching_gives_the_same_view(
-        pool: asyncpg.Pool, case: tuple) -> None:
+    pool: asyncpg.Pool, case: tuple
+) -> None:
     events, order, split = case
     await reset(pool)
     await store_events(pool, events)
@@ -214,13 +255,14 @@ async def test_replay_filters(pool: asyncpg.Pool, dead_only: bool) -> None:
     await store_events(pool, [event(E.DELIVERED)], source="b")
     await apply_all(pool)
     async with pool.acquire() as conn:
-        assert await replay_events(conn, source="a", dead_only=dead_only) == (0 if dead_only
-                                                                              else 1)
+        assert await replay_events(conn, source="a", dead_only=dead_only) == (0 if dead_only else 1)
 
 
 async def test_replay_in_small_batches_never_takes_evidence_back(pool: asyncpg.Pool) -> None:
-    await store_events(pool, [event(E.ACCEPTED, minute=0), event(E.DELIVERED, minute=1),
-                              event(E.BOUNCED, minute=2)])
+    await store_events(
+        pool,
+        [event(E.ACCEPTED, minute=0), event(E.DELIVERED, minute=1), event(E.BOUNCED, minute=2)],
+    )
     await apply_all(pool)
     before = (await evidence(pool), await outbox(pool))
     async with pool.acquire() as conn:
@@ -256,9 +298,15 @@ async def test_correlates_by_the_providers_message_id(pool: asyncpg.Pool, make_m
     tenant, mailbox = await make_mailbox("acme", "sent")
     async with pool.acquire() as conn:
         message_id = await record_outbound(
-            conn, tenant_id=tenant, mailbox_id=mailbox, message_id_header="<o2@app.example>",
-            placeholder_message_id="pending_2", thread_id="pending_t2", from_address="a@app",
-            esp_message_id="pm-42")
+            conn,
+            tenant_id=tenant,
+            mailbox_id=mailbox,
+            message_id_header="<o2@app.example>",
+            placeholder_message_id="pending_2",
+            thread_id="pending_t2",
+            from_address="a@app",
+            esp_message_id="pm-42",
+        )
     await store_events(pool, [event(E.OPENED, msg="pm-42")])  # no Message-ID in the event
     await apply_all(pool)
     (row,) = await evidence(pool)
@@ -268,8 +316,10 @@ async def test_correlates_by_the_providers_message_id(pool: asyncpg.Pool, make_m
 async def test_concurrent_workers_apply_each_event_once(pool: asyncpg.Pool) -> None:
     import anyio
 
-    events = [event(kind, minute=i % 7, eid=f"c{i}", msg=f"pm-{i % 10}", rcpt=f"r{i % 3}@x.example")
-              for i, kind in enumerate([E.DELIVERED, E.OPENED, E.DEFERRED, E.BOUNCED] * 50)]
+    events = [
+        event(kind, minute=i % 7, eid=f"c{i}", msg=f"pm-{i % 10}", rcpt=f"r{i % 3}@x.example")
+        for i, kind in enumerate([E.DELIVERED, E.OPENED, E.DEFERRED, E.BOUNCED] * 50)
+    ]
     await store_events(pool, events)
     await apply_all(pool)
     expected = (await evidence(pool), await suppressions(pool))
