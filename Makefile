@@ -12,9 +12,9 @@ export INBOXD_DATA_DIR ?= $(CURDIR)/var
 ifeq ($(shell id -u),0)
 export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif
-CORPUS ?= $(CURDIR)/../shared/corpus/mime
+CORPUS ?= $(CURDIR)/tests/corpus/mime
 
-.PHONY: run import-demo test lint bench venv clean
+.PHONY: run import-demo test test-fast check lint typecheck bench bench-smoke venv clean
 
 $(BIN)/inboxd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,15 +37,33 @@ import-demo: venv
 	@mkdir -p $(INBOXD_DATA_DIR) && chmod 0755 $(INBOXD_DATA_DIR)
 	$(BIN)/inboxd import --config config.example.toml --tenant demo --mailbox corpus $(CORPUS)
 
-test: venv
+# The whole suite, after the quality gates (CI runs exactly this).
+test: check
 	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest -q
+
+# The suite without the tests marked slow (subprocess daemons, benchmarks at tiny size).
+test-fast: venv
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# Quality gates: lint, formatting, types (mypy settings in pyproject.toml).
+check: lint typecheck
+	$(BIN)/ruff format --check .
 
 lint: venv
 	$(BIN)/ruff check .
 
+typecheck: venv
+	bash scripts/typecheck.sh $(BIN)/python
+
 bench: venv
 	$(BIN)/python bench/ingest.py
+
+# Every benchmark at a tiny size, so none rots unnoticed (also a slow test).
+bench-smoke: venv
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python -m pytest -q tests/bench
 
 clean:
 	rm -rf $(VENV) var
