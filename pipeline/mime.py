@@ -1,6 +1,6 @@
 """Raw RFC 5322 bytes → MessageData, degrading gracefully on the mail people get.
 
-Parser choice (bench/parse.py, measured on ../shared/corpus): stdlib
+Parser choice (bench/parse.py, measured on tests/corpus): stdlib
 `email.parser.BytesParser` with `policy.compat32`, decoding headers and payloads
 ourselves. policy.default is slower and raises from header access on malformed
 input; fast-mail-parser is faster but loses parts and raises on the corpus'

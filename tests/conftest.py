@@ -25,7 +25,7 @@ from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO.parent / "shared" / "corpus"))
+CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO / "tests" / "corpus"))
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

@@ -1,6 +1,6 @@
 """adapters.files: which files an import reads, in which order, and the exact bytes.
 
-Messages are corpus files (../shared/corpus/mime); mbox files and Maildirs are
+Messages are corpus files (tests/corpus/mime); mbox files and Maildirs are
 built from them in tmp_path, so every expected byte string is a corpus file.
 """
 
