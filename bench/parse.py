@@ -70,7 +70,7 @@ except ImportError:
     mailparser = None
 
 HERE = Path(__file__).resolve()
-DEFAULT_CORPUS = HERE.parent / "tests" / "corpus" / "mime"
+DEFAULT_CORPUS = HERE.parents[1] / "tests" / "corpus" / "mime"
 TYPICAL_MAX = 50 * 1024
 SLOW_S = 1.0
 
