@@ -193,8 +193,8 @@ class IngestStage:
 
     async def _ingest_once(self, batch: IngestBatch) -> list[ItemResult]:
         tenant, mailbox = batch.tenant_id, batch.mailbox_id
-        positions = [i for i, it in enumerate(batch.items) if isinstance(it, MessageData)]
-        plan = _Plan(items=[batch.items[i] for i in positions], positions=positions)  # type: ignore[misc]
+        messages = [(i, it) for i, it in enumerate(batch.items) if isinstance(it, MessageData)]
+        plan = _Plan(items=[it for _, it in messages], positions=[i for i, _ in messages])
         deads = [(i, it) for i, it in enumerate(batch.items) if isinstance(it, DeadItem)]
         for item in plan.items:
             clean_item(item)
@@ -299,7 +299,7 @@ class IngestStage:
                 plan.items[k].external_id,
             )
         )
-        thread_subjects = {}
+        thread_subjects: dict[str, str] = {}
         for k in fresh:
             thread_subjects.setdefault(plan.items[k].thread_key, clean(plan.items[k].subject))
         thread_ids, created_threads = await threads.upsert_threads(
@@ -365,7 +365,9 @@ class IngestStage:
             if d.outcome is Outcome.MERGED and k not in plan.failures
         ]
         for k in merged:
-            plan.message_ids[k] = plan.decisions[k].existing_id  # type: ignore[assignment]
+            merged_into = plan.decisions[k].existing_id
+            assert merged_into is not None, "the cascade gives every MERGED decision its row"
+            plan.message_ids[k] = merged_into
             copies.append((plan.message_ids[k], plan.items[k], plan.raw_keys.get(k)))
         for k, (lead, outcome) in sorted(plan.followers.items()):
             lead_id = plan.message_ids.get(lead) or plan.decisions[lead].existing_id

@@ -133,11 +133,12 @@ async def store_dead_raw(
     item must not be recorded yet (rows.insert_dead_items skips it).
     """
     keys: dict[int, str | None] = {}
-    puts = []
+    puts: list[tuple[str, bytes, str]] = []
     for i, dead in deads:
         if dead.raw is not None and dead.raw_sha256:
-            keys[i] = f"raw/{tenant}/{dead.raw_sha256}"
-            puts.append((keys[i], dead.raw, "application/octet-stream"))
+            raw_key = f"raw/{tenant}/{dead.raw_sha256}"
+            keys[i] = raw_key
+            puts.append((raw_key, dead.raw, "application/octet-stream"))
         else:
             keys[i] = None
     if puts:

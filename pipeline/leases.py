@@ -68,12 +68,14 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TypeAlias
 
 import asyncpg
 
 from inboxd.pipeline.outbox import EventBuffer
 
-Executor = asyncpg.Connection | asyncpg.Pool
+# Explicit alias: asyncpg ships no types, and mypy reads an untyped union as a variable.
+Executor: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 # mailboxes.last_error is shown in `inboxd status` and /metrics labels: one short line.
 ERROR_MAX_CHARS = 300
@@ -167,7 +169,8 @@ async def acquire_lease(
     """
     _require_owner(owner)
     row = await conn.fetchrow(_ACQUIRE, tenant_id, mailbox_id, owner, _positive("ttl_s", ttl_s))
-    token, exists = row[0], row[1]
+    token: int | None = row[0]
+    exists: bool = row[1]
     if not exists:
         raise MailboxNotFound(tenant_id, mailbox_id)
     return token

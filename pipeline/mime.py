@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import compat32
+from typing import TypeVar, overload
 
 from selectolax.lexbor import LexborHTMLParser
 
@@ -50,13 +51,20 @@ MAX_ADDRESSES_PER_HEADER = 1_000
 # Parts walked per message; one corpus file has ~3,000 parts.
 MAX_PARTS = 5_000
 
+_T = TypeVar("_T")
+
 
 class _Message(Message):
     """compat32 Message whose boundary tolerates folding (RFC 2045 allows a quoted
     boundary to be folded; the stdlib then looks for a boundary with CRLF in it
     and loses the whole multipart, e.g. mime-tools `multi-digest`)."""
 
-    def get_boundary(self, failobj=None):  # type: ignore[no-untyped-def]
+    # The same overloads as Message.get_boundary, which this overrides.
+    @overload
+    def get_boundary(self, failobj: None = None) -> str | None: ...
+    @overload
+    def get_boundary(self, failobj: _T) -> str | _T: ...
+    def get_boundary(self, failobj: object = None) -> object:
         boundary = super().get_boundary(failobj)
         if isinstance(boundary, str):
             return boundary.replace("\r", "").replace("\n", "")
@@ -375,18 +383,23 @@ def _walk_leaves(msg: Message) -> list[Message]:
         part = stack.pop()
         ctype = part.get_content_type()
         if part.is_multipart() and not ctype.startswith("message/"):
-            payload = part.get_payload()
-            if isinstance(payload, list):
-                stack.extend(reversed(payload))
+            stack.extend(reversed(_subparts(part)))
             continue
         if part.is_multipart() and part is msg:
             # top-level message/* wrapper (rare): look inside
-            payload = part.get_payload()
-            if isinstance(payload, list):
-                stack.extend(reversed(payload))
+            stack.extend(reversed(_subparts(part)))
             continue
         leaves.append(part)
     return leaves
+
+
+def _subparts(part: Message) -> list[Message]:
+    """A multipart's parts; the typeshed payload list also admits str, which the parser
+    never puts there."""
+    payload = part.get_payload()
+    if not isinstance(payload, list):
+        return []
+    return [p for p in payload if isinstance(p, Message)]
 
 
 def _bodies(msg: Message) -> tuple[str | None, str | None, list[AttachmentData]]:
@@ -432,7 +445,7 @@ def _payload_bytes(part: Message) -> bytes:
         # an attached message is stored as its own bytes (.eml)
         try:
             inner = part.get_payload()
-            if isinstance(inner, list) and inner:
+            if isinstance(inner, list) and inner and isinstance(inner[0], Message):
                 return inner[0].as_bytes(policy=compat32)
         except Exception:  # re-serialising a broken inner message
             return b""
@@ -441,12 +454,13 @@ def _payload_bytes(part: Message) -> bytes:
         data = part.get_payload(decode=True)
     except Exception:
         data = None
-    if data is None:
-        raw = part.get_payload()
-        if isinstance(raw, str):
-            return raw.encode("ascii", "surrogateescape")
-        return b""
-    return data
+    # decode=True gives bytes for any non-multipart part; None when it cannot decode.
+    if isinstance(data, bytes):
+        return data
+    raw = part.get_payload()
+    if isinstance(raw, str):
+        return raw.encode("ascii", "surrogateescape")
+    return b""
 
 
 def _filename(part: Message) -> str:

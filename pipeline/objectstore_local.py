@@ -166,11 +166,11 @@ class LocalDirectoryStore:
             paths,
             concurrency=SYNC_CONCURRENCY,
         )
-        for path, outcome in zip(paths, synced, strict=True):
-            if isinstance(outcome, BaseException):
+        for path, sync_outcome in zip(paths, synced, strict=True):
+            if isinstance(sync_outcome, BaseException):
                 for i in to_sync[path]:
                     results[i] = ObjectStoreError(
-                        f"syncing object {items[i][0]!r} failed: {outcome}"
+                        f"syncing object {items[i][0]!r} failed: {sync_outcome}"
                     )
         return results
 

@@ -82,7 +82,7 @@ async def record_outbound(
             thread_id,
             subject,
         )
-        message_id = await conn.fetchval(
+        message_id: int = await conn.fetchval(
             "INSERT INTO messages (tenant_id, mailbox_id, thread_id, external_id, direction, "
             "send_status, internet_message_id, message_id_norm, from_address, subject, "
             "subject_norm, sent_at, text_body, html_body, esp_message_id) VALUES ($1, $2, $3, "

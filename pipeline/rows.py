@@ -8,6 +8,8 @@ asyncpg cannot encode lone surrogates, both of which hostile mail produces.
 
 from __future__ import annotations
 
+from typing import overload
+
 import asyncpg
 
 from inboxd.pipeline.message import Address, DeadItem, MessageData
@@ -18,6 +20,13 @@ PLACEHOLDER_RE = (
 )
 
 
+# None stays None and a str stays a str, so callers keep their precise type.
+@overload
+def clean(value: str) -> str: ...
+@overload
+def clean(value: None) -> None: ...
+@overload
+def clean(value: str | None) -> str | None: ...
 def clean(value: str | None) -> str | None:
     """Text PostgreSQL accepts: NUL → U+FFFD, lone surrogates → '?'."""
     if value is None or (value.isascii() and "\x00" not in value):

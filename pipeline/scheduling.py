@@ -123,7 +123,7 @@ async def record_failure(
     """
     if retry_after_s is not None:
         retry_after_s = _non_negative("retry_after_s", retry_after_s)
-    until = await conn.fetchval(
+    until: datetime | None = await conn.fetchval(
         _RECORD_FAILURE,
         tenant_id,
         mailbox_id,

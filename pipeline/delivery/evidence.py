@@ -143,4 +143,5 @@ async def recompute_evidence(
         ["\x1f".join(key) for key in ordered],
     )
     columns = [list(column) for column in zip(*ordered, strict=True)]
-    return await conn.fetch(_RECOMPUTE, *columns)
+    rows: list[asyncpg.Record] = await conn.fetch(_RECOMPUTE, *columns)
+    return rows

@@ -327,7 +327,7 @@ class DeliveryIntake:
             else [[], [], []]
         )
         async with self._pool.acquire(timeout=COMMIT_TIMEOUT_S) as conn:
-            rows = await conn.fetch(
+            written: list[asyncpg.Record] = await conn.fetch(
                 _WRITE_GROUP,
                 *columns[:_ROW_FIELDS],
                 *tokens,
@@ -335,8 +335,8 @@ class DeliveryIntake:
                 DELIVERY_CHANNEL,
                 timeout=COMMIT_TIMEOUT_S,
             )
-        inserted = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "e"}
-        fresh = {(r["tenant_id"], r["source"], r["key"]) for r in rows if r["kind"] == "t"}
+        inserted = {(r["tenant_id"], r["source"], r["key"]) for r in written if r["kind"] == "e"}
+        fresh = {(r["tenant_id"], r["source"], r["key"]) for r in written if r["kind"] == "t"}
         outcomes: list[Stored | Exception] = []
         for i, item in enumerate(group):
             if i in refused or (

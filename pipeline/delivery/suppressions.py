@@ -74,4 +74,5 @@ async def apply_suppressions(
         return []
     tenants = [t for t, _ in events]
     ids = [e for _, e in events]
-    return await conn.fetch(_UPSERT, tenants, ids)
+    rows: list[asyncpg.Record] = await conn.fetch(_UPSERT, tenants, ids)
+    return rows
