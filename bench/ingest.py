@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/ingest.py [--messages N] [--batch-size B] [--dsn DSN]
         [--raw-messages M] [--raw-batch B] [--only a,b,c,d,e] [--rtt-ms MS]
-        [--no-analyze] [--auxx-messages M] [--keep]
+        [--no-analyze] [--auxx-messages M] [--keep] [--smoke]
 
 One run, one PostgreSQL server, one set of generated messages (realistic
 MessageData of one tenant/mailbox: Gmail-style external ids, Message-IDs, threads
@@ -93,6 +93,35 @@ TARGET_B_OVER_A = 0.5
 TARGET_B_OVER_D = 10.0
 TARGET_C = 100_000.0
 TARGET_E = 3_000.0
+#: --smoke (CI): every figure at a size that runs in ~10 s. Several batches, so that
+#: threads span batches and the ANALYZE after the first batch happens; enough raw
+#: messages that every shape and charset of gen_raw occurs.
+SMOKE_MESSAGES = 300
+SMOKE_BATCH = 100
+SMOKE_RAW_MESSAGES = 200
+SMOKE_RAW_BATCH = 50
+SMOKE_RESYNC_PASSES = 2
+
+#: What made a figure meaningless (an outcome other than expected, rows that differ,
+#: nothing timed). Targets MISSED are results, not problems; problems make the exit
+#: status 1, so that a rotten benchmark cannot pass for a slow one.
+PROBLEMS: list[str] = []
+
+
+def problem(text: str) -> None:
+    PROBLEMS.append(text)
+    print(f"  PROBLEM: {text}", flush=True)
+
+
+def expect_outcomes(what: str, counts: Counter[str], n: int, outcome: str = "new") -> None:
+    if dict(counts) != {outcome: n}:
+        problem(f"{what}: outcomes {dict(counts)}, expected {{{outcome!r}: {n}}}")
+
+
+def expect_timed(what: str, clock: Clock) -> None:
+    if not clock.wall > 0:
+        problem(f"{what}: nothing was timed (wall {clock.wall} s)")
+
 
 # --------------------------------------------------------------------------- data
 
@@ -1103,6 +1132,11 @@ async def main(args: argparse.Namespace) -> int:
             await run_rows(args, server, store_root, analyze, only)
         if "e" in only:
             await run_raw(args, server, store_root, analyze)
+        if PROBLEMS:
+            print("\nFAILED: these figures are not measurements:", file=sys.stderr)
+            for text in PROBLEMS:
+                print(f"  {text}", file=sys.stderr)
+            return 1
         return 0
     finally:
         await server.drop_all()
@@ -1134,6 +1168,9 @@ async def run_rows(
         clock = await run_copy(dsn, prepared, analyze)
         results["a"] = rate(n, clock.wall)
         sums["a"] = await summary(dsn)
+        expect_timed("(a)", clock)
+        if sums["a"][0] != n:
+            problem(f"(a) wrote {sums['a'][0]} messages, expected {n}")
         print(
             row(
                 "(a) COPY ceiling (copy_records_to_table)",
@@ -1151,6 +1188,8 @@ async def run_rows(
             )
             results["b"] = rate(n, clock.wall)
             sums["b"] = await summary(dsn)
+            expect_timed("(b)", clock)
+            expect_outcomes("(b)", counts, n)
             print(
                 row(
                     "(b) cascade, new messages",
@@ -1164,8 +1203,8 @@ async def run_rows(
                 for _ in range(args.resync_passes):
                     await server.checkpoint()
                     clock, counts = await run_cascade(pool, pids, batches, store_root)
-                    if set(counts) != {"duplicate"}:
-                        raise SystemExit(f"re-sync was not all duplicates: {dict(counts)}")
+                    expect_outcomes("(c) re-sync", counts, n, "duplicate")
+                    expect_timed("(c)", clock)
                     passes.append(clock)
                 best = min(passes, key=lambda c: c.wall)
                 results["c"] = rate(n, best.wall)
@@ -1186,6 +1225,8 @@ async def run_rows(
         dm = msgs[: args.auxx_messages] if args.auxx_messages else msgs
         clock, counts = await run_auxx(dsn, dm, args.batch_size if analyze else 0)
         results["d"] = rate(len(dm), clock.wall)
+        expect_timed("(d)", clock)
+        expect_outcomes("(d)", counts, len(dm))
         if len(dm) == n:
             sums["d"] = await summary(dsn)
         print(
@@ -1196,6 +1237,8 @@ async def run_rows(
     for k in ("b", "d"):
         if "a" in sums and k in sums:
             same = "same" if sums[k] == sums["a"] else f"DIFFERENT: {sums[k]}"
+            if sums[k] != sums["a"]:
+                problem(f"rows written by ({k}) differ from (a)'s")
             print(f"  rows written by ({k}) vs (a): {same}")
     if "a" in sums:
         print(
@@ -1244,6 +1287,9 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
     clock.server = None
     parse_rate = rate(n, clock.wall)
     dead = sum(1 for p in parsed if isinstance(p, DeadItem))
+    expect_timed("(e) parse only", clock)
+    if dead:
+        problem(f"(e) parse_raw made {dead} dead items of generated (valid) messages")
     print(
         row(
             "parse_raw only, in this process (1 core)",
@@ -1290,6 +1336,8 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
             )
         finally:
             await pool.close()
+        expect_timed(f"(e) ingest only, keep raw {keep_raw}", clock)
+        expect_outcomes(f"(e) ingest only, keep raw {keep_raw}", counts, n)
         if keep_raw:
             ingest_rate = rate(n, clock.wall)
         label = (
@@ -1341,6 +1389,8 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
         else:
             clock, counts = await run_e2e(dsn, raws, args.raw_batch, store, mode, analyze=analyze)
         r = rate(n, clock.wall)
+        expect_timed(f"(e) {label}", clock)
+        expect_outcomes(f"(e) {label}", counts, n)
         if r > best[1]:
             best = (label, r)
         print(
@@ -1388,7 +1438,18 @@ def cli() -> int:
         action="store_true",
         help="no ANALYZE after the first batch (plans stay those of empty tables)",
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"CI size: {SMOKE_MESSAGES} messages in batches of {SMOKE_BATCH}, "
+        f"{SMOKE_RAW_MESSAGES} raw, {SMOKE_RESYNC_PASSES} re-sync passes; every figure; "
+        "exit 1 when any figure is not a measurement",
+    )
     args = p.parse_args()
+    if args.smoke:
+        args.messages, args.batch_size = SMOKE_MESSAGES, SMOKE_BATCH
+        args.raw_messages, args.raw_batch = SMOKE_RAW_MESSAGES, SMOKE_RAW_BATCH
+        args.resync_passes = SMOKE_RESYNC_PASSES
     return anyio.run(main, args)
 
 
