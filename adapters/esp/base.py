@@ -138,14 +138,25 @@ class Accepted:
 class EspSource(Protocol):
     """One configured delivery-event source of a tenant."""
 
-    #: Provider name as in config (`standard_webhooks`, `ses`, `sendgrid` …).
-    provider: str
-    #: Media types (lower-case, without parameters) the provider posts.
-    content_types: frozenset[str]
-    #: Dotted paths of the provider event object kept in `delivery_events.payload`
-    #: unless the source's config names its own `payload_fields`. No bodies, no
-    #: addresses.
-    default_payload_fields: tuple[str, ...]
+    # Read-only members: a source may provide them as class constants (ClassVar,
+    # frozen dataclasses), which a plain attribute in a protocol would refuse.
+
+    @property
+    def provider(self) -> str:
+        """Provider name as in config (`standard_webhooks`, `ses`, `sendgrid` …)."""
+        ...
+
+    @property
+    def content_types(self) -> frozenset[str]:
+        """Media types (lower-case, without parameters) the provider posts."""
+        ...
+
+    @property
+    def default_payload_fields(self) -> tuple[str, ...]:
+        """Dotted paths of the provider event object kept in `delivery_events.payload`
+        unless the source's config names its own `payload_fields`. No bodies, no
+        addresses."""
+        ...
 
     async def accept(self, request: WebhookRequest) -> Accepted:
         """Verify `request` and normalise its events.

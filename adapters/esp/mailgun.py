@@ -263,6 +263,8 @@ def event_id(data: Mapping[str, Any]) -> str | None:
     # float() below cannot overflow.
     if not mailgun_id or read_unix_time(timestamp, what=_TIMESTAMP) is None:
         return None
+    # What read_unix_time turned into a time is a number (it refuses anything else).
+    assert isinstance(timestamp, int | float)
     return f"{mailgun_id}:{float(timestamp)!r}"
 
 

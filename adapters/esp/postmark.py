@@ -280,7 +280,7 @@ def classify_subscription_change(
     if suppress is False:
         return "SubscriptionChange:resubscribe", EventType.UNKNOWN, None, None, None
     reason = _text(payload.get("SuppressionReason"))
-    if suppress is not True or reason not in SUBSCRIPTION_CHANGES:
+    if suppress is not True or reason is None or reason not in SUBSCRIPTION_CHANGES:
         return "SubscriptionChange", EventType.UNKNOWN, None, None, None
     event_type, bounce_type = SUBSCRIPTION_CHANGES[reason]
     if event_type is EventType.UNSUBSCRIBED:
