@@ -1,0 +1,222 @@
+"""The package layering of README.md ("Layout"), read from the source with `ast`.
+
+Dependencies point one way, daemon → adapters → pipeline: pipeline imports
+neither of the other two nor any provider SDK or web framework; an adapter
+imports no other adapter (only the shared contract, inboxd.adapters.base) and
+nothing of the daemon. And every source folder is a package setuptools installs:
+a folder missing from pyproject.toml works in the editable checkout and is
+absent from a wheel.
+
+No database: these tests only read files.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = REPO / "pyproject.toml"
+
+#: Top-level modules pipeline may not import: provider SDKs (AWS, Microsoft Graph,
+#: Google), JWT, and web frameworks and HTTP clients. Those belong to adapters and
+#: daemon, so pipeline stays usable and testable without them.
+PIPELINE_FORBIDDEN_THIRD_PARTY = frozenset(
+    {
+        "aioboto3",
+        "aiobotocore",
+        "boto3",
+        "botocore",
+        "msgraph",
+        "msgraph_core",
+        "kiota_abstractions",
+        "google",
+        "jwt",
+        "aiohttp",
+        "httpx",
+        "requests",
+        "starlette",
+        "fastapi",
+        "flask",
+        "django",
+    }
+)
+
+
+def _setuptools() -> dict[str, object]:
+    table = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert isinstance(table, dict)
+    return table
+
+
+def _package_dirs() -> dict[str, str]:
+    """Import package → repository folder, e.g. {"inboxd.daemon": "daemon"}."""
+    package_dir = _setuptools()["package-dir"]
+    assert isinstance(package_dir, dict)
+    return {str(k): str(v) for k, v in package_dir.items()}
+
+
+PACKAGE_DIRS = _package_dirs()
+FOLDERS = {folder: package for package, folder in PACKAGE_DIRS.items()}
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    module: str  # dotted name, e.g. inboxd.adapters.esp.ses
+    is_package: bool  # an __init__.py: relative imports start from the module itself
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(REPO).as_posix()
+
+    @property
+    def package(self) -> str:
+        return self.module if self.is_package else self.module.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class Import:
+    line: int
+    statement: str  # as written, for the failure message
+    targets: tuple[str, ...]  # absolute dotted names it may load
+
+
+def _py_files(folder: Path) -> Iterator[Path]:
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).parts
+        if "__pycache__" in parts or any(p.startswith(".") for p in parts):
+            continue
+        yield path
+
+
+def sources(folder: str) -> list[Source]:
+    """Every module under the repository folder `folder` (a key of package-dir)."""
+    root = REPO / folder
+    found = []
+    for path in _py_files(root):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        found.append(Source(path, ".".join([FOLDERS[folder], *parts]), is_package))
+    return found
+
+
+def imports(source: Source) -> list[Import]:
+    """Every import statement of the module, at any depth (functions, TYPE_CHECKING)."""
+    tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = tuple(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(source, node)
+            # `from pkg import name` may load the submodule pkg.name, so it counts as
+            # a target too ("from inboxd.adapters import maildir").
+            targets = (base, *(f"{base}.{a.name}" for a in node.names if a.name != "*"))
+        else:
+            continue
+        found.append(Import(node.lineno, ast.unparse(node), targets))
+    return sorted(found, key=lambda i: i.line)
+
+
+def _resolve_from(source: Source, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = source.package.split(".")
+    up = node.level - 1
+    assert up < len(package), (
+        f"{source.rel}:{node.lineno}: {ast.unparse(node)} climbs above the top package"
+    )
+    base = package[: len(package) - up]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _is_within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _where(source: Source, imp: Import) -> str:
+    return f"{source.rel}:{imp.line}: {imp.statement}"
+
+
+def test_pipeline_imports_neither_adapters_nor_daemon_nor_sdks() -> None:
+    problems = []
+    for source in sources(PACKAGE_DIRS["inboxd.pipeline"]):
+        for imp in imports(source):
+            for target in imp.targets:
+                if _is_within(target, "inboxd.daemon") or _is_within(target, "inboxd.adapters"):
+                    problems.append(f"{_where(source, imp)}  (pipeline must not import {target})")
+                    break
+                top = target.partition(".")[0]
+                if top in PIPELINE_FORBIDDEN_THIRD_PARTY:
+                    problems.append(
+                        f"{_where(source, imp)}  (pipeline imports no provider SDK or "
+                        f"web framework: {top})"
+                    )
+                    break
+    assert not problems, "layering: daemon → adapters → pipeline\n" + "\n".join(problems)
+
+
+def test_adapters_import_no_other_adapter_and_no_daemon() -> None:
+    problems = []
+    root = REPO / PACKAGE_DIRS["inboxd.adapters"]
+    subpackages = {
+        p.relative_to(root).parts[0] for p in _py_files(root) if len(p.relative_to(root).parts) > 1
+    }
+    for source in sources(PACKAGE_DIRS["inboxd.adapters"]):
+        # The adapter is the folder under adapters/ (adapters/esp/ses.py → "esp");
+        # None for the modules directly in adapters/ (the package itself and base).
+        folders = source.path.relative_to(root).parts
+        own = folders[0] if len(folders) > 1 else None
+        for imp in imports(source):
+            for target in imp.targets:
+                if _is_within(target, "inboxd.daemon"):
+                    problems.append(f"{_where(source, imp)}  (adapters must not import {target})")
+                    break
+                parts = target.split(".")
+                if (
+                    len(parts) > 2
+                    and parts[:2] == ["inboxd", "adapters"]
+                    and parts[2] in subpackages
+                    and parts[2] != own
+                ):
+                    problems.append(
+                        f"{_where(source, imp)}  (an adapter imports no other adapter, only "
+                        f"inboxd.adapters.base: {target})"
+                    )
+                    break
+    assert not problems, "layering: each adapter stands alone\n" + "\n".join(problems)
+
+
+def test_every_source_folder_is_an_installed_package() -> None:
+    listed = _setuptools()["packages"]
+    assert isinstance(listed, list)
+    listed_set = {str(p) for p in listed}
+    on_disk: dict[str, str] = {}  # package → folder
+    for folder, package in FOLDERS.items():
+        for path in _py_files(REPO / folder):
+            rel = path.parent.relative_to(REPO / folder)
+            on_disk[".".join([package, *rel.parts])] = path.parent.relative_to(REPO).as_posix()
+    problems = [
+        f"{folder}/ holds .py files but is not in [tool.setuptools] packages of "
+        f'pyproject.toml; add the line: "{package}",'
+        for package, folder in sorted(on_disk.items())
+        if package not in listed_set
+    ]
+    for package in sorted(listed_set - set(on_disk)):
+        top = next((p for p in PACKAGE_DIRS if _is_within(package, p)), None)
+        if top is None:
+            where = f"no package-dir entry maps it to a folder of {', '.join(FOLDERS)}"
+        else:
+            folder = "/".join([PACKAGE_DIRS[top], *package.split(".")[top.count(".") + 1 :]])
+            where = f"{folder}/ holds no .py files"
+        problems.append(
+            f"pyproject.toml [tool.setuptools] packages lists {package}, but {where}; "
+            f'remove the line: "{package}",'
+        )
+    assert not problems, "\n".join(problems)
