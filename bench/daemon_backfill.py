@@ -5,7 +5,7 @@
         [--batch-size B] [--rounds R] [--only daemon,import] [--interval S]
         [--gen-workers W] [--seed S] [--workdir DIR] [--keep]
         [--daemon-env KEY=VALUE ...] [--daemon-python-args ARGS] [--import-args ARGS]
-        [--before-stop CMD]
+        [--before-stop CMD] [--run-timeout-s S] [--smoke]
 
 Defaults: N=100,000, batch 500, one round (daemon, then import), ~5 min on 2 cores
 including ~1 min of generation. The last four options are for investigations
@@ -98,6 +98,13 @@ STOP_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 PROGRESS_POINTS = (0.10, 0.50, 0.90)
+#: --smoke (CI): both commands over a few pages of a small backlog, ~20 s in all.
+SMOKE_MESSAGES = 300
+SMOKE_BATCH = 100
+SMOKE_INTERVAL_S = 0.2
+SMOKE_IDLE_S = 0.5
+#: A stuck smoke run fails in minutes instead of the hour a real run may take.
+SMOKE_RUN_TIMEOUT_S = 120.0
 # Daemon log events after which the backfill will not finish at full speed.
 FATAL_EVENTS = (b"sync_crashed", b"sync_needs_attention", b"ingest_worker_batch_crashed")
 GEN_CHUNK = 2_000
@@ -741,8 +748,8 @@ async def run_daemon(
                         done_at = time.monotonic()
                         s.t = done_at - started
                         break
-                    if s.t > RUN_TIMEOUT_S:
-                        res.problems.append(f"not done after {RUN_TIMEOUT_S:g} s")
+                    if s.t > args.run_timeout_s:
+                        res.problems.append(f"not done after {args.run_timeout_s:g} s")
                         break
                     if time.monotonic() - last_print >= args.print_every:
                         last_print = time.monotonic()
@@ -854,8 +861,8 @@ async def run_import(
                     s = await watch.sample()
                     if proc.returncode is not None:
                         break
-                    if s.t > RUN_TIMEOUT_S:
-                        res.problems.append(f"not done after {RUN_TIMEOUT_S:g} s")
+                    if s.t > args.run_timeout_s:
+                        res.problems.append(f"not done after {args.run_timeout_s:g} s")
                         break
                     if time.monotonic() - last_print >= args.print_every:
                         last_print = time.monotonic()
@@ -1055,6 +1062,9 @@ async def main(args: argparse.Namespace) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
 
+    for res in results:
+        if not res.problems and not 0 < res.rate < float("inf"):
+            res.problems.append(f"no throughput ({res.rate} msg/s)")
     print()
     print(f"inboxd at {code_version()} (at the end of the run)")
     print(
@@ -1153,7 +1163,23 @@ def cli() -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the databases and the work directory"
     )
+    parser.add_argument(
+        "--run-timeout-s",
+        type=float,
+        default=RUN_TIMEOUT_S,
+        help="a run not finished after this long is reported as failed",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"CI size: {SMOKE_MESSAGES} messages, pages of {SMOKE_BATCH}, one round; "
+        "exit 1 on any problem",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.messages, args.batch_size, args.rounds = SMOKE_MESSAGES, SMOKE_BATCH, 1
+        args.interval, args.idle_s = SMOKE_INTERVAL_S, SMOKE_IDLE_S
+        args.run_timeout_s = min(args.run_timeout_s, SMOKE_RUN_TIMEOUT_S)
     return asyncio.run(main(args))
 
 
