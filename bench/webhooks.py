@@ -57,6 +57,14 @@ LUA = Path(__file__).with_name("webhooks.lua")
 #: Requests generated per run: more than wrk sends in --duration at 25k req/s,
 #: so no request repeats (a repeat would be a cheap duplicate).
 REQUESTS_PER_S_HEADROOM = 25_000
+#: The same for the Python load generator, which tops out far lower.
+PYTHON_LOAD_HEADROOM_REQ_S = 5_000
+REQUEST_TIMEOUT_S = 10
+SERVER_STOP_TIMEOUT_S = 30
+#: --smoke (CI): every scenario and path at a size that takes ~15 s in all.
+SMOKE_DURATION_S = 2
+SMOKE_CONNECTIONS = 4
+SMOKE_BATCH = 5
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -103,10 +111,13 @@ class Result:
     rows: int | None = None
     server_cpu_s: float = 0.0
     postgres_cpu_s: float = 0.0
+    errors: int = 0
+    first_failure: str = ""
+    server_exit: int | None = 0
 
     @property
     def req_s(self) -> float:
-        return self.requests / self.seconds
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def events_s(self) -> float:
@@ -114,7 +125,7 @@ class Result:
 
     @property
     def rows_s(self) -> float | None:
-        return None if self.rows is None else self.rows / self.seconds
+        return None if self.rows is None or self.seconds <= 0 else self.rows / self.seconds
 
 
 # --- request generation ------------------------------------------------------------------
@@ -205,22 +216,10 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
     from inboxd.daemon.logging import configure_logging
     from inboxd.daemon.metrics import Metrics
-    from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy, Stored
+    from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
     from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
-
-    class VerifyOnly:
-        """The intake's interface, answering at once: nothing is stored."""
-
-        async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-            task_status.started()
-            await anyio.sleep_forever()
-
-        async def submit(
-            self, tenant_id, source, provider, events, policy, *, received_at, replay_token=None
-        ) -> Stored:
-            return Stored(len(events), 0)
 
     def source(source_id: str, table: dict) -> HookSource:
         adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
@@ -242,7 +241,9 @@ async def serve(args: argparse.Namespace) -> None:
     )
     pool = await asyncpg.create_pool(args.dsn, min_size=4, max_size=8)
     intake = (
-        DeliveryIntake(pool, writers=args.writers) if args.mode == "persisted" else VerifyOnly()
+        DeliveryIntake(pool, writers=args.writers)
+        if args.mode == "persisted"
+        else verify_only_intake(pool, args.writers)
     )
 
     async def ready() -> bool:
@@ -270,6 +271,37 @@ async def serve(args: argparse.Namespace) -> None:
     await pool.close()
 
 
+def verify_only_intake(pool: asyncpg.Pool, writers: int):
+    """The real DeliveryIntake whose submit() answers at once: nothing is stored.
+
+    It subclasses the real intake and checks every call against the real
+    submit()'s signature, so a parameter added there (as `replay_scope` was)
+    fails or passes here exactly as it does there, instead of every request
+    answering 500 from a hand-copied parameter list. Its writers start with
+    `run` and stay idle.
+    """
+    import inspect
+
+    from inboxd.pipeline.delivery.intake import DeliveryIntake, Stored
+
+    signature = inspect.signature(DeliveryIntake.submit)
+    events_at = list(signature.parameters).index("events")  # counting `self`
+    # Binding the signature on every request costs ~6 µs, about 7 % of this path;
+    # the route calls with one shape, so each shape is bound once.
+    events_by_name: dict[tuple[int, tuple[str, ...]], bool] = {}
+
+    class VerifyOnly(DeliveryIntake):
+        async def submit(self, *args, **kwargs) -> Stored:  # type: ignore[override]
+            shape = (len(args), tuple(kwargs))
+            if shape not in events_by_name:
+                signature.bind(self, *args, **kwargs)  # TypeError as the real one raises
+                events_by_name[shape] = "events" in kwargs
+            events = kwargs["events"] if events_by_name[shape] else args[events_at - 1]
+            return Stored(len(events), 0)
+
+    return VerifyOnly(pool, writers=writers)
+
+
 async def _no_confirm(_url: str) -> None:
     raise RuntimeError("no subscription confirmations in the bench")
 
@@ -280,9 +312,20 @@ _LATENCY = re.compile(r"^\s+(50|99)(?:\.0+)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
-def run_wrk(
-    port: int, source: str, requests_file: Path, args: argparse.Namespace
-) -> tuple[int, float, int, float, float]:
+@dataclass
+class Load:
+    """What one load generator saw during one run."""
+
+    requests: int
+    seconds: float
+    non_2xx: int
+    p50_ms: float
+    p99_ms: float
+    errors: int = 0  # connection errors and timeouts: requests without an answer
+    first_failure: str = ""  # the first non-2xx answer or error, to say what went wrong
+
+
+def run_wrk(port: int, source: str, requests_file: Path, args: argparse.Namespace) -> Load:
     env = {**os.environ, "BENCH_REQUESTS": str(requests_file)}
     connections = args.connections if source == "sw" else args.sg_connections
     out = subprocess.run(
@@ -293,7 +336,7 @@ def run_wrk(
             f"-d{args.duration}s",
             "--latency",
             "--timeout",
-            "10s",
+            f"{REQUEST_TIMEOUT_S}s",
             "-s",
             str(LUA),
             f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}",
@@ -310,12 +353,79 @@ def run_wrk(
     seconds = float(match.group(2)) * (60 if match.group(3) == "m" else 1)
     non_2xx = int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
     errors = re.search(r"Socket errors: .*", out)
+    socket_errors = 0
     if errors:
         print("   wrk:", errors.group(0))
+        socket_errors = sum(int(x) for x in re.findall(r"\d+", errors.group(0)))
     lat = {p: float(v) * _UNITS_MS[u] for p, v, u in _LATENCY.findall(out)}
     if "99" not in lat:
         raise RuntimeError(f"no latency distribution in wrk output:\n{out}")
-    return requests, seconds, non_2xx, lat["50"], lat["99"]
+    return Load(
+        requests,
+        seconds,
+        non_2xx,
+        lat["50"],
+        lat["99"],
+        socket_errors,
+        errors.group(0) if errors else "wrk does not show the answers",
+    )
+
+
+async def run_python_load(
+    port: int, source: str, requests: list[tuple[dict[str, str], bytes]], args
+) -> Load:
+    """wrk's job in aiohttp, for machines without wrk: closed loop, one request in flight
+    per connection, each pre-signed request sent once. It shares this process's one
+    core with nothing else, but it is much slower than wrk: its figures say that the
+    path works, not how fast it is."""
+    import aiohttp
+
+    connections = args.connections if source == "sw" else args.sg_connections
+    url = f"http://127.0.0.1:{port}/hooks/esp/{TENANT}/{source}"
+    latencies: list[float] = []
+    state = {"next": 0, "non_2xx": 0, "errors": 0, "first_failure": ""}
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    started = time.perf_counter()
+    deadline = started + args.duration
+
+    async def connection(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < deadline and state["next"] < len(requests):
+            headers, body = requests[state["next"]]
+            state["next"] += 1
+            sent = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as answer:
+                    text = await answer.text()
+                    status = answer.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                state["errors"] += 1
+                state["first_failure"] = state["first_failure"] or repr(exc)
+                continue
+            latencies.append((time.perf_counter() - sent) * 1000)
+            if not 200 <= status < 300:
+                state["non_2xx"] += 1
+                state["first_failure"] = state["first_failure"] or f"{status} {text[:200]}"
+
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with anyio.create_task_group() as tg:
+            for _ in range(connections):
+                tg.start_soon(connection, session)
+    seconds = time.perf_counter() - started
+    latencies.sort()
+
+    def percentile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    return Load(
+        len(latencies),
+        seconds,
+        state["non_2xx"],
+        percentile(0.50),
+        percentile(0.99),
+        state["errors"],
+        state["first_failure"],
+    )
 
 
 async def fresh_database(admin_dsn: str, name: str) -> str:
@@ -348,6 +458,14 @@ async def count_rows(dsn: str) -> int:
         await conn.close()
 
 
+async def drop_database(admin_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 async def one_run(
     args,
     admin_dsn: str,
@@ -355,11 +473,22 @@ async def one_run(
     mode: str,
     tmp: Path,
     public_key: str,
-    requests_file: Path,
+    requests: list[tuple[dict[str, str], bytes]],
     per_request: int,
 ) -> Result:
     name = f"bench_webhooks_{os.getpid()}_{scenario}_{mode}"
-    dsn = await fresh_database(admin_dsn, name)
+    try:
+        dsn = await fresh_database(admin_dsn, name)
+        return await _measure(args, dsn, scenario, mode, tmp, public_key, requests, per_request)
+    finally:
+        if not args.keep:
+            await drop_database(admin_dsn, name)
+
+
+async def _measure(args, dsn, scenario, mode, tmp, public_key, requests, per_request) -> Result:
+    requests_file = tmp / f"{scenario}.requests"
+    if args.load == "wrk":
+        write_requests(requests_file, requests)
     command = [
         sys.executable,
         __file__,
@@ -404,42 +533,65 @@ async def one_run(
             raise RuntimeError(f"server did not start: {line!r}")
         port = int(line.split()[1])
         cpu_before = (cpu_seconds([server.pid]), cpu_seconds(postgres_pids()))
-        requests, seconds, non_2xx, p50, p99 = await anyio.to_thread.run_sync(
-            run_wrk, port, scenario, requests_file, args
-        )
+        if args.load == "wrk":
+            load = await anyio.to_thread.run_sync(run_wrk, port, scenario, requests_file, args)
+        else:
+            load = await run_python_load(port, scenario, requests, args)
         server_cpu = cpu_used(cpu_before[0], cpu_seconds([server.pid]))
         postgres_cpu = cpu_used(cpu_before[1], cpu_seconds(postgres_pids()))
     finally:
         server.stdin.close()
-        server.wait(timeout=30)
+        server.wait(timeout=SERVER_STOP_TIMEOUT_S)
     rows = await count_rows(dsn) if mode == "persisted" else None
-    if not args.keep:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
     return Result(
         scenario,
         mode,
-        requests,
-        seconds,
-        non_2xx,
-        p50,
-        p99,
+        load.requests,
+        load.seconds,
+        load.non_2xx,
+        load.p50_ms,
+        load.p99_ms,
         per_request,
         rows,
-        server_cpu / seconds,
-        postgres_cpu / seconds,
+        server_cpu / load.seconds,
+        postgres_cpu / load.seconds,
+        errors=load.errors,
+        first_failure=load.first_failure,
+        server_exit=server.returncode,
     )
 
 
-async def drive(args: argparse.Namespace) -> None:
+def problems_of(r: Result, load: str) -> list[str]:
+    """Why the figures of one run are not figures: failed requests, nothing measured,
+    or answered events that were not committed."""
+    out = []
+    if r.requests == 0 or r.seconds <= 0:
+        out.append("no request answered")
+    if r.non_2xx:
+        out.append(f"{r.non_2xx} non-2xx answers (first: {r.first_failure})")
+    if r.errors:
+        out.append(f"{r.errors} requests without an answer (first: {r.first_failure})")
+    if r.server_exit != 0:
+        out.append(f"server exited with {r.server_exit}")
+    if r.rows is not None:
+        answered = (r.requests - r.non_2xx) * r.events_per_request
+        # wrk stops counting with requests still in flight, which commit afterwards;
+        # the Python generator waits for every answer, so its count is exact.
+        if r.rows < answered or (load == "python" and r.rows != answered):
+            out.append(f"{r.rows} rows committed for {answered} events answered 2xx")
+    return out
+
+
+async def drive(args: argparse.Namespace) -> int:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    if shutil.which("wrk") is None:
-        sys.exit("wrk not found: apt-get install wrk")
+    if args.load == "auto":
+        args.load = "wrk" if shutil.which("wrk") else "python"
+        if args.load == "python":
+            print("load generator: Python/aiohttp (wrk is not on PATH; the wrk path is skipped)")
+    if args.load == "wrk" and shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk (or --load python)")
     private_key = ec.generate_private_key(ec.SECP256R1())
     public_key = base64.b64encode(
         private_key.public_key().public_bytes(
@@ -447,9 +599,11 @@ async def drive(args: argparse.Namespace) -> None:
         )
     ).decode()
     results: list[Result] = []
+    failures: list[str] = []
+    headroom = REQUESTS_PER_S_HEADROOM if args.load == "wrk" else PYTHON_LOAD_HEADROOM_REQ_S
     with tempfile.TemporaryDirectory(prefix="bench-webhooks-") as tmp_name:
         tmp = Path(tmp_name)
-        n = int(REQUESTS_PER_S_HEADROOM * args.duration * 1.2)
+        n = int(headroom * args.duration * 1.2)
         for scenario in args.only.split(","):
             per_request = 1 if scenario == "sw" else args.batch
             for mode in ("verify-only", "persisted"):
@@ -459,10 +613,8 @@ async def drive(args: argparse.Namespace) -> None:
                     if scenario == "sw"
                     else sendgrid_requests(max(1, n // per_request), per_request, private_key)
                 )
-                requests_file = tmp / f"{scenario}.requests"
-                write_requests(requests_file, generated)
                 result = await one_run(
-                    args, args.dsn, scenario, mode, tmp, public_key, requests_file, per_request
+                    args, args.dsn, scenario, mode, tmp, public_key, generated, per_request
                 )
                 results.append(result)
                 print(
@@ -478,13 +630,24 @@ async def drive(args: argparse.Namespace) -> None:
                     f"{result.postgres_cpu_s:.2f}",
                     flush=True,
                 )
+                failures += [f"{scenario} {mode}: {p}" for p in problems_of(result, args.load)]
     print_table(results, args)
+    if failures:
+        print("\nFAILED: these figures are not measurements:", file=sys.stderr)
+        for failure in failures:
+            print(f"  {failure}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def print_table(results: list[Result], args: argparse.Namespace) -> None:
+    generator = (
+        f"wrk -t1 -c{args.connections} (sw) / -c{args.sg_connections} (sg)"
+        if args.load == "wrk"
+        else f"Python/aiohttp -c{args.connections} (sw) / -c{args.sg_connections} (sg)"
+    )
     print(
-        f"\nwrk -t1 -c{args.connections} (sw) / -c{args.sg_connections} (sg) "
-        f"-d{args.duration}s, sg batches of {args.batch}, loopback, "
+        f"\n{generator} -d{args.duration}s, sg batches of {args.batch}, loopback, "
         f"{os.cpu_count()} cores, PostgreSQL synchronous_commit as configured\n"
     )
     print(
@@ -495,7 +658,11 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
     by_key = {(r.scenario, r.mode): r for r in results}
     for r in results:
         base = by_key.get((r.scenario, "verify-only"))
-        ratio = f"{r.events_s / base.events_s:.2f}" if r.mode == "persisted" and base else ""
+        ratio = (
+            f"{r.events_s / base.events_s:.2f}"
+            if r.mode == "persisted" and base and base.events_s
+            else ""
+        )
         rows = f"{r.rows_s:,.0f}" if r.rows_s is not None else ""
         print(
             f"| {r.scenario} | {r.mode} | {r.req_s:,.0f} | {r.events_s:,.0f} | {rows} "
@@ -504,7 +671,7 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
     serve_parser = sub.add_parser("_serve")
@@ -545,12 +712,31 @@ def main() -> None:
     parser.add_argument(
         "--profile", metavar="DIR", help="record the server with py-spy into DIR (slower runs)"
     )
+    parser.add_argument(
+        "--load",
+        choices=["wrk", "python", "auto"],
+        default="wrk",
+        help="load generator: wrk (the recorded figures), python (aiohttp, far slower: "
+        "checks the path, does not measure it), auto (wrk when on PATH)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"CI size: {SMOKE_DURATION_S} s runs, few connections, small batches, "
+        "--load auto; exit 1 when any request failed",
+    )
     args = parser.parse_args()
     if args.command == "_serve":
         anyio.run(serve, args, backend_options={"use_uvloop": args.uvloop})
-    else:
-        anyio.run(drive, args)
+        return 0
+    if args.smoke:
+        args.duration = SMOKE_DURATION_S
+        args.connections = SMOKE_CONNECTIONS
+        args.sg_connections = SMOKE_CONNECTIONS
+        args.batch = SMOKE_BATCH
+        args.load = "auto"
+    return anyio.run(drive, args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
