@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which MIME parser should inboxd use?  Measured over the shared corpus, not guessed.
 
-    .venv/bin/python bench/parse.py [--corpus DIR] [--passes N] [--timeout S] [--quick]
+    .venv/bin/python bench/parse.py [--corpus DIR] [--passes N] [--timeout S] [--quick] [--smoke]
 
 Every candidate turns raw RFC 5322 bytes into the same shape (``Parsed``): decoded
 Subject, From/To/Cc as (display name, address) pairs, Message-ID, every text/plain
@@ -73,6 +73,15 @@ HERE = Path(__file__).resolve()
 DEFAULT_CORPUS = HERE.parents[1] / "tests" / "corpus" / "mime"
 TYPICAL_MAX = 50 * 1024
 SLOW_S = 1.0
+#: --smoke (CI): every SMOKE_EVERY-th typical file, the SMOKE_LARGE_FILES smallest
+#: of the larger ones (so "whole" differs from "typical"), the files the reports
+#: name; one speed pass and a shorter per-file timeout: ~5 s instead of ~20 s.
+SMOKE_EVERY = 4
+SMOKE_LARGE_FILES = 2
+SMOKE_TIMEOUT_S = 10.0
+#: A candidate failing on more than this share of the files is broken in this
+#: script (a renamed attribute, an API change), not a finding about the parser.
+BROKEN_SHARE = 0.5
 
 
 # --------------------------------------------------------------------------- shape
@@ -866,12 +875,38 @@ def _sig(p: Parsed):
     )
 
 
+TRIPLE_STEMS = ("lhost-postfix-01", "lhost-exchange2007-01")
+CR_ONLY = ("mac__lhost-postfix-01", "mac__lhost-exchange2007-01")
+EXOTIC_CHARSETS = (
+    ("jhillyerd-enmime/testdata__low-quality__unk-charset-part.eml", "fakescii text"),
+    ("jhillyerd-enmime/testdata__low-quality__unk-charset-html-only.eml", "fakescii html"),
+    ("jhillyerd-enmime/testdata__mail__html-mime-bad-unknown-charset-inline.eml", "us-askey"),
+    ("mikel-mail/plain_emails__raw_email10.eml", "X-UNKNOWN, 8-bit UTF-8 body"),
+    ("sisimai-set-of-emails/bsd__lhost-outlook-01.eml", "unicode-1-1-utf-7"),
+    ("sisimai-set-of-emails/bsd__rhost-outlook-01.eml", "unicode-1-1-utf-7"),
+    ("django-mailbox/message_with_invalid_encoding.eml", "_iso-2022-jp$ESC"),
+    ("stalwart-mail-parser/thirdparty__005.eml", "utf-16le/be + euc-jp parts"),
+)
+
+
+def special_files() -> list[str]:
+    """The corpus files special_report looks at by name."""
+    trios = [
+        f"sisimai-set-of-emails/{v}__{s}.eml" for s in TRIPLE_STEMS for v in ("bsd", "dos", "mac")
+    ]
+    return (
+        trios
+        + [f"sisimai-set-of-emails/{t}.eml" for t in CR_ONLY]
+        + [r for r, _ in EXOTIC_CHARSETS]
+    )
+
+
 def special_report(names, rels, results) -> None:
     idx = {r: i for i, r in enumerate(rels)}
     print("\n== sisimai line-ending triples (bsd=LF, dos=CRLF, mac=CR-only) ==")
     print("   'same' = subject, text, html and attachment names/types equal after")
     print("   line-ending normalisation; sizes may differ by the CRs")
-    for stem in ("lhost-postfix-01", "lhost-exchange2007-01"):
+    for stem in TRIPLE_STEMS:
         trio = [f"sisimai-set-of-emails/{v}__{stem}.eml" for v in ("bsd", "dos", "mac")]
         if not all(t in idx for t in trio):
             continue
@@ -896,7 +931,7 @@ def special_report(names, rels, results) -> None:
                     verdict.append(f"{label}!=bsd({','.join(bad)})")
             print(f"  {stem:<22} {c:<10} {'  '.join(verdict)}")
     print("\n== CR-only files ==")
-    for t in ("mac__lhost-postfix-01", "mac__lhost-exchange2007-01"):
+    for t in CR_ONLY:
         rel = f"sisimai-set-of-emails/{t}.eml"
         if rel not in idx:
             continue
@@ -914,17 +949,7 @@ def special_report(names, rels, results) -> None:
             )
 
     print("\n== Bogus / exotic charsets ==")
-    cases = [
-        ("jhillyerd-enmime/testdata__low-quality__unk-charset-part.eml", "fakescii text"),
-        ("jhillyerd-enmime/testdata__low-quality__unk-charset-html-only.eml", "fakescii html"),
-        ("jhillyerd-enmime/testdata__mail__html-mime-bad-unknown-charset-inline.eml", "us-askey"),
-        ("mikel-mail/plain_emails__raw_email10.eml", "X-UNKNOWN, 8-bit UTF-8 body"),
-        ("sisimai-set-of-emails/bsd__lhost-outlook-01.eml", "unicode-1-1-utf-7"),
-        ("sisimai-set-of-emails/bsd__rhost-outlook-01.eml", "unicode-1-1-utf-7"),
-        ("django-mailbox/message_with_invalid_encoding.eml", "_iso-2022-jp$ESC"),
-        ("stalwart-mail-parser/thirdparty__005.eml", "utf-16le/be + euc-jp parts"),
-    ]
-    for rel, what in cases:
+    for rel, what in EXOTIC_CHARSETS:
         if rel not in idx:
             continue
         print(f"  {rel}  [{what}]")
@@ -963,7 +988,7 @@ def _run_many(raws: list[bytes], threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def speed(names, rels, raws, results, passes: int) -> None:
+def speed(names, rels, raws, results, passes: int) -> dict[tuple[str, str], float]:
     skip = {
         i
         for i in range(len(rels))
@@ -1032,6 +1057,7 @@ def speed(names, rels, raws, results, passes: int) -> None:
         rows,
     )
     print("   (vs compat32 > 1 means faster than compat32)")
+    return best
 
 
 # -------------------------------------------------------------------------- main
@@ -1046,12 +1072,34 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="per-file seconds")
     ap.add_argument("--quick", action="store_true", help="1 speed pass")
     ap.add_argument("--only", nargs="*", help="candidate names")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"CI size: every {SMOKE_EVERY}th typical file, {SMOKE_LARGE_FILES} larger ones, "
+        "the named special files, 1 speed pass; exit 1 when the figures are not measurements",
+    )
     args = ap.parse_args()
 
     paths = sorted(args.corpus.rglob("*.eml"))
     if not paths:
         print(f"no .eml files under {args.corpus}", file=sys.stderr)
         return 2
+    problems = [
+        f"special file missing from the corpus: {rel}"
+        for rel in special_files()
+        if not (args.corpus / rel).is_file()
+    ]
+    if args.smoke:
+        special = {args.corpus / rel for rel in special_files()}
+        sizes = {p: p.stat().st_size for p in paths}
+        large = sorted((p for p in paths if sizes[p] >= TYPICAL_MAX), key=sizes.__getitem__)
+        keep = special | set(large[:SMOKE_LARGE_FILES])
+        paths = [
+            p
+            for i, p in enumerate(paths)
+            if p in keep or (i % SMOKE_EVERY == 0 and sizes[p] < TYPICAL_MAX)
+        ]
+        args.timeout = min(args.timeout, SMOKE_TIMEOUT_S)
     # compat32 is the reference every comparison and ratio is made against
     names = [c for c in CANDIDATES if not args.only or c in args.only or c == REF]
     rels = [str(p.relative_to(args.corpus)) for p in paths]
@@ -1061,6 +1109,8 @@ def main() -> int:
         from importlib.metadata import version
 
         versions.append(f"fast-mail-parser {version('fast-mail-parser')}")
+    else:
+        versions.append("fast-mail-parser not installed (skipped; pip install -e '.[bench]')")
     if mailparser is not None:
         from importlib.metadata import version
 
@@ -1080,9 +1130,31 @@ def main() -> int:
     correctness(names, rels, raws, results)
     rfc2047_report(names, rels, raws, results)
     special_report(names, rels, results)
-    speed(names, rels, raws, results, 1 if args.quick else args.passes)
+    best = speed(names, rels, raws, results, 1 if args.quick or args.smoke else args.passes)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    problems += check(names, results, best)
+    if problems:
+        print("\nFAILED: these figures are not measurements:", file=sys.stderr)
+        for text in problems:
+            print(f"  {text}", file=sys.stderr)
+        return 1
     return 0
+
+
+def check(names: list[str], results, best: dict[tuple[str, str], float]) -> list[str]:
+    """Why the output is not a measurement: the reference failing (every comparison is
+    made against it), a candidate failing on most files, a speed figure of nothing."""
+    out = []
+    for c in names:
+        failed = [o.err for o in results[c] if o.err]
+        if c == REF and failed:
+            out.append(f"the reference {REF} failed on {len(failed)} files, e.g. {failed[0]}")
+        elif len(failed) > BROKEN_SHARE * len(results[c]):
+            out.append(f"{c} failed on {len(failed)} of {len(results[c])} files, e.g. {failed[0]}")
+    for (name, files), seconds in best.items():
+        if not 0 < seconds < float("inf"):
+            out.append(f"speed of {name} over {files}: {seconds} s")
+    return out
 
 
 if __name__ == "__main__":
