@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import orjson
+from helpers import cli_argv, eventually, wait_for
 
 READY_TIMEOUT_S = 60.0
 
@@ -122,18 +123,7 @@ class DaemonProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "inboxd.daemon.cli",
-                "run",
-                "--config",
-                str(config),
-                "--dsn",
-                dsn,
-                "--log-level",
-                "info",
-            ],
+            cli_argv("run", "--config", config, "--dsn", dsn, "--log-level", "info"),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             stdin=subprocess.DEVNULL,
@@ -155,11 +145,32 @@ class DaemonProcess:
             lambda: next((e for e in self.events() if e.get("event") == "daemon_ready"), None),
             timeout_s,
             what="daemon_ready",
-            proc=self.proc,
-            log=self.log_path,
+            abort=self.exited,
+            context=self.log_tail,
         )
         self.port = int(ready["port"])
         return self.port
+
+    def exited(self) -> str | None:
+        """Why waiting on this daemon is pointless: it exited (None while it runs)."""
+        code = self.proc.poll()
+        return None if code is None else f"daemon exited ({code})"
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    async def eventually(
+        self,
+        check: Callable[[], Awaitable[Any] | Any],
+        timeout_s: float,
+        *,
+        what: str,
+        until: Callable[[Any], object] = bool,
+    ) -> Any:
+        """helpers.eventually, given up when the daemon exits; failures show its log."""
+        return await eventually(
+            check, timeout_s, what=what, until=until, abort=self.exited, context=self.log_tail
+        )
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.proc.send_signal(signum)
@@ -175,48 +186,3 @@ class DaemonProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._log.close()
-
-
-def wait_for(
-    check: Callable[[], object],
-    timeout_s: float,
-    *,
-    what: str,
-    proc: subprocess.Popen | None = None,
-    log: Path | None = None,
-) -> object:
-    """Poll `check` until it returns something truthy; fail with context at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise AssertionError(f"process exited ({proc.returncode}) waiting for {what}:\n{tail}")
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise AssertionError(f"timed out waiting for {what}:\n{tail}")
-        time.sleep(0.05)  # polling interval of a condition with a deadline
-
-
-async def eventually(
-    check, timeout_s: float, *, what: str, daemon: DaemonProcess | None = None
-) -> object:
-    """Async twin of `wait_for` for checks that query the database."""
-    import anyio
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if daemon is not None and daemon.proc.poll() is not None:
-            tail = daemon.log_path.read_text(errors="replace")[-3000:]
-            raise AssertionError(
-                f"daemon exited ({daemon.proc.returncode}) waiting for {what}:\n{tail}"
-            )
-        if time.monotonic() > deadline:
-            tail = daemon.log_path.read_text(errors="replace")[-3000:] if daemon else ""
-            raise AssertionError(f"timed out waiting for {what}:\n{tail}")
-        await anyio.sleep(0.05)  # polling interval of a condition with a deadline

@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -25,12 +23,8 @@ import anyio.to_thread
 import asyncpg
 import orjson
 import pytest
+from helpers import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, run_cli_async
 
-# The console script installed next to the interpreter running the tests.
-INBOXD = Path(sys.executable).with_name("inboxd")
-# A whole import of a few messages takes ~1 s (interpreter start included); a
-# loaded CI runner may be several times slower. Past this the command hangs.
-CLI_TIMEOUT_S = 60.0
 # Nothing listens on port 1 (tcpmux, never served here): connection refused.
 DEAD_DSN = "postgresql://postgres@127.0.0.1:1/x"
 
@@ -66,36 +60,18 @@ def write_mbox(path: Path, messages: list[bytes]) -> None:
             fh.write(b"\n" if raw.endswith(b"\n") else b"\n\n")
 
 
-class Result:
-    def __init__(self, proc: subprocess.CompletedProcess[bytes]) -> None:
-        self.code = proc.returncode
-        self.stdout = proc.stdout.decode()
-        self.stderr = proc.stderr.decode()
-
-    @property
-    def json(self) -> dict:
-        return orjson.loads(self.stdout)
-
-    @property
-    def error_lines(self) -> list[str]:
-        """stderr lines that are not JSON log lines."""
-        return [line for line in self.stderr.splitlines() if not line.startswith("{")]
-
-
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """The command's environment: no DSN from outside, a data dir of its own."""
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("INBOXD_", "PG"))}
-    out["INBOXD_DATA_DIR"] = str(tmp_path / "data")
-    return out
+    return cli_env(tmp_path / "data")
 
 
 @pytest.fixture
 def inboxd(env: dict[str, str]):
-    async def run(*args: str | Path) -> Result:
-        with anyio.fail_after(CLI_TIMEOUT_S):
-            proc = await anyio.run_process([str(INBOXD), *map(str, args)], check=False, env=env)
-        return Result(proc)
+    """The installed console script, with the clean environment of `env`."""
+
+    async def run(*args: str | Path) -> CliResult:
+        return await run_cli_async(*args, env=env, script=True)
 
     return run
 
@@ -356,6 +332,24 @@ def bulk_mbox(path: Path, mime: Path, count: int) -> Path:
     return path
 
 
+def bulk_import_command(dsn: str, archive: Path) -> list[str]:
+    """`inboxd import --json --log-level info` of `archive` into acme/bulk."""
+    return cli_argv(
+        "import",
+        "--dsn",
+        dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "bulk",
+        "--json",
+        "--log-level",
+        "info",
+        archive,
+        script=True,
+    )
+
+
 async def run_until_first_commit(
     command: list[str], env: dict[str, str], then: Callable[[anyio.abc.Process], Awaitable[None]]
 ) -> tuple[int, bytes, bytes]:
@@ -385,20 +379,7 @@ async def test_signal_stops_after_a_whole_batch(
 
     total = IMPORT_BATCH_SIZE * 10
     archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
-    command = [
-        str(INBOXD),
-        "import",
-        "--dsn",
-        db_dsn,
-        "--tenant",
-        "acme",
-        "--mailbox",
-        "bulk",
-        "--json",
-        "--log-level",
-        "info",
-        str(archive),
-    ]
+    command = bulk_import_command(db_dsn, archive)
 
     async def interrupt(proc: anyio.abc.Process) -> None:
         proc.send_signal(signum)
@@ -502,20 +483,7 @@ async def test_database_lost_midway_then_rerun_completes(
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
     total = IMPORT_BATCH_SIZE * 20
     archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
-    command = [
-        str(INBOXD),
-        "import",
-        "--dsn",
-        dsn,
-        "--tenant",
-        "acme",
-        "--mailbox",
-        "bulk",
-        "--json",
-        "--log-level",
-        "info",
-        str(archive),
-    ]
+    command = bulk_import_command(dsn, archive)
 
     async def stop_server(proc: anyio.abc.Process) -> None:
         await anyio.to_thread.run_sync(lambda: stop_embedded(data, environ=pg_env))
@@ -539,11 +507,8 @@ async def test_database_lost_midway_then_rerun_completes(
 
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
     assert await count(dsn, "messages") == committed
-    with anyio.fail_after(CLI_TIMEOUT_S):
-        rerun = await anyio.run_process([*command[:3], dsn, *command[4:]], check=False, env=env)
+    rerun = await run_cli_async(*bulk_import_command(dsn, archive)[1:], env=env, script=True)
 
-    assert rerun.returncode == 0, rerun.stderr.decode()
-    assert orjson.loads(rerun.stdout)["outcomes"] == outcomes(
-        new=total - committed, duplicate=committed
-    )
+    assert rerun.code == 0, rerun.stderr
+    assert rerun.json["outcomes"] == outcomes(new=total - committed, duplicate=committed)
     assert await count(dsn, "messages") == total

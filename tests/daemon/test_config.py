@@ -7,13 +7,11 @@ defaults to `tenants/` next to it) plus tenant files. No database is needed.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from helpers import cli_env, run_cli
 
 from inboxd.daemon.config import (
     ConfigError,
@@ -30,8 +28,6 @@ from inboxd.daemon.secrets import Secret, SecretError, is_secret_key, parse_secr
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.toml"
-# Interpreter start plus the CLI's imports take about a second; a loaded runner is slower.
-CLI_TIMEOUT_S = 60.0
 
 # Values that must never show up in any output, repr or message.
 LITERAL = "LITERAL-s3cr3t-hunter2"
@@ -59,28 +55,6 @@ def write_config(tmp_path: Path, main: str = "", **tenants: str) -> Path:
 def tenant(tenant_id: str, *mailbox_ids: str, extra: str = "") -> str:
     return f'id = "{tenant_id}"\n{extra}\n' + "".join(
         MAILDIR_MAILBOX.format(id=m) for m in mailbox_ids
-    )
-
-
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INBOXD_", "PG"))}
-    env["INBOXD_DATA_DIR"] = str(tmp_path / "data")
-    return env | extra
-
-
-def inboxd(
-    *args: str | Path,
-    env: dict[str, str],
-    cwd: Path = REPO,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "inboxd.daemon.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
     )
 
 
@@ -121,17 +95,19 @@ def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_example_passes_check_config_on_a_fresh_machine(tmp_path: Path) -> None:
-    result = inboxd("check-config", "config.example.toml", env=cli_env(tmp_path))
+    result = run_cli(
+        "check-config", "config.example.toml", env=cli_env(tmp_path / "data"), cwd=REPO
+    )
 
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert result.stdout == "config OK: 1 tenant, 1 mailbox\n"
     assert result.stderr == ""
 
 
 def test_check_config_json(tmp_path: Path) -> None:
-    result = inboxd("check-config", "--json", EXAMPLE, env=cli_env(tmp_path))
+    result = run_cli("check-config", "--json", EXAMPLE, env=cli_env(tmp_path / "data"), cwd=REPO)
 
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.stderr
     assert orjson.loads(result.stdout) == {
         "command": "check-config",
         "status": "ok",
@@ -718,12 +694,12 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
         good=f'id = "good"\napi_token = "env:ACME_IMAP_PASSWORD"\n'
         f"{MAILDIR_MAILBOX.format(id='local')}",
     )
-    env = cli_env(tmp_path, ACME_IMAP_PASSWORD=ENV_VALUE)
+    env = cli_env(tmp_path / "data", ACME_IMAP_PASSWORD=ENV_VALUE)
 
     for extra in ((), ("--json",)):
-        result = inboxd("check-config", *extra, config, env=env)
+        result = run_cli("check-config", *extra, config, env=env, cwd=REPO)
 
-        assert result.returncode == 2
+        assert result.code == 2
         output = result.stdout + result.stderr
         for value in (LITERAL, ENV_VALUE, FILE_VALUE):
             assert value not in output
@@ -748,14 +724,14 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
 
 
 def test_check_config_usage_errors(tmp_path: Path) -> None:
-    env = cli_env(tmp_path)
+    env = cli_env(tmp_path / "data")
 
-    missing = inboxd("check-config", tmp_path / "nope.toml", env=env)
-    assert missing.returncode == 2
+    missing = run_cli("check-config", tmp_path / "nope.toml", env=env, cwd=REPO)
+    assert missing.code == 2
     assert f"{tmp_path / 'nope.toml'}: no such file" in missing.stderr
 
-    no_file = inboxd("check-config", env=env)
-    assert no_file.returncode == 2
+    no_file = run_cli("check-config", env=env, cwd=REPO)
+    assert no_file.code == 2
     assert "inboxd: error: check-config needs a config FILE" in no_file.stderr
 
 

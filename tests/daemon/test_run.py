@@ -7,8 +7,6 @@ import hashlib
 import hmac
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,12 +18,12 @@ import pytest
 from harness import (
     DaemonProcess,
     deliver,
-    eventually,
     generated_messages,
     maildir,
     write_config,
     write_tenant,
 )
+from helpers import run_cli, run_cli_async
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,11 +48,12 @@ async def wait_rows(
 ) -> None:
     """Wait until `sql` counts exactly `n` (or at least `n`), or fail with the daemon's log."""
 
-    async def reached() -> bool:
-        got = await count(dsn, sql)
-        return got >= n if at_least else got == n
-
-    await eventually(reached, timeout_s, what=what, daemon=daemon)
+    await daemon.eventually(
+        lambda: count(dsn, sql),
+        timeout_s,
+        what=f"{what}: {sql} {'>=' if at_least else '=='} {n}",
+        until=lambda got: got >= n if at_least else got == n,
+    )
 
 
 def start(tmp: Path, config: Path, dsn: str, name: str = "daemon") -> DaemonProcess:
@@ -71,7 +70,7 @@ async def test_maildir_drop_becomes_rows_and_moves_to_cur(tmp_path, db_dsn) -> N
         deliver(box, generated_messages(3, tag="drop"))
 
         await wait_rows(db_dsn, daemon, 3, 30, what="3 messages ingested")
-        await eventually(lambda: _moved(box, 3), 10, what="files moved to cur/", daemon=daemon)
+        await daemon.eventually(lambda: _moved(box, 3), 10, what="files moved to cur/")
         created = "SELECT count(*) FROM events WHERE kind = 'message.created'"
         assert await count(db_dsn, created) == 3
     finally:
@@ -101,7 +100,7 @@ async def test_sigterm_mid_backfill_then_restart_loses_and_doubles_nothing(
     daemon = start(tmp_path, config, db_dsn, "daemon2")
     try:
         await wait_rows(db_dsn, daemon, 5000, 240, what="backfill finished after restart")
-        await eventually(lambda: _moved(box, 5000), 60, what="all files in cur/", daemon=daemon)
+        await daemon.eventually(lambda: _moved(box, 5000), 60, what="all files in cur/")
         assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 5000
         assert await count(db_dsn, "SELECT count(DISTINCT message_id_norm) FROM messages") == 5000
     finally:
@@ -139,9 +138,7 @@ async def test_broken_tenant_file_on_sighup_keeps_the_old_config(tmp_path, db_ds
     try:
         (tmp_path / "tenants" / "acme.toml").write_text('id = "acme"\n[[mailboxes]\nbroken')
         daemon.signal(signal.SIGHUP)
-        await eventually(
-            lambda: _logged(daemon, "config_reloaded"), 20, what="reload", daemon=daemon
-        )
+        await daemon.eventually(lambda: _logged(daemon, "config_reloaded"), 20, what="reload")
         deliver(box, generated_messages(2, tag="keep"))
 
         await wait_rows(db_dsn, daemon, 2, 30, what="old config still syncing")
@@ -163,39 +160,16 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
     daemon = start(tmp_path, config, db_dsn)
     try:
         await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
-        cli = [
-            sys.executable,
-            "-m",
-            "inboxd.daemon.cli",
-            "sync",
-            "cancel",
-            "--mailbox",
-            "inbox",
-            "--dsn",
-            db_dsn,
-        ]
-        assert (await anyio.run_process(cli, check=False)).returncode == 0
-        await eventually(
-            lambda: _logged(daemon, "sync_cancel_flag_honoured"),
-            60,
-            what="cancel honoured",
-            daemon=daemon,
+        assert (
+            await run_cli_async("sync", "cancel", "--mailbox", "inbox", "--dsn", db_dsn)
+        ).code == 0
+        await daemon.eventually(
+            lambda: _logged(daemon, "sync_cancel_flag_honoured"), 60, what="cancel honoured"
         )
         # files moved to cur/ are exactly those ingested: nothing skipped ahead
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
         assert len(list((box / "cur").iterdir())) <= in_db < 4000
-        now = [
-            sys.executable,
-            "-m",
-            "inboxd.daemon.cli",
-            "sync",
-            "now",
-            "--mailbox",
-            "inbox",
-            "--dsn",
-            db_dsn,
-        ]
-        assert (await anyio.run_process(now, check=False)).returncode == 0
+        assert (await run_cli_async("sync", "now", "--mailbox", "inbox", "--dsn", db_dsn)).code == 0
 
         await wait_rows(db_dsn, daemon, 4000, 240, what="resumed to the end")
     finally:
@@ -211,8 +185,8 @@ async def test_sigusr1_cancels_running_syncs_gracefully(tmp_path, db_dsn) -> Non
     try:
         await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
         daemon.signal(signal.SIGUSR1)
-        await eventually(
-            lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled", daemon=daemon
+        await daemon.eventually(
+            lambda: _logged(daemon, "sync_cancelled"), 30, what="sync cancelled"
         )
         assert daemon.proc.poll() is None  # the process carries on
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
@@ -234,13 +208,10 @@ async def test_two_processes_on_one_database_never_double_ingest(tmp_path, db_ds
         for i, box in enumerate(boxes):
             deliver(box, generated_messages(800, tag=f"two{i}"))
 
-        async def all_in() -> bool:
-            return await count(db_dsn, "SELECT count(*) FROM messages") == 2400
-
-        await eventually(all_in, 240, what="all mail from three mailboxes", daemon=one)
+        await wait_rows(db_dsn, one, 2400, 240, what="all mail from three mailboxes")
         assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 2400
         for box in boxes:
-            await eventually(lambda b=box: _moved(b, 800), 60, what="moved", daemon=one)
+            await one.eventually(lambda b=box: _moved(b, 800), 60, what="moved")
     finally:
         for daemon in (one, two):
             daemon.signal(signal.SIGTERM)
@@ -254,22 +225,8 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path) -> None:
         'id = "acme"\n[[mailboxes]]\nid = "inbox"\nprovider = "maildir"\npoll_interval_s = "x"\n'
         'path = "/tmp/x"\n'
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inboxd.daemon.cli",
-            "run",
-            "--config",
-            str(config),
-            "--dsn",
-            "postgresql://postgres@127.0.0.1:1/none",
-        ],
-        capture_output=True,
-        timeout=60,
-        text=True,
-    )
-    assert result.returncode == 2
+    result = run_cli("run", "--config", config, "--dsn", "postgresql://postgres@127.0.0.1:1/none")
+    assert result.code == 2
     assert "acme.toml" in result.stderr and "poll_interval_s" in result.stderr
 
 
@@ -362,14 +319,12 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
             "SELECT sync_state FROM mailboxes WHERE tenant_id = 'acme' AND mailbox_id = 'gone'"
         )
 
-        async def flagged() -> bool:
-            conn = await asyncpg.connect(db_dsn)
-            try:
-                return await conn.fetchval(state_sql) == "needs_attention"
-            finally:
-                await conn.close()
-
-        await eventually(flagged, 30, what="needs_attention", daemon=daemon)
+        await daemon.eventually(
+            lambda: count(db_dsn, state_sql),
+            30,
+            what="mailbox 'gone' in sync_state needs_attention",
+            until=lambda state: state == "needs_attention",
+        )
         deliver(fine, generated_messages(2, tag="fine"))
 
         await wait_rows(db_dsn, daemon, 2, 30, what="other mailbox still syncing")
@@ -447,12 +402,10 @@ async def test_webhook_event_is_stored_applied_and_announced(tmp_path, db_dsn) -
 def test_bad_delivery_source_exits_2_naming_the_key(tmp_path) -> None:
     config = write_config(tmp_path)
     _resend_hook(tmp_path, extra='recipients = "shout"')
-    result = subprocess.run(
-        [sys.executable, "-m", "inboxd.daemon.cli", "check-config", str(config)],
-        capture_output=True,
-        timeout=60,
-        text=True,
+    result = run_cli(
+        "check-config",
+        config,
         env={**os.environ, "TEST_RESEND_SECRET": "whsec_" + "QUFBQUFBQUFBQUFB"},
     )
-    assert result.returncode == 2
+    assert result.code == 2
     assert "acme.toml: delivery_sources[0].recipients" in result.stderr

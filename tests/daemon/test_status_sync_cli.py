@@ -8,53 +8,27 @@ it: LISTEN on the doorbell channel from a separate connection.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import anyio
 import asyncpg
-import orjson
 import pytest
+from helpers import CliResult, cli_env, run_cli_async
 
 from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 
-# Interpreter start + one query is well under a second; a loaded runner is slower.
-CLI_TIMEOUT_S = 60.0
 NOTIFY_DEADLINE_S = 10.0
 LEASE_TTL_S = 60.0
-
-
-class Result:
-    def __init__(self, code: int, stdout: bytes, stderr: bytes) -> None:
-        self.code = code
-        self.stdout = stdout.decode()
-        self.stderr = stderr.decode()
-
-    @property
-    def json(self) -> object:
-        return orjson.loads(self.stdout)
-
-    @property
-    def error_lines(self) -> list[str]:
-        """stderr lines that are not JSON log lines."""
-        return [line for line in self.stderr.splitlines() if not line.startswith("{")]
 
 
 @pytest.fixture
 def inboxd(db_dsn: str, tmp_path: Path):
     """Run `python -m inboxd.daemon.cli ARGS --dsn <test db>` with a clean environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INBOXD_", "PG"))}
-    env["INBOXD_DATA_DIR"] = str(tmp_path / "data")
+    env = cli_env(tmp_path / "data")
 
-    async def run(*args: str, dsn: str | None = db_dsn) -> Result:
-        argv = [sys.executable, "-m", "inboxd.daemon.cli", *args]
-        if dsn is not None:
-            argv += ["--dsn", dsn]
-        with anyio.fail_after(CLI_TIMEOUT_S):
-            proc = await anyio.run_process(argv, check=False, env=env)
-        return Result(proc.returncode, proc.stdout, proc.stderr)
+    async def run(*args: str, dsn: str | None = db_dsn) -> CliResult:
+        return await run_cli_async(*args, *(["--dsn", dsn] if dsn is not None else []), env=env)
 
     return run
 

@@ -10,6 +10,7 @@ import anyio
 import asyncpg
 import orjson
 import pytest
+from helpers import eventually
 
 from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
@@ -34,11 +35,12 @@ async def inbox(make_mailbox) -> tuple[str, str]:
 
 async def wait_for_db(pool: asyncpg.Pool, condition_sql: str, *args: object) -> None:
     """Poll a boolean SQL expression (database clock) until true; fail after the deadline."""
-    with anyio.fail_after(DB_WAIT_DEADLINE_S):
-        while True:
-            if await pool.fetchval(f"SELECT ({condition_sql})", *args):
-                return
-            await anyio.sleep(DB_POLL_S)  # polling interval of a condition with a deadline
+    await eventually(
+        lambda: pool.fetchval(f"SELECT ({condition_sql})", *args),
+        DB_WAIT_DEADLINE_S,
+        what=f"{condition_sql} {args}",
+        poll_s=DB_POLL_S,
+    )
 
 
 async def wait_lease_expired(pool: asyncpg.Pool, tenant: str = T, mailbox: str = M) -> None:

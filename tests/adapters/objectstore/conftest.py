@@ -11,7 +11,6 @@ import http.client
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import aioboto3
 import boto3
 import pytest
+from helpers import wait_for
 
 from inboxd.adapters.objectstore import S3Store
 from inboxd.pipeline.objectstore import ObjectStore
@@ -88,18 +88,16 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 stderr=subprocess.STDOUT,
             )
         try:
-            deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-            while not _probe(host, port):
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"moto_server exited with {proc.returncode}:\n{log_path.read_text()}"
-                    )
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"moto_server not ready after {MOTO_START_TIMEOUT_S} s:\n"
-                        f"{log_path.read_text()}"
-                    )
-                time.sleep(MOTO_POLL_INTERVAL_S)  # poll interval, not synchronisation
+            wait_for(
+                lambda: _probe(host, port),
+                MOTO_START_TIMEOUT_S,
+                what=f"moto_server answering on {host}:{port}",
+                poll_s=MOTO_POLL_INTERVAL_S,
+                abort=lambda: (
+                    None if proc.poll() is None else f"moto_server exited with {proc.returncode}"
+                ),
+                context=log_path.read_text,
+            )
             yield f"http://{host}:{port}"
         finally:
             proc.terminate()

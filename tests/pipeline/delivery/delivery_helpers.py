@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 import asyncpg
+from helpers import eventually
 
 from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy, Stored
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
@@ -101,11 +102,13 @@ async def suppressions(pool: asyncpg.Pool) -> list[tuple]:
 async def wait_until(
     pool: asyncpg.Pool, sql: str, predicate, *, deadline_s: float = 20.0, poll_s: float = 0.05
 ):
-    """Poll `sql` (a single value) until `predicate(value)`; TimeoutError after the deadline."""
-    with anyio.fail_after(deadline_s):
-        async with pool.acquire() as conn:
-            while True:
-                value = await conn.fetchval(sql)
-                if predicate(value):
-                    return value
-                await anyio.sleep(poll_s)
+    """Poll `sql` (a single value, on one connection) until `predicate(value)`; fail after
+    the deadline with the last value."""
+    async with pool.acquire() as conn:
+        return await eventually(
+            lambda: conn.fetchval(sql),
+            deadline_s,
+            what=f"{sql!r} to satisfy the predicate",
+            until=predicate,
+            poll_s=poll_s,
+        )

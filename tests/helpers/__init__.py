@@ -1,0 +1,24 @@
+"""Helpers shared by every test folder (importable as `helpers`: pyproject's pytest
+`pythonpath` puts tests/ on sys.path).
+
+- waiting: `wait_for` / `eventually`, the one poll-until-true-with-a-deadline;
+- cli: `run_cli` / `run_cli_async`, the one runner of the `inboxd` command line;
+- keys: self-signed certificates and SNS signatures made independently of the code.
+
+Fixtures stay in the conftest.py of the folder that needs them.
+"""
+
+from helpers.cli import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, run_cli, run_cli_async
+from helpers.waiting import WaitTimeout, eventually, wait_for
+
+__all__ = [
+    "CLI_TIMEOUT_S",
+    "CliResult",
+    "WaitTimeout",
+    "cli_argv",
+    "cli_env",
+    "eventually",
+    "run_cli",
+    "run_cli_async",
+    "wait_for",
+]
