@@ -31,7 +31,7 @@ messages whose outcome is new.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,8 +68,11 @@ class Source(Protocol):
     mailbox_id: str
     provider: str
 
-    def pages(self, cursor: str | None) -> AsyncIterator[Page]:
-        """Pages from `cursor` (None: from the beginning / full resync), in order."""
+    def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
+        """Pages from `cursor` (None: from the beginning / full resync), in order.
+
+        An async generator: the daemon closes it (`aclose`) when a run stops
+        early, so the source's cleanup runs at once, not at garbage collection."""
         ...
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:

@@ -213,17 +213,19 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.adapters.esp.registry import build_esp_source
     from inboxd.daemon.commands.run import tune_gc
     from inboxd.daemon.http import HttpState, TokenTable, serve_http
-    from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
     from inboxd.daemon.logging import configure_logging
     from inboxd.daemon.metrics import Metrics
+    from inboxd.daemon.webhooks import Webhooks
+    from inboxd.daemon.webhooks.esp import DeliveryHook, EspHooks, HookTable
+    from inboxd.daemon.webhooks.ratelimit import RateLimiter
     from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
     from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
 
-    def source(source_id: str, table: dict) -> HookSource:
+    def source(source_id: str, table: dict) -> DeliveryHook:
         adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
-        return HookSource(
+        return DeliveryHook(
             tenant_id=TENANT,
             source_id=source_id,
             adapter=adapter,
@@ -256,9 +258,7 @@ async def serve(args: argparse.Namespace) -> None:
         metrics=Metrics(),
         tenant_for_token=TokenTable({}),
         ready=ready,
-        extra_routes=hook_routes(table, intake, _no_confirm),
-        body_limit=table.body_limit,
-        before_body=table.check_before_body,
+        webhooks=Webhooks(EspHooks(table, intake, _no_confirm)),
     )
     if not args.default_gc:
         tune_gc()  # as `inboxd run` does

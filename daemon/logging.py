@@ -85,7 +85,7 @@ def configure_logging(
     )
     # Libraries that use the stdlib (asyncpg, botocore) log through the root logger;
     # their records get the same shape, so stderr stays one format.
-    handler = std_logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
+    handler = std_logging.StreamHandler(_Stderr())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],

@@ -44,6 +44,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENV_DATA_DIR = "INBOXD_DATA_DIR"
 ENV_PG_USER = "INBOXD_EMBEDDED_PG_USER"
@@ -158,7 +159,7 @@ def run_tool(
     env = {"PATH": os.defpath, "LC_ALL": "C"}
     if "TZ" in os.environ:
         env["TZ"] = os.environ["TZ"]
-    switch: dict[str, object] = {}
+    switch: dict[str, Any] = {}
     if run_as.switch:
         switch = {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
     try:
@@ -172,7 +173,7 @@ def run_tool(
             env=env,
             start_new_session=True,
             check=False,
-            **switch,  # type: ignore[arg-type]
+            **switch,
         )
     except subprocess.TimeoutExpired as exc:
         raise EmbeddedPostgresError(

@@ -1,4 +1,4 @@
-"""`inboxd run`: the supervised process (DESIGN.md §2, §4, §5).
+"""`inboxd run`: the supervised process, wired from its parts (docs/architecture.md).
 
 Task tree (every task belongs to one of these groups; nothing is detached):
 
@@ -6,14 +6,12 @@ Task tree (every task belongs to one of these groups; nothing is detached):
               ├─ worker          applies stored events (pipeline/delivery/worker.py)
               └─ outer (below)   ends first, so in-flight webhooks still commit
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
-           ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/esp/…
-           └─ workers scope ─┬─ ingest workers × N   drain the bounded queue
-                             └─ intake ─┬─ mailbox runners (one per configured mailbox)
-                                        ├─ poll scanner     rings due mailboxes
-                                        ├─ doorbell         LISTEN inboxd_doorbell
-                                        └─ watchdog         sd_notify WATCHDOG=1
+           ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… (daemon/http/)
+           └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
+                             ├─ fleet               runners, poll scanner, doorbell (sync/)
+                             └─ watchdog            sd_notify WATCHDOG=1
 
-Shutdown (first SIGTERM/SIGINT): the intake group is cancelled — runners stop
+Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
 producing and abandon pages whose results they have not settled, so no cursor
 moves past uncommitted work — then the queue is closed and the workers drain
 what is queued, within `shutdown_deadline_s`; then the listener stops and the
@@ -28,27 +26,26 @@ import secrets
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import anyio
 import asyncpg
 import structlog
 
-from inboxd.adapters.base import Source
 from inboxd.daemon import systemd
 from inboxd.daemon.config import MainConfig, load_tenants
-from inboxd.daemon.esp_hooks import build_hook_sources, confirm_subscription
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.http.hooks import HookTable, hook_routes
-from inboxd.daemon.ingest_queue import IngestQueue
-from inboxd.daemon.mailbox_runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.sources import build_source
+from inboxd.daemon.sync.fleet import MailboxFleet
+from inboxd.daemon.sync.queue import IngestQueue
+from inboxd.daemon.sync.runner import RunnerDeps
 from inboxd.daemon.tenant_config import MailboxConfig, TenantConfig
+from inboxd.daemon.webhooks import Webhooks
+from inboxd.daemon.webhooks.esp import EspHooks, HookTable
+from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
 from inboxd.pipeline import scheduling
 from inboxd.pipeline.delivery.intake import DeliveryIntake
 from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
-from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.tenancy import ensure_tenants
@@ -57,18 +54,6 @@ log = structlog.get_logger(__name__)
 
 # Readiness probe: a healthy local or same-region PostgreSQL answers at once.
 READY_PROBE_TIMEOUT_S = 2.0
-# Reconnect delay of the doorbell LISTEN connection after it dropped.
-DOORBELL_RECONNECT_S = 2.0
-# Mailboxes one scanner claims per pass (more are left for the next pass or replica).
-POLL_CLAIM_LIMIT = 100
-
-
-@dataclass(slots=True)
-class DaemonState:
-    main: MainConfig
-    tenants: dict[str, TenantConfig]
-    runners: dict[tuple[str, str], MailboxRunner] = field(default_factory=dict)
-    stopping: bool = False
 
 
 class Daemon:
@@ -85,7 +70,9 @@ class Daemon:
         metrics: Metrics | None = None,
         on_ready: Callable[[int], None] | None = None,
     ) -> None:
-        self.state = DaemonState(main, dict(tenants))
+        self.main = main
+        self.tenants = dict(tenants)
+        self.stopping = False
         self.pool = pool
         self.dsn = dsn
         self.store = store
@@ -96,34 +83,40 @@ class Daemon:
             self.metrics,
             capacity_pages=max(1, main.queue_capacity // main.batch_size),
         )
-        self._deps = RunnerDeps(pool, self.queue, self.metrics, self.owner, main.lease_ttl_s)
+        deps = RunnerDeps(pool, self.queue, self.metrics, self.owner, main.lease_ttl_s)
+        self.fleet = MailboxFleet(
+            deps,
+            dsn=dsn,
+            page_size=main.batch_size,
+            poll_scan_interval_s=main.poll_scan_interval_s,
+        )
+        self.intake = DeliveryIntake(pool)
+        self.hooks = HookTable()
+        self._tokens = TokenTable(_api_tokens(self.tenants))
         self._on_ready = on_ready
         self._stop = anyio.Event()
         self._workers_scope = anyio.CancelScope()
-        self._intake_tg: anyio.abc.TaskGroup | None = None
+        self._fleet_scope: anyio.CancelScope | None = None
         self._log = log.bind(owner=self.owner)
-        self._tokens = TokenTable(_api_tokens(self.state.tenants))
-        self.intake = DeliveryIntake(pool)
-        self.hooks = HookTable()
-        self._load_hooks(self.state.tenants)
+        self._load_hooks(self.tenants)
 
     # lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        main = self.state.main
         # Tenant rows first: a webhook of a new tenant must find its row.
-        await self._sync_mailbox_rows(self.state.tenants)
+        await self._sync_mailbox_rows(self.tenants)
         # The delivery group outlives `outer`: at shutdown the listener finishes
         # its in-flight requests (SHUTDOWN_GRACE_S) while the intake still
         # commits their events, so verified events are answered 200, not 503.
         async with anyio.create_task_group() as delivery:
             await delivery.start(self.intake.run)
             await delivery.start(run_delivery_worker, self.pool, self.dsn)
-            await self._serve(main)
+            await self._serve()
             delivery.cancel_scope.cancel()
         self._log.info("daemon_stopped")
 
-    async def _serve(self, main: MainConfig) -> None:
+    async def _serve(self) -> None:
+        main = self.main
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._signals)
             port = await outer.start(
@@ -133,36 +126,35 @@ class Daemon:
                 async with anyio.create_task_group() as workers:
                     for _ in range(main.ingest_workers):
                         await workers.start(self.queue.run_worker)
-                    async with anyio.create_task_group() as intake:
-                        self._intake_tg = intake
-                        for mailbox in _mailboxes(self.state.tenants):
-                            await self._start_runner(mailbox)
-                        intake.start_soon(self._poll_scanner)
-                        await intake.start(self._doorbell)
-                        intake.start_soon(systemd.run_watchdog, self._ready)
-                        systemd.notify("READY=1")
-                        self._log.info("daemon_ready", port=port, mailboxes=len(self.state.runners))
-                        if self._on_ready is not None:
-                            self._on_ready(port)
-                        await self._stop.wait()
-                        intake.cancel_scope.cancel()
-                    self._intake_tg = None
+                    await self._run_fleet(port)
                     self.queue.close()
             if self._workers_scope.cancelled_caught:
                 self._log.warning("daemon_drain_abandoned")
             outer.cancel_scope.cancel()
 
+    async def _run_fleet(self, port: int) -> None:
+        """Runners, scanner, doorbell and watchdog until the stop signal."""
+        with anyio.CancelScope() as self._fleet_scope:
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.fleet.run, _mailboxes(self.tenants))
+                tg.start_soon(systemd.run_watchdog, self._ready)
+                systemd.notify("READY=1")
+                self._log.info("daemon_ready", port=port, mailboxes=len(self.fleet.runners))
+                if self._on_ready is not None:
+                    self._on_ready(port)
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+        self._fleet_scope = None
+
     def request_stop(self, *, immediate: bool = False) -> None:
-        if immediate or self.state.stopping:
+        if immediate or self.stopping:
             self._log.warning("daemon_stop_now")
             self._workers_scope.cancel()
         else:
-            self._log.info("daemon_stopping", deadline_s=self.state.main.shutdown_deadline_s)
+            self._log.info("daemon_stopping", deadline_s=self.main.shutdown_deadline_s)
             systemd.notify("STOPPING=1")
-            self._workers_scope.deadline = (
-                anyio.current_time() + self.state.main.shutdown_deadline_s
-            )
-        self.state.stopping = True
+            self._workers_scope.deadline = anyio.current_time() + self.main.shutdown_deadline_s
+        self.stopping = True
         self._stop.set()
 
     async def _signals(self) -> None:
@@ -177,78 +169,44 @@ class Daemon:
                     except Exception:  # a reload problem must not stop a running daemon
                         self._log.exception("config_reload_failed")
                 elif signum == signal.SIGUSR1:
-                    self._log.info("syncs_cancel_requested", running=len(self.state.runners))
-                    for runner in self.state.runners.values():
-                        runner.cancel_sync()
+                    self.fleet.cancel_syncs()
 
-    # mailboxes ------------------------------------------------------------------------
+    # configuration --------------------------------------------------------------------
 
     async def reload(self) -> None:
         """SIGHUP: re-read tenant files; a broken file keeps its tenant's old config."""
-        if self.state.stopping or self._intake_tg is None:
+        if self.stopping or self._fleet_scope is None:
             return
-        tenant_set = load_tenants(self.state.main, check_secrets=True)
+        tenant_set = load_tenants(self.main, check_secrets=True)
         merged = dict(tenant_set.tenants)
         broken = tenant_set.problems_by_file
         for problem_file, problems in broken.items():
             for problem in problems:
                 self._log.error("config_problem", problem=str(problem))
-            for tenant_id, old in self.state.tenants.items():
+            for tenant_id, old in self.tenants.items():
                 if old.source_file == problem_file:
                     merged[tenant_id] = old  # keep running what worked
         await self._sync_mailbox_rows(merged)
-        wanted = {(m.tenant_id, m.mailbox_id): m for m in _mailboxes(merged)}
-        for key, runner in list(self.state.runners.items()):
-            if runner.finished:  # stopped for attention: a reload gives it another chance
-                del self.state.runners[key]
-            elif key not in wanted or runner.fingerprint != wanted[key]:
-                runner.stop()
-                del self.state.runners[key]
-                if key not in wanted:
-                    self.metrics.forget_mailbox(*key)
-        for key, mailbox in wanted.items():
-            if key not in self.state.runners:
-                await self._start_runner(mailbox)
-        self.state.tenants = merged
+        mailboxes = _mailboxes(merged)
+        await self.fleet.reconcile(mailboxes)
+        self.tenants = merged
         self._load_hooks(merged)
         try:
             self._tokens.replace(_api_tokens(merged))
         except ValueError as exc:  # e.g. two tenants sharing a token: keep the old table
             self._log.error("api_tokens_not_reloaded", error=str(exc))
         self._log.info(
-            "config_reloaded", tenants=len(merged), mailboxes=len(wanted), broken_files=len(broken)
+            "config_reloaded",
+            tenants=len(merged),
+            mailboxes=len(mailboxes),
+            broken_files=len(broken),
         )
 
     def _load_hooks(self, tenants: dict[str, TenantConfig]) -> None:
-        sources, problems = build_hook_sources(tenants)
+        hooks, problems = build_delivery_hooks(tenants)
         for problem in problems:
             self._log.error("delivery_source_not_served", problem=problem)
-        self.hooks.replace(sources)
-
-    async def _start_runner(self, mailbox: MailboxConfig) -> None:
-        assert self._intake_tg is not None
-        try:
-            source: Source = build_source(mailbox, page_size=self.state.main.batch_size)
-        except Exception as exc:
-            self._log.error(
-                "mailbox_not_started",
-                tenant=mailbox.tenant_id,
-                mailbox=mailbox.mailbox_id,
-                error=str(exc),
-            )
-            try:
-                async with self.pool.acquire() as conn:
-                    await scheduling.record_failure(
-                        conn, mailbox.tenant_id, mailbox.mailbox_id, str(exc), attention=True
-                    )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as db_exc:
-                self._log.warning("failure_not_recorded", error=str(db_exc))
-            return
-        runner = MailboxRunner(source, self._deps, fingerprint=mailbox)
-        self.state.runners[runner.key] = runner
-        self.metrics.watch_mailbox(mailbox.tenant_id, mailbox.mailbox_id)
-        await self._intake_tg.start(runner.run)
-        runner.ring()  # first sync at start
+        self.hooks.replace(hooks)
 
     async def _sync_mailbox_rows(self, tenants: dict[str, TenantConfig]) -> None:
         rows = [
@@ -261,68 +219,6 @@ class Daemon:
             await scheduling.upsert_configured_mailboxes(conn, rows)
             await ensure_tenants(conn, list(tenants))  # webhook events need their tenant row
 
-    async def _poll_scanner(self) -> None:
-        interval_s = self.state.main.poll_scan_interval_s
-        while True:
-            await anyio.sleep(interval_s)
-            polled = [
-                key
-                for key, r in self.state.runners.items()
-                if r.fingerprint.sync_mode in ("poll", "auto")
-            ]
-            if not polled:
-                continue
-            try:
-                async with self.pool.acquire() as conn:
-                    due = await scheduling.claim_due(
-                        conn,
-                        self.owner,
-                        mailboxes=polled,
-                        cooldown_s=interval_s,
-                        limit=POLL_CLAIM_LIMIT,
-                    )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                self._log.warning("poll_scan_failed", error=str(exc))
-                continue
-            for key in due:
-                runner = self.state.runners.get(key)
-                if runner is not None:
-                    runner.ring()
-
-    async def _doorbell(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """LISTEN for `inboxd sync now` (and later push handlers of other replicas)."""
-        started = False
-        while True:
-            try:
-                conn = await asyncpg.connect(self.dsn)
-            except (OSError, asyncpg.PostgresError) as exc:
-                self._log.warning("doorbell_connect_failed", error=str(exc))
-                if not started:
-                    task_status.started()
-                    started = True
-                await anyio.sleep(DOORBELL_RECONNECT_S)
-                continue
-            lost = anyio.Event()
-
-            def on_ring(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-                key = parse_doorbell(payload)
-                runner = self.state.runners.get(key) if key else None
-                if runner is not None:
-                    runner.ring()
-
-            try:
-                await conn.add_listener(DOORBELL_CHANNEL, on_ring)
-                conn.add_termination_listener(lambda _c, ev=lost: ev.set())
-                if not started:
-                    task_status.started()
-                    started = True
-                await lost.wait()
-                self._log.warning("doorbell_connection_lost")
-            finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                    await conn.close()
-            await anyio.sleep(DOORBELL_RECONNECT_S)
-
     # http -----------------------------------------------------------------------------
 
     def _http_state(self) -> HttpState:
@@ -333,20 +229,18 @@ class Daemon:
             metrics=self.metrics,
             tenant_for_token=self._tokens,
             ready=self._ready,
-            max_body_bytes=self.state.main.max_body_bytes,
-            extra_routes=hook_routes(self.hooks, self.intake, confirm_subscription),
-            body_limit=self.hooks.body_limit,
-            before_body=self.hooks.check_before_body,
+            max_body_bytes=self.main.max_body_bytes,
+            webhooks=Webhooks(EspHooks(self.hooks, self.intake, confirm_subscription)),
         )
 
     async def _ready(self) -> bool:
-        if self.state.stopping:
+        if self.stopping:
             return False
         try:
             with anyio.fail_after(READY_PROBE_TIMEOUT_S):
                 async with self.pool.acquire() as conn:
                     await conn.fetchval("SELECT 1")
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DATABASE_ERRORS:
             return False
         return True
 

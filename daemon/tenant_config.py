@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from inboxd.daemon.config_reader import (
     ConfigProblem,
@@ -30,6 +30,7 @@ from inboxd.daemon.config_reader import (
     relative_to,
 )
 from inboxd.daemon.secrets import Secret
+from inboxd.pipeline.scheduling import SyncMode
 
 __all__ = [
     "PROVIDERS",
@@ -47,7 +48,7 @@ SYNC_MODES = ("push", "poll", "auto")
 # A Maildir has no push channel of its own: "auto" watches new/ and also rescans
 # every poll_interval_s (a missed inotify event or an NFS mount costs one interval).
 _PROVIDER_SYNC_MODES: dict[str, tuple[str, ...]] = {"maildir": ("poll", "auto")}
-DEFAULT_SYNC_MODE = "auto"
+DEFAULT_SYNC_MODE: SyncMode = "auto"
 DEFAULT_POLL_INTERVAL_S = 60.0
 # Local directory: a rescan is a readdir, cheap enough to do every 2 s.
 _PROVIDER_POLL_INTERVAL_S: dict[str, float] = {"maildir": 2.0}
@@ -74,7 +75,7 @@ class MailboxConfig:
     mailbox_id: str
     provider: str
     address: str = ""
-    sync_mode: str = DEFAULT_SYNC_MODE
+    sync_mode: SyncMode = DEFAULT_SYNC_MODE
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
@@ -238,7 +239,7 @@ def _parse_mailbox(
         mailbox_id=mailbox_id,
         provider=provider,
         address=address,
-        sync_mode=sync_mode or DEFAULT_SYNC_MODE,
+        sync_mode=cast(SyncMode, sync_mode or DEFAULT_SYNC_MODE),  # one of SYNC_MODES
         poll_interval_s=poll_interval_s,
         settings=settings,
     )

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -99,7 +99,7 @@ class MaildirSource:
         except OSError as exc:
             raise MaildirMissing(f"cannot create Maildir at {self.root}: {exc.strerror}") from exc
 
-    async def pages(self, cursor: str | None) -> AsyncIterator[Page]:
+    async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         listed: set[str] = set()  # listed in this run and, at the last pass, still in new/
         while True:
             names, listed = await anyio.to_thread.run_sync(self._list_new, listed)

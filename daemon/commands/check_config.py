@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
 from inboxd.daemon.config import ConfigReport, inspect_config
-from inboxd.daemon.esp_hooks import build_hook_sources
+from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ async def run(args: argparse.Namespace) -> int:
         raise CommandError("check-config needs a config FILE", EXIT_USAGE)
     report = await anyio.to_thread.run_sync(inspect_config, path)
     if report.tenants is not None:
-        report.problems.extend(build_hook_sources(report.tenants.tenants)[1])
+        report.problems.extend(build_delivery_hooks(report.tenants.tenants)[1])
     tenants = len(report.tenants.tenants) if report.tenants is not None else 0
     mailboxes = len(report.tenants.mailboxes) if report.tenants is not None else 0
     if args.json:

@@ -150,7 +150,7 @@ def target_of(choice: DsnChoice) -> str:
     return describe_target(choice.dsn)
 
 
-def emit_json(obj: dict[str, Any]) -> None:
+def emit_json(obj: dict[str, Any] | list[dict[str, Any]]) -> None:
     """Write `obj` as one JSON line on stdout."""
     sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
     sys.stdout.flush()

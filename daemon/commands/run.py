@@ -27,9 +27,9 @@ from inboxd.daemon.commands.common import (
 )
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.config import ConfigError, load_main, load_tenants
-from inboxd.daemon.esp_hooks import build_hook_sources
 from inboxd.daemon.logging import configure_logging
 from inboxd.daemon.supervisor import Daemon
+from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 from inboxd.pipeline.delivery.intake import WRITERS as DELIVERY_WRITERS
 
 log = structlog.get_logger(__name__)
@@ -105,7 +105,7 @@ async def run(args: argparse.Namespace) -> int:
             f"{len(exc.problems)} configuration problem(s); not started", EXIT_USAGE
         ) from exc
     tenant_set = load_tenants(main, check_secrets=True)
-    problems = tenant_set.problems + build_hook_sources(tenant_set.tenants)[1]
+    problems = tenant_set.problems + build_delivery_hooks(tenant_set.tenants)[1]
     if problems:
         _print_problems(ConfigError(problems))
         raise CommandError(f"{len(problems)} configuration problem(s); not started", EXIT_USAGE)

@@ -1,8 +1,8 @@
 """The daemon's HTTP listener: probes, `/metrics`, SSE events and the application API.
 
 The supervisor builds an `HttpState` and runs
-`port = await tg.start(serve_http, host, port, state)`. Webhook routes of later
-issues are `aiohttp.web.RouteDef`s in `HttpState.extra_routes`; their handlers
+`port = await tg.start(serve_http, host, port, state)`. Webhook routes live in
+daemon/webhooks/ and reach the listener as `HttpState.webhooks`; their handlers
 find the state at `request.app[HTTP_STATE]` and the size-checked body at
 `await request.read()`.
 """
@@ -18,6 +18,7 @@ from inboxd.daemon.http.state import (
     ApiError,
     HttpState,
     TokenTable,
+    WebhookRoutes,
     authenticate,
     json_error,
     json_response,
@@ -32,6 +33,7 @@ __all__ = [
     "ApiError",
     "HttpState",
     "TokenTable",
+    "WebhookRoutes",
     "authenticate",
     "build_app",
     "json_error",

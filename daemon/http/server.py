@@ -8,7 +8,7 @@ Routes:
     GET  /v1/events             Server-Sent Events per tenant (http/events.py)
     POST /v1/outbound           record a send for reconciliation (http/api.py)
     GET  /v1/attachments/{id}   attachment bytes or a presigned redirect (http/api.py)
-    …                           HttpState.extra_routes (webhooks of later issues)
+    POST /hooks/…               HttpState.webhooks (daemon/webhooks/)
 
 Middlewares, outermost first: metrics (every answer counted by route
 template, method and status), errors (every error answer is JSON
@@ -149,9 +149,9 @@ async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResp
     limit = body_limit_for(request)
     if request.content_length is not None and request.content_length > limit:
         return _too_large(limit)
-    before_body = request.app[HTTP_STATE].before_body
-    if before_body is not None:
-        before_body(request)
+    webhooks = request.app[HTTP_STATE].webhooks
+    if webhooks is not None:
+        webhooks.check_before_body(request)
     if request.body_exists:
         if limit < request.app[HTTP_STATE].max_body_bytes:
             request = request.clone(client_max_size=limit + 1)
@@ -229,7 +229,7 @@ def build_app(state: HttpState) -> web.Application:
     router.add_get("/v1/events", events_handler, allow_head=False, expect_handler=_expect)
     router.add_post("/v1/outbound", outbound_handler, expect_handler=_expect)
     router.add_get(r"/v1/attachments/{id:\d{1,19}}", attachment_handler, expect_handler=_expect)
-    for route in state.extra_routes:
+    for route in state.webhooks.routes() if state.webhooks is not None else ():
         web.RouteDef(
             route.method, route.path, route.handler, {"expect_handler": _expect, **route.kwargs}
         ).register(router)

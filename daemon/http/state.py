@@ -1,8 +1,8 @@
 """What the HTTP listener is given, and the helpers every route shares.
 
 `HttpState` is the listener's whole dependency list, built by the supervisor.
-Handlers reach it through `request.app[HTTP_STATE]` (webhook routes that later
-issues add through `HttpState.extra_routes` do the same).
+Handlers reach it through `request.app[HTTP_STATE]` (the webhook routes of
+daemon/webhooks/, given as `HttpState.webhooks`, do the same).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import asyncpg
 import orjson
@@ -25,6 +25,7 @@ __all__ = [
     "ApiError",
     "HttpState",
     "TokenTable",
+    "WebhookRoutes",
     "authenticate",
     "body_limit_for",
     "json_error",
@@ -36,6 +37,23 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
+class WebhookRoutes(Protocol):
+    """Routes a provider calls (daemon/webhooks/), served with the listener's middlewares.
+
+    `body_limit(request)` may name a smaller limit than the listener's for a
+    request (a webhook source's own); None means `max_body_bytes`.
+    `check_before_body(request)` runs after the size check and before a byte of
+    the body is read; it may raise `ApiError` (a webhook's 404/415/429) so that
+    a request refused anyway costs no body read.
+    """
+
+    def routes(self) -> list[web.RouteDef]: ...
+
+    def body_limit(self, request: web.Request) -> int | None: ...
+
+    def check_before_body(self, request: web.Request) -> None: ...
+
+
 @dataclass(slots=True, kw_only=True)
 class HttpState:
     """Everything the listener needs. Built once by the supervisor.
@@ -44,14 +62,8 @@ class HttpState:
     it must compare in constant time (`TokenTable` does). `ready` answers
     `/readyz` (database reachable, config loaded) and should return quickly; the
     listener gives it `READY_TIMEOUT_S`. `dsn` opens the one LISTEN connection
-    of the SSE hub (a pooled connection cannot hold a LISTEN). `extra_routes`
-    are `aiohttp.web.RouteDef`s (`web.post("/webhooks/ses", handler)`) added
-    with the same body limit, error format and metrics as the built-in routes.
-    `body_limit(request)` may name a smaller limit for a request (a webhook
-    source's own); None or a larger value means `max_body_bytes`.
-    `before_body(request)` runs after the size check and before a byte of the
-    body is read; it may raise `ApiError` (a webhook's 404/415/429) so that a
-    request refused anyway costs no body read.
+    of the SSE hub (a pooled connection cannot hold a LISTEN). `webhooks`
+    are served with the same error format and metrics as the built-in routes.
     """
 
     pool: asyncpg.Pool
@@ -61,9 +73,7 @@ class HttpState:
     tenant_for_token: Callable[[str], str | None] = field(repr=False)
     ready: Callable[[], Awaitable[bool]] = field(repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    extra_routes: list[web.RouteDef] = field(default_factory=list)
-    body_limit: Callable[[web.Request], int | None] | None = field(default=None, repr=False)
-    before_body: Callable[[web.Request], None] | None = field(default=None, repr=False)
+    webhooks: WebhookRoutes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -76,7 +86,7 @@ HTTP_STATE = web.AppKey("inboxd_http_state", HttpState)
 def body_limit_for(request: web.Request) -> int:
     """The body limit of `request`: its route's own when smaller, else the listener's."""
     state = request.app[HTTP_STATE]
-    own = state.body_limit(request) if state.body_limit is not None else None
+    own = state.webhooks.body_limit(request) if state.webhooks is not None else None
     return state.max_body_bytes if own is None else min(own, state.max_body_bytes)
 
 

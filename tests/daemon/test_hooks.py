@@ -22,11 +22,14 @@ import asyncpg
 import orjson
 import pytest
 from helpers import eventually
+from helpers.keys import make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp.registry import build_esp_source
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.http.hooks import HookSource, HookTable, RateLimiter, hook_routes
 from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.webhooks import Webhooks
+from inboxd.daemon.webhooks.esp import DeliveryHook, EspHooks, HookTable
+from inboxd.daemon.webhooks.ratelimit import RateLimiter
 from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
 from inboxd.pipeline.delivery.worker import apply_due
 from inboxd.pipeline.objectstore import ObjectStore
@@ -47,9 +50,9 @@ class Served:
     table: HookTable
 
 
-def hook(source_id: str, table: dict[str, Any], **kw: Any) -> HookSource:
+def hook(source_id: str, table: dict[str, Any], **kw: Any) -> DeliveryHook:
     adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
-    return HookSource(
+    return DeliveryHook(
         tenant_id="acme",
         source_id=source_id,
         adapter=adapter,
@@ -60,7 +63,7 @@ def hook(source_id: str, table: dict[str, Any], **kw: Any) -> HookSource:
 
 @asynccontextmanager
 async def serving(
-    pool: asyncpg.Pool, dsn: str, store: ObjectStore, **sources: HookSource
+    pool: asyncpg.Pool, dsn: str, store: ObjectStore, **sources: DeliveryHook
 ) -> AsyncIterator[Served]:
     async def ready() -> bool:
         return True
@@ -81,9 +84,7 @@ async def serving(
         metrics=Metrics(),
         tenant_for_token=TokenTable({}),
         ready=ready,
-        extra_routes=hook_routes(table, intake, confirm),
-        body_limit=table.body_limit,
-        before_body=table.check_before_body,
+        webhooks=Webhooks(EspHooks(table, intake, confirm)),
     )
     async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
         with anyio.fail_after(DEADLINE_S):
@@ -161,7 +162,7 @@ def failures(served: Served) -> float:
 
 
 @pytest.fixture
-def sw() -> HookSource:
+def sw() -> DeliveryHook:
     return hook("resend", {"provider": "resend", "secret": SW_SECRET})
 
 
@@ -355,47 +356,13 @@ CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0123ab
 
 def sns_signer():
     """A self-signed RSA certificate and a function signing SNS messages with it (v2)."""
-    from datetime import UTC, datetime, timedelta
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
-    from cryptography.x509.oid import NameOID
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key = rsa_key()
 
     def sign(message: dict[str, str]) -> bytes:
-        # The canonical string of "Verifying the signatures of Amazon SNS messages".
-        keys = (
-            ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")
-            if message["Type"] == "Notification"
-            else ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type")
-        )
-        canonical = "".join(f"{k}\n{message[k]}\n" for k in keys if k in message)
-        signature = key.sign(canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
-        return orjson.dumps(
-            {
-                **message,
-                "SignatureVersion": "2",
-                "Signature": base64.b64encode(signature).decode(),
-                "SigningCertURL": CERT_URL,
-            }
-        )
+        fields = {**message, "SignatureVersion": "2", "SigningCertURL": CERT_URL}
+        return orjson.dumps(sign_sns(fields, key))
 
-    return pem, sign
+    return make_certificate(key), sign
 
 
 async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, store) -> None:
@@ -409,7 +376,7 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
     adapter = build_esp_source(
         "ses", {"id": "ses", "provider": "ses", "topic_arns": [TOPIC]}, str, fetch=fetch
     )
-    ses = HookSource(
+    ses = DeliveryHook(
         tenant_id="acme",
         source_id="ses",
         adapter=adapter,
@@ -565,7 +532,7 @@ def test_reload_keeps_a_bucket_only_when_its_settings_are_unchanged(sw) -> None:
 
 
 async def test_confirm_subscription_requires_a_200() -> None:
-    from inboxd.daemon.esp_hooks import confirm_subscription
+    from inboxd.daemon.webhooks.esp_config import confirm_subscription
 
     seen: list[str] = []
 

@@ -39,6 +39,7 @@ from inboxd.adapters.esp.base import (
     WebhookRequest,
 )
 from inboxd.daemon.http.state import HTTP_STATE, json_error, json_response
+from inboxd.daemon.webhooks.ratelimit import RateLimiter
 from inboxd.pipeline.delivery.intake import (
     DeliveryIntake,
     IntakeUnavailable,
@@ -51,9 +52,9 @@ __all__ = [
     "DEFAULT_RATE_BURST",
     "DEFAULT_RATE_PER_S",
     "HOOK_PATH",
-    "HookSource",
+    "DeliveryHook",
+    "EspHooks",
     "HookTable",
-    "RateLimiter",
     "hook_routes",
 ]
 
@@ -74,35 +75,8 @@ RETRY_AFTER_S = 5
 Confirm = Callable[[str], Awaitable[None]]
 
 
-class RateLimiter:
-    """Token bucket: `rate` requests per second, bursts of up to `burst`."""
-
-    __slots__ = ("_burst", "_rate", "_stamp", "_tokens")
-
-    def __init__(self, rate: float, burst: float) -> None:
-        if rate <= 0 or burst < 1:
-            raise ValueError("rate must be > 0 and burst >= 1")
-        self._rate, self._burst = rate, burst
-        self._tokens, self._stamp = burst, time.monotonic()
-
-    @property
-    def settings(self) -> tuple[float, float]:
-        """(rate per second, burst)."""
-        return self._rate, self._burst
-
-    def take(self) -> bool:
-        """Spend one token; False when the bucket is empty."""
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
-        self._stamp = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-
 @dataclass(slots=True, kw_only=True)
-class HookSource:
+class DeliveryHook:
     """One configured delivery source of one tenant, ready to serve."""
 
     tenant_id: str
@@ -121,14 +95,14 @@ class HookSource:
 
 
 class HookTable:
-    """(tenant, source) → HookSource; `replace` swaps it whole on SIGHUP."""
+    """(tenant, source) → DeliveryHook; `replace` swaps it whole on SIGHUP."""
 
     __slots__ = ("_sources",)
 
-    def __init__(self, sources: Mapping[tuple[str, str], HookSource] | None = None) -> None:
-        self._sources: dict[tuple[str, str], HookSource] = dict(sources or {})
+    def __init__(self, sources: Mapping[tuple[str, str], DeliveryHook] | None = None) -> None:
+        self._sources: dict[tuple[str, str], DeliveryHook] = dict(sources or {})
 
-    def replace(self, sources: Mapping[tuple[str, str], HookSource]) -> None:
+    def replace(self, sources: Mapping[tuple[str, str], DeliveryHook]) -> None:
         """Use `sources` from now on; a source whose rate settings did not change
         keeps its bucket (a reload must not hand a flooding sender a fresh burst)."""
         fresh = dict(sources)
@@ -138,14 +112,14 @@ class HookTable:
                 hook.limiter = old.limiter
         self._sources = fresh
 
-    def get(self, tenant_id: str, source_id: str) -> HookSource | None:
+    def get(self, tenant_id: str, source_id: str) -> DeliveryHook | None:
         return self._sources.get((tenant_id, source_id))
 
     def __len__(self) -> int:
         return len(self._sources)
 
     def check_before_body(self, request: web.Request) -> None:
-        """`HttpState.before_body`: 404, 415 and 429 of hook requests, before the body
+        """404, 415 and 429 of hook requests, before the body
         is read (size first, then type, then rate, as the provider sees them)."""
         if "source" not in request.match_info or "tenant" not in request.match_info:
             return
@@ -158,7 +132,7 @@ class HookTable:
             json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
 
     def body_limit(self, request: web.Request) -> int | None:
-        """`HttpState.body_limit`: the source's own limit for hook requests."""
+        """The source's own body limit for hook requests."""
         info = request.match_info
         if "source" not in info or "tenant" not in info:
             return None
@@ -166,9 +140,26 @@ class HookTable:
         return hook.max_body_bytes if hook is not None else None
 
 
+class EspHooks:
+    """The ESP hook route with its per-source limits: a `WebhookRoutes` (http/state.py)."""
+
+    def __init__(self, table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> None:
+        self.table = table
+        self.intake = intake
+        self.confirm = confirm
+
+    def routes(self) -> list[web.RouteDef]:
+        return hook_routes(self.table, self.intake, self.confirm)
+
+    def body_limit(self, request: web.Request) -> int | None:
+        return self.table.body_limit(request)
+
+    def check_before_body(self, request: web.Request) -> None:
+        self.table.check_before_body(request)
+
+
 def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> list[web.RouteDef]:
-    """The webhook route, for `HttpState.extra_routes`; give the listener
-    `body_limit=table.body_limit, before_body=table.check_before_body` too."""
+    """The webhook route; `EspHooks` gives the listener the table's limits with it."""
 
     async def handle(request: web.Request) -> web.Response:
         # 404/415/429 were answered before the body was read (check_before_body);
@@ -207,7 +198,7 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
     return [web.post(HOOK_PATH, handle)]
 
 
-async def _accept(request: web.Request, hook: HookSource, webhook: WebhookRequest) -> Accepted:
+async def _accept(request: web.Request, hook: DeliveryHook, webhook: WebhookRequest) -> Accepted:
     try:
         return await hook.adapter.accept(webhook)
     except VerificationFailed as exc:
@@ -227,14 +218,14 @@ async def _accept(request: web.Request, hook: HookSource, webhook: WebhookReques
         json_error(400, "malformed_payload")
 
 
-def _refuse(request: web.Request, hook: HookSource, check: str) -> NoReturn:
+def _refuse(request: web.Request, hook: DeliveryHook, check: str) -> NoReturn:
     """401 with a body that says nothing about which check failed."""
     request.app[HTTP_STATE].metrics.webhook_verification_failed(hook.label)
     log.info("webhook_rejected", tenant=hook.tenant_id, source=hook.source_id, check=check)
     json_error(401, "unauthorized")
 
 
-async def _confirm(confirm: Confirm, hook: HookSource, url: str) -> None:
+async def _confirm(confirm: Confirm, hook: DeliveryHook, url: str) -> None:
     try:
         await confirm(url)
     except Exception as exc:  # SNS re-sends the confirmation when we do not answer 2xx

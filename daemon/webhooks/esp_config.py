@@ -27,18 +27,18 @@ import aiohttp
 from inboxd.adapters.esp.base import SourceConfigError
 from inboxd.adapters.esp.registry import build_esp_source
 from inboxd.daemon.config_reader import ConfigProblem
-from inboxd.daemon.http.hooks import (
+from inboxd.daemon.secrets import Secret, SecretError
+from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.webhooks.esp import (
     DEFAULT_HOOK_BODY_BYTES,
     DEFAULT_RATE_BURST,
     DEFAULT_RATE_PER_S,
-    HookSource,
-    RateLimiter,
+    DeliveryHook,
 )
-from inboxd.daemon.secrets import Secret, SecretError
-from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.webhooks.ratelimit import RateLimiter
 from inboxd.pipeline.delivery.intake import SourcePolicy
 
-__all__ = ["build_hook_sources", "confirm_subscription"]
+__all__ = ["build_delivery_hooks", "confirm_subscription"]
 
 #: The largest per-source body limit: the listener's own default limit.
 MAX_HOOK_BODY_BYTES = 1024 * 1024
@@ -53,13 +53,13 @@ def reveal(value: Any) -> str:
     return value.reveal() if isinstance(value, Secret) else str(value)
 
 
-def build_hook_sources(
+def build_delivery_hooks(
     tenants: Mapping[str, TenantConfig],
     *,
     fetch: Fetch | None = None,
-) -> tuple[dict[tuple[str, str], HookSource], list[ConfigProblem]]:
+) -> tuple[dict[tuple[str, str], DeliveryHook], list[ConfigProblem]]:
     """The served sources of all tenants, and a problem per unusable source."""
-    sources: dict[tuple[str, str], HookSource] = {}
+    sources: dict[tuple[str, str], DeliveryHook] = {}
     problems: list[ConfigProblem] = []
     for tenant in sorted(tenants.values(), key=lambda t: t.tenant_id):
         for index, table in enumerate(tenant.delivery_sources):
@@ -83,7 +83,7 @@ def build_hook_sources(
 
 def _build(
     tenant_id: str, source_id: str, table: Mapping[str, Any], fetch: Fetch | None
-) -> HookSource:
+) -> DeliveryHook:
     adapter = build_esp_source(source_id, table, reveal, fetch=fetch)
     fields = table.get("payload_fields", adapter.default_payload_fields)
     if not isinstance(fields, list | tuple) or not all(isinstance(f, str) for f in fields):
@@ -94,7 +94,7 @@ def _build(
     max_body = _number(table, "max_body_bytes", DEFAULT_HOOK_BODY_BYTES, 1, MAX_HOOK_BODY_BYTES)
     rate = _number(table, "rate_limit_per_s", DEFAULT_RATE_PER_S, 0.001, 1e9)
     burst = _number(table, "rate_limit_burst", max(DEFAULT_RATE_BURST, rate), 1, 1e9)
-    return HookSource(
+    return DeliveryHook(
         tenant_id=tenant_id,
         source_id=source_id,
         adapter=adapter,

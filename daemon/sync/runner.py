@@ -35,8 +35,9 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from inboxd.adapters.base import Page, Source
-from inboxd.daemon.ingest_queue import IngestQueue
 from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.sync.queue import IngestQueue
+from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.errors import AttentionError, RetriableError
 from inboxd.pipeline.ingest import IngestBatch
@@ -72,10 +73,10 @@ class RunnerDeps:
 class MailboxRunner:
     """Owns the sync runs of one mailbox inside this process."""
 
-    def __init__(self, source: Source, deps: RunnerDeps, *, fingerprint: object = None) -> None:
+    def __init__(self, source: Source, deps: RunnerDeps, config: MailboxConfig) -> None:
         self.source = source
         self.deps = deps
-        self.fingerprint = fingerprint  # the config it was built from (SIGHUP diffing)
+        self.config = config  # what it was built from: SIGHUP restarts it when that changes
         self.key = (source.tenant_id, source.mailbox_id)
         self._wake = anyio.Event()
         self._pending = False

@@ -1,0 +1,136 @@
+"""The mailbox runners of one process, and the two things that ring them.
+
+    fleet task group ─┬─ runner × configured mailbox   (sync/runner.py)
+                      ├─ poll scanner                  (sync/scanner.py)
+                      └─ doorbell listener             (sync/doorbell.py)
+
+`run()` owns that group until cancelled (shutdown cancels it first, so no
+runner produces while the queue drains). `reconcile()` is SIGHUP's half for
+mailboxes: runners of removed or changed mailboxes stop (a run in progress is
+cancelled between awaits; nothing unsettled moves a cursor), new and changed
+ones start and sync at once. A mailbox whose adapter cannot be built is
+recorded as needing attention and gets no runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from inboxd.adapters.base import Source
+from inboxd.daemon.sync.doorbell import listen_doorbell
+from inboxd.daemon.sync.registry import build_source
+from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
+from inboxd.daemon.sync.scanner import run_poll_scanner
+from inboxd.daemon.tenant_config import MailboxConfig
+from inboxd.pipeline import scheduling
+from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+
+log = structlog.get_logger(__name__)
+
+Key = tuple[str, str]
+# Sync modes in which the scanner polls a mailbox (auto: when push has been quiet).
+POLLED_MODES = ("poll", "auto")
+
+
+class MailboxFleet:
+    """Runners by (tenant, mailbox); every one a task of the fleet's task group."""
+
+    def __init__(
+        self, deps: RunnerDeps, *, dsn: str, page_size: int, poll_scan_interval_s: float
+    ) -> None:
+        self.deps = deps
+        self.dsn = dsn
+        self.page_size = page_size
+        self.poll_scan_interval_s = poll_scan_interval_s
+        self.runners: dict[Key, MailboxRunner] = {}
+        self._tg: TaskGroup | None = None
+
+    async def run(
+        self,
+        mailboxes: Sequence[MailboxConfig],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start a runner per mailbox, the scanner and the doorbell; serve until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for mailbox in mailboxes:
+                    await self._start(mailbox)
+                tg.start_soon(
+                    run_poll_scanner,
+                    self.deps.pool,
+                    self.deps.owner,
+                    self.poll_scan_interval_s,
+                    self.polled,
+                    self.ring,
+                )
+                await tg.start(listen_doorbell, self.dsn, self.ring)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+
+    def ring(self, key: Key) -> None:
+        """Ask the mailbox's runner for a sync run; unknown mailboxes are ignored."""
+        runner = self.runners.get(key)
+        if runner is not None:
+            runner.ring()
+
+    def polled(self) -> list[Key]:
+        return [key for key, r in self.runners.items() if r.config.sync_mode in POLLED_MODES]
+
+    def cancel_syncs(self) -> None:
+        """SIGUSR1: cancel every running sync; they resume on the next doorbell."""
+        log.info("syncs_cancel_requested", running=len(self.runners))
+        for runner in self.runners.values():
+            runner.cancel_sync()
+
+    async def reconcile(self, mailboxes: Sequence[MailboxConfig]) -> None:
+        """Make the runners match `mailboxes` (SIGHUP); see the module docstring."""
+        if self._tg is None:
+            return
+        wanted = {(m.tenant_id, m.mailbox_id): m for m in mailboxes}
+        for key, runner in list(self.runners.items()):
+            if runner.finished:  # stopped for attention: a reload gives it another chance
+                del self.runners[key]
+            elif key not in wanted or runner.config != wanted[key]:
+                runner.stop()
+                del self.runners[key]
+                if key not in wanted:
+                    self.deps.metrics.forget_mailbox(*key)
+        for key, mailbox in wanted.items():
+            if key not in self.runners:
+                await self._start(mailbox)
+
+    async def _start(self, mailbox: MailboxConfig) -> None:
+        assert self._tg is not None
+        try:
+            source: Source = build_source(mailbox, page_size=self.page_size)
+        except Exception as exc:  # any adapter's construction problem is the operator's
+            log.error(
+                "mailbox_not_started",
+                tenant=mailbox.tenant_id,
+                mailbox=mailbox.mailbox_id,
+                error=str(exc),
+            )
+            await self._record_attention(mailbox, str(exc))
+            return
+        runner = MailboxRunner(source, self.deps, mailbox)
+        self.runners[runner.key] = runner
+        self.deps.metrics.watch_mailbox(mailbox.tenant_id, mailbox.mailbox_id)
+        await self._tg.start(runner.run)
+        runner.ring()  # first sync at start
+
+    async def _record_attention(self, mailbox: MailboxConfig, error: str) -> None:
+        try:
+            async with self.deps.pool.acquire() as conn:
+                await scheduling.record_failure(
+                    conn, mailbox.tenant_id, mailbox.mailbox_id, error, attention=True
+                )
+        except DATABASE_ERRORS as exc:
+            log.warning("failure_not_recorded", error=describe(exc))

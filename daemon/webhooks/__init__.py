@@ -1,0 +1,51 @@
+"""Webhook-style routes: requests a provider sends us, verified on raw bytes first.
+
+    esp.py          POST /hooks/esp/{tenant}/{source}: delivery events of sending
+                    providers (the served table, the route, its per-source limits)
+    esp_config.py   `[[delivery_sources]]` tables → the served table; SNS confirmation
+    ratelimit.py    the token bucket behind each source's 429
+
+Push routes of the mailbox doors (Gmail Pub/Sub, Graph notifications) are the
+next route sets here. Each route set gives the listener its routes, each
+request's body limit and the checks that run before a byte of the body is read;
+`Webhooks` joins the sets into the one `WebhookRoutes` the listener takes
+(daemon/http/state.py). A handler verifies, records, rings a doorbell and
+answers: no sync and no event processing runs inside a request.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from inboxd.daemon.http.state import WebhookRoutes
+
+__all__ = ["Webhooks"]
+
+
+class Webhooks:
+    """Several route sets served as one; each request is asked of the set that owns it."""
+
+    def __init__(self, *route_sets: WebhookRoutes) -> None:
+        self._sets = route_sets
+        self._owners: dict[str, WebhookRoutes] = {}
+        self._routes: list[web.RouteDef] = []
+        for route_set in route_sets:
+            for route in route_set.routes():
+                self._owners[route.path] = route_set
+                self._routes.append(route)
+
+    def routes(self) -> list[web.RouteDef]:
+        return list(self._routes)
+
+    def body_limit(self, request: web.Request) -> int | None:
+        owner = self._owner(request)
+        return owner.body_limit(request) if owner is not None else None
+
+    def check_before_body(self, request: web.Request) -> None:
+        owner = self._owner(request)
+        if owner is not None:
+            owner.check_before_body(request)
+
+    def _owner(self, request: web.Request) -> WebhookRoutes | None:
+        resource = request.match_info.route.resource
+        return self._owners.get(resource.canonical) if resource is not None else None
