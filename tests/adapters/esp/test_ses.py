@@ -11,17 +11,14 @@ covered with published vectors in test_sns.py).
 
 from __future__ import annotations
 
-import base64
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import orjson
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import rsa
+from helpers.keys import FakeFetch, sign_sns
 
 from inboxd.adapters.esp.base import (
     Accepted,
@@ -279,44 +276,9 @@ def ts(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-@pytest.fixture(scope="module")
-def signing_key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
-@pytest.fixture(scope="module")
-def certificate(signing_key: rsa.RSAPrivateKey) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
-    now = datetime.now(UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(signing_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=365))
-        .sign(signing_key, hashes.SHA256())
-        .public_bytes(serialization.Encoding.PEM)
-    )
-
-
-class FakeFetch:
-    def __init__(self, pem: bytes) -> None:
-        self.pem = pem
-        self.calls: list[str] = []
-        self.fail = False
-
-    async def __call__(self, url: str) -> bytes:
-        self.calls.append(url)
-        if self.fail or url != CERT_URL:
-            raise SourceUnavailable("sns certificate: HTTP 503")
-        return self.pem
-
-
 @pytest.fixture
 def fetch(certificate: bytes) -> FakeFetch:
-    return FakeFetch(certificate)
+    return FakeFetch({CERT_URL: certificate})
 
 
 @pytest.fixture
@@ -332,37 +294,11 @@ def source(fetch: FakeFetch) -> SesSource:
     return SesSource.from_config("ses-prod", table, str, fetch=fetch)
 
 
-_CANONICAL_KEYS = {
-    "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
-    "SubscriptionConfirmation": (
-        "Message",
-        "MessageId",
-        "SubscribeURL",
-        "Timestamp",
-        "Token",
-        "TopicArn",
-        "Type",
-    ),
-    "UnsubscribeConfirmation": (
-        "Message",
-        "MessageId",
-        "SubscribeURL",
-        "Timestamp",
-        "Token",
-        "TopicArn",
-        "Type",
-    ),
-}
-
-
 def signed(fields: dict[str, Any], key: rsa.RSAPrivateKey) -> bytes:
     """The SNS envelope `fields`, signed (SignatureVersion 2), as a request body."""
-    fields = {"SignatureVersion": "2", "SigningCertURL": CERT_URL, **fields}
-    canonical = "".join(
-        f"{k}\n{fields[k]}\n" for k in _CANONICAL_KEYS[fields["Type"]] if k in fields
-    ).encode()
-    signature = key.sign(canonical, padding.PKCS1v15(), hashes.SHA256())
-    return orjson.dumps({**fields, "Signature": base64.b64encode(signature).decode()})
+    return orjson.dumps(
+        sign_sns({"SignatureVersion": "2", "SigningCertURL": CERT_URL, **fields}, key)
+    )
 
 
 def notification_body(

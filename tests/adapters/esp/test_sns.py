@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import socket
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -21,10 +21,8 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from helpers.keys import FakeFetch, make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp import sns_certificates
 from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
@@ -168,69 +166,6 @@ SUBSCRIBE_URL = (
     "https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription"
     f"&TopicArn={TOPIC}&Token=2336412f37fb687f5d51e6e2425c464de12884"
 )
-# Canonical keys per type, written out here rather than imported, so a mistake in
-# the module's table is not mirrored by the tests (AWS SNS developer guide).
-CANONICAL_KEYS = {
-    "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
-    "SubscriptionConfirmation": (
-        "Message",
-        "MessageId",
-        "SubscribeURL",
-        "Timestamp",
-        "Token",
-        "TopicArn",
-        "Type",
-    ),
-    "UnsubscribeConfirmation": (
-        "Message",
-        "MessageId",
-        "SubscribeURL",
-        "Timestamp",
-        "Token",
-        "TopicArn",
-        "Type",
-    ),
-}
-DIGESTS = {"1": hashes.SHA1, "2": hashes.SHA256}
-
-
-def make_certificate(key: Any, common_name: str = "sns.amazonaws.com") -> bytes:
-    """A self-signed PEM certificate for `key`."""
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.now(UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=365))
-        .sign(key, hashes.SHA256())
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM)
-
-
-@pytest.fixture(scope="module")
-def signing_key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
-@pytest.fixture(scope="module")
-def certificate(signing_key: rsa.RSAPrivateKey) -> bytes:
-    return make_certificate(signing_key)
-
-
-def sign(fields: dict[str, Any], key: rsa.RSAPrivateKey) -> dict[str, Any]:
-    """`fields` with Signature set over the canonical string of its Type."""
-    canonical = "".join(
-        f"{name}\n{fields[name]}\n"
-        for name in CANONICAL_KEYS[fields["Type"]]
-        if fields.get(name) is not None
-    ).encode("utf-8")
-    digest = DIGESTS[fields["SignatureVersion"]]()
-    signature = key.sign(canonical, padding.PKCS1v15(), digest)
-    return {**fields, "Signature": base64.b64encode(signature).decode("ascii")}
 
 
 def notification(**overrides: Any) -> dict[str, Any]:
@@ -266,20 +201,6 @@ def confirmation(message_type: str = "SubscriptionConfirmation", **overrides: An
 
 def body(fields: dict[str, Any]) -> bytes:
     return orjson.dumps(fields)
-
-
-class FakeFetch:
-    """Serves PEMs by URL and records every call; raises SourceUnavailable otherwise."""
-
-    def __init__(self, pems: dict[str, bytes]) -> None:
-        self.pems = pems
-        self.calls: list[str] = []
-
-    async def __call__(self, url: str) -> bytes:
-        self.calls.append(url)
-        if url not in self.pems:
-            raise SourceUnavailable("sns certificate: HTTP 404")
-        return self.pems[url]
 
 
 @pytest.fixture
@@ -358,7 +279,9 @@ async def test_published_vector_with_other_certificate_fails(
 async def test_notification_verifies_with_both_signature_versions(
     version: str, signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    message = await verify(body(sign(notification(SignatureVersion=version), signing_key)), cache)
+    message = await verify(
+        body(sign_sns(notification(SignatureVersion=version), signing_key)), cache
+    )
     assert message.type == "Notification"
     assert message.topic_arn == TOPIC
     assert message.message == "Hello world!"
@@ -374,7 +297,7 @@ async def test_notification_without_subject(
     fields = notification(Subject=subject)
     if subject == "absent":
         del fields["Subject"]
-    message = await verify(body(sign(fields, signing_key)), cache)
+    message = await verify(body(sign_sns(fields, signing_key)), cache)
     assert message.subject is None
 
 
@@ -382,7 +305,7 @@ async def test_message_with_newlines_and_unicode(
     signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
     text = '{"eventType":"Send",\n"note":"caf\u00e9 \u2014 \\"quoted\\""}'
-    message = await verify(body(sign(notification(Message=text), signing_key)), cache)
+    message = await verify(body(sign_sns(notification(Message=text), signing_key)), cache)
     assert message.message == text
 
 
@@ -391,7 +314,7 @@ async def test_message_with_newlines_and_unicode(
 async def test_confirmations_verify(
     message_type: str, version: str, signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    fields = sign(confirmation(message_type, SignatureVersion=version), signing_key)
+    fields = sign_sns(confirmation(message_type, SignatureVersion=version), signing_key)
     message = await verify(body(fields), cache)
     assert message.type == message_type
     assert message.subscribe_url == SUBSCRIBE_URL
@@ -401,7 +324,7 @@ async def test_confirmations_verify(
 async def test_confirmation_token_is_signed(
     signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    fields = {**sign(confirmation(), signing_key), "Token": "other"}
+    fields = {**sign_sns(confirmation(), signing_key), "Token": "other"}
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache)
 
@@ -411,7 +334,7 @@ async def test_china_region_certificate_url(
 ) -> None:
     url = "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem"
     fetch.pems[url] = certificate
-    fields = sign(notification(SigningCertURL=url), signing_key)
+    fields = sign_sns(notification(SigningCertURL=url), signing_key)
     await verify(body(fields), CertificateCache(fetch))
     assert fetch.calls == [url]
 
@@ -423,7 +346,7 @@ async def test_china_region_certificate_url(
 async def test_unknown_signature_version_fails_without_fetch(
     version: Any, signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
-    fields = {**sign(notification(), signing_key), "SignatureVersion": version}
+    fields = {**sign_sns(notification(), signing_key), "SignatureVersion": version}
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache)
     assert fetch.calls == []
@@ -432,7 +355,7 @@ async def test_unknown_signature_version_fails_without_fetch(
 async def test_signature_version_must_match_the_signature(
     signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    fields = {**sign(notification(SignatureVersion="2"), signing_key), "SignatureVersion": "1"}
+    fields = {**sign_sns(notification(SignatureVersion="2"), signing_key), "SignatureVersion": "1"}
     with pytest.raises(VerificationFailed, match="signature"):
         await verify(body(fields), cache)
 
@@ -453,7 +376,7 @@ async def test_tampered_notification_fails(
     tamper: Callable[[dict], dict], signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
     with pytest.raises(VerificationFailed, match="signature"):
-        await verify(body(tamper(sign(notification(), signing_key))), cache)
+        await verify(body(tamper(sign_sns(notification(), signing_key))), cache)
 
 
 @pytest.mark.parametrize(
@@ -472,7 +395,7 @@ async def test_tampered_notification_fails(
 async def test_garbage_signature_fails(
     signature: Callable[[str], str], signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    fields = sign(notification(), signing_key)
+    fields = sign_sns(notification(), signing_key)
     fields["Signature"] = signature(fields["Signature"])
     with pytest.raises(VerificationFailed):
         await verify(body(fields), cache)
@@ -481,9 +404,9 @@ async def test_garbage_signature_fails(
 async def test_signature_by_another_key_fails(
     signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
-    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    other = rsa_key()
     with pytest.raises(VerificationFailed, match="signature"):
-        await verify(body(sign(notification(), other)), cache)
+        await verify(body(sign_sns(notification(), other)), cache)
 
 
 HOSTILE_CERT_URLS = [
@@ -528,7 +451,7 @@ async def test_hostile_signing_cert_url_fails_without_fetch(
     fetch.pems[url] = fetch.pems[CERT_URL]  # would verify if it were fetched
     assert not is_signing_cert_url(url)
     with pytest.raises(VerificationFailed):
-        await verify(body(sign(notification(SigningCertURL=url), signing_key)), cache)
+        await verify(body(sign_sns(notification(SigningCertURL=url), signing_key)), cache)
     assert fetch.calls == []
 
 
@@ -566,7 +489,7 @@ async def test_hostile_subscribe_url_fails_without_fetch(
 ) -> None:
     assert not is_subscribe_url(url)
     with pytest.raises(VerificationFailed, match="SubscribeURL"):
-        await verify(body(sign(confirmation(SubscribeURL=url), signing_key)), cache)
+        await verify(body(sign_sns(confirmation(SubscribeURL=url), signing_key)), cache)
     assert fetch.calls == []
 
 
@@ -575,9 +498,9 @@ async def test_topic_not_allowlisted_fails_without_fetch(
 ) -> None:
     foreign = "arn:aws:sns:eu-west-1:999999999999:someone-else"
     with pytest.raises(VerificationFailed, match="TopicArn"):
-        await verify(body(sign(notification(TopicArn=foreign), signing_key)), cache)
+        await verify(body(sign_sns(notification(TopicArn=foreign), signing_key)), cache)
     with pytest.raises(VerificationFailed, match="TopicArn"):
-        await verify(body(sign(confirmation(TopicArn=foreign), signing_key)), cache)
+        await verify(body(sign_sns(confirmation(TopicArn=foreign), signing_key)), cache)
     assert fetch.calls == []
 
 
@@ -632,7 +555,7 @@ async def test_unparsable_timestamp_fails_without_fetch(
     signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
     with pytest.raises(VerificationFailed, match="Timestamp"):
-        await verify(body(sign(notification(Timestamp="yesterday"), signing_key)), cache)
+        await verify(body(sign_sns(notification(Timestamp="yesterday"), signing_key)), cache)
     assert fetch.calls == []
 
 
@@ -640,7 +563,7 @@ async def test_old_timestamp_is_accepted(
     signing_key: rsa.RSAPrivateKey, cache: CertificateCache
 ) -> None:
     # No tolerance window: SNS retries with the original Timestamp (module docstring).
-    fields = sign(notification(Timestamp="2001-01-01T00:00:00.000Z"), signing_key)
+    fields = sign_sns(notification(Timestamp="2001-01-01T00:00:00.000Z"), signing_key)
     assert (await verify(body(fields), cache)).timestamp.year == 2001
 
 
@@ -650,8 +573,8 @@ async def test_old_timestamp_is_accepted(
 async def test_certificate_is_fetched_once_for_two_messages(
     signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
-    await verify(body(sign(notification(), signing_key)), cache)
-    await verify(body(sign(notification(MessageId="second"), signing_key)), cache)
+    await verify(body(sign_sns(notification(), signing_key)), cache)
+    await verify(body(sign_sns(notification(MessageId="second"), signing_key)), cache)
     assert fetch.calls == [CERT_URL]
 
 
@@ -660,7 +583,7 @@ async def test_certificate_expires_after_ttl(
 ) -> None:
     now = [1000.0]
     cache = CertificateCache(fetch, ttl_s=60.0, clock=lambda: now[0])
-    raw = body(sign(notification(), signing_key))
+    raw = body(sign_sns(notification(), signing_key))
     await verify(raw, cache)
     now[0] += 59.0
     await verify(raw, cache)
@@ -716,7 +639,7 @@ async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
 
     now = [1000.0]
     cache = CertificateCache(fetch, clock=lambda: now[0])
-    raw = body(sign(notification(), signing_key))
+    raw = body(sign_sns(notification(), signing_key))
     del fetch.pems[CERT_URL]
     with pytest.raises(SourceUnavailable):
         await verify(raw, cache)
@@ -780,7 +703,7 @@ async def test_response_that_is_not_one_certificate_fails(
 ) -> None:
     fetch.pems[CERT_URL] = served
     with pytest.raises(VerificationFailed, match="certificate"):
-        await verify(body(sign(notification(), signing_key)), cache)
+        await verify(body(sign_sns(notification(), signing_key)), cache)
 
 
 async def test_certificate_with_non_rsa_key_fails(
@@ -788,7 +711,7 @@ async def test_certificate_with_non_rsa_key_fails(
 ) -> None:
     fetch.pems[CERT_URL] = make_certificate(ec.generate_private_key(ec.SECP256R1()))
     with pytest.raises(VerificationFailed, match="RSA"):
-        await verify(body(sign(notification(), signing_key)), cache)
+        await verify(body(sign_sns(notification(), signing_key)), cache)
 
 
 # --- the default fetch, against a local HTTP server -----------------------------------
