@@ -1,0 +1,192 @@
+"""Every benchmark in bench/ at its --smoke size, so that none rots unnoticed.
+
+Each script runs as CI would run it by hand: a subprocess of this interpreter
+with the admin DSN of the suite's server. A script exits 1 when a figure is not
+a measurement (a failed request, an unexpected outcome, nothing timed), so the
+exit status is the verdict; the output checks make sure that every figure was
+printed at all. The scripts create their own `bench_*_<pid>_*` databases and
+drop them; each test checks that none was left behind (and drops any that was).
+bench/vocabulary.py is a module of words, not a benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+#: One script's whole smoke run; each takes 5-30 s on 2 shared cores.
+DEADLINE_S = 150
+#: pytest-timeout's limit per test: the deadline plus the database checks.
+TEST_TIMEOUT_S = DEADLINE_S + 30
+#: Lines of output shown when a run fails.
+SHOWN_LINES = 60
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_TIMEOUT_S)]
+
+
+def run_bench(script: str, *args: str) -> tuple[int, str]:
+    """Run bench/<script> with a deadline; (its pid, stdout + stderr). Asserts exit 0."""
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its finally blocks do not run: the database check drops what is left
+        output, _ = proc.communicate()
+        pytest.fail(f"{script} {' '.join(args)} still running after {DEADLINE_S} s:\n{output}")
+    tail = "\n".join(output.splitlines()[-SHOWN_LINES:])
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{tail}"
+    assert "PROBLEM" not in output and "FAILED" not in output, tail
+    return proc.pid, output
+
+
+def expect_lines(output: str, *patterns: str) -> None:
+    missing = [p for p in patterns if not re.search(p, output, re.M)]
+    assert not missing, f"no line matches {missing} in:\n{output}"
+
+
+async def _leftovers(server_dsn: str, prefix: str, pid: int) -> list[str]:
+    conn = await asyncpg.connect(server_dsn)
+    try:
+        names = [
+            r["datname"]
+            for r in await conn.fetch(
+                "SELECT datname FROM pg_database WHERE datname LIKE $1", f"{prefix}_{pid}_%"
+            )
+        ]
+        for name in names:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return names
+    finally:
+        await conn.close()
+
+
+def assert_no_databases_left(server_dsn: str, prefix: str, pid: int) -> None:
+    left = asyncio.run(_leftovers(server_dsn, prefix, pid))
+    assert not left, f"the benchmark left databases behind (dropped now): {left}"
+
+
+# A figure line: a label, then numbers (count, seconds, rate, CPU).
+NUMBERS = r"\s+[\d,]+\s+[\d.]+\s+[\d,]+\s"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param((), id="every-figure"),
+        # The options the recorded figures were also taken with: a TCP relay adding
+        # round-trip time, plans of empty tables, (d) on a subset.
+        pytest.param(
+            ("--only", "b,d", "--rtt-ms", "0.2", "--no-analyze", "--auxx-messages", "100"),
+            id="relay-no-analyze",
+        ),
+    ],
+)
+def test_ingest(server_dsn: str, extra: tuple[str, ...]) -> None:
+    pid, out = run_bench("ingest.py", "--smoke", "--dsn", server_dsn, *extra)
+    try:
+        if extra:
+            expect_lines(
+                out,
+                r"through a relay adding 0\.2 ms",
+                r"\(b\) cascade, new messages" + NUMBERS + r".*\{'new': 300\}",
+                r"\(d\) per message.*" + NUMBERS + r".*\{'new': 100\}",
+            )
+            return
+        expect_lines(
+            out,
+            r"\(a\) COPY ceiling.*" + NUMBERS + r".*rows/s",
+            r"\(b\) cascade, new messages" + NUMBERS + r".*\{'new': 300\}",
+            r"\(c\) cascade, re-sync .*best of 2" + NUMBERS + r".*passes: ",
+            r"\(d\) per message.*" + NUMBERS + r".*\{'new': 300\}",
+            r"rows written by \(b\) vs \(a\): same",
+            r"rows written by \(d\) vs \(a\): same",
+            r"ratios, same run: b/a = ",
+            r"parse_raw only, in this process.*" + NUMBERS,
+            r"parse_raw only, 2 worker processes.*" + NUMBERS,
+            r"ingest only \(pre-parsed\), raw bytes stored" + NUMBERS + r".*\{'new': 200\}",
+            r"ingest only \(pre-parsed\), raw bytes NOT stored" + NUMBERS + r".*\{'new': 200\}",
+            r"end to end: parse inline.*\{'new': 200\}",
+            r"end to end: parse in a thread.*\{'new': 200\}",
+            r"end to end: ProcessPoolExecutor\(1\).*\{'new': 200\}",
+            r"end to end: ProcessPoolExecutor\(2\).*\{'new': 200\}",
+            r"end to end: anyio\.to_process.*\{'new': 200\}",
+            r"\(e\) best end to end = [\d,]+ msg/s",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_ingest", pid)
+
+
+def test_parse() -> None:
+    _, out = run_bench("parse.py", "--smoke")
+    expect_lines(
+        out,
+        r"^corpus: .*\(\d+ \.eml",
+        r"guarded pass compat32",
+        r"guarded pass default",
+        r"== Correctness summary ==",
+        r"^exception\s+0\s",  # the reference parses every file
+        r"== RFC 2047 header decoding",
+        r"lhost-postfix-01\s+compat32\s+dos=bsd",
+        r"mac__lhost-postfix-01\s+compat32\s+subject=",
+        r"\[us-askey\]",
+        r"== Speed: best of 1 passes",
+        r"^compat32\s+[\d.]+\s+[\d,]+\s",
+        r"^default parse only\s+[\d.]+\s+[\d,]+\s",
+    )
+
+
+def test_daemon_backfill(server_dsn: str) -> None:
+    pid, out = run_bench("daemon_backfill.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^generated 300 messages",
+            r"^  daemon\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"^  import\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"SIGTERM → exit 0 .*300 files in cur/; rows 300, copies 300, dead 0",
+            r"outcomes \{new: 300\}",
+            r"ratio daemon/import = [\d.]+",
+            r"daemon peak RSS [\d.]+ MB",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_daemon", pid)
+
+
+def test_webhooks(server_dsn: str) -> None:
+    pid, out = run_bench("webhooks.py", "--smoke", "--dsn", server_dsn)
+    try:
+        rows = {
+            (scenario, mode): rf"^\| {scenario} \| {mode} \| [1-9][\d,]* \| [1-9][\d,]* \|"
+            for scenario in ("sw", "sg")
+            for mode in ("verify-only", "persisted")
+        }
+        expect_lines(out, *rows.values())
+        # every answer a 2xx: the non-2xx column of each row is 0
+        for line in out.splitlines():
+            if line.startswith(("| sw |", "| sg |")):
+                assert line.split("|")[8].strip() == "0", line
+    finally:
+        assert_no_databases_left(server_dsn, "bench_webhooks", pid)
+
+
+def test_every_script_has_a_smoke_test() -> None:
+    """A new benchmark in bench/ gets a test here too (vocabulary.py is data)."""
+    tested = {"ingest.py", "parse.py", "daemon_backfill.py", "webhooks.py"}
+    scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py"}
+    assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
+    for name in tested:
+        assert "--smoke" in (BENCH / name).read_text(), f"{name} has no --smoke"
