@@ -51,6 +51,9 @@ BULK_SAMPLE = "axllent-mailpit/plain-text.eml"
 POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
 _FROM_LINE = re.compile(rb"(?m)^(>*From )")
 
+# Every test here runs the CLI as a subprocess (make test-fast skips them).
+pytestmark = pytest.mark.slow
+
 
 def write_mbox(path: Path, messages: list[bytes]) -> None:
     """mboxrd writer: postmark, ">"-quoted From lines, newline-terminated, blank line."""

@@ -94,6 +94,7 @@ def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert demo.source_file == REPO / "config.example.tenants" / "demo.toml"
 
 
+@pytest.mark.slow
 def test_example_passes_check_config_on_a_fresh_machine(tmp_path: Path) -> None:
     result = run_cli(
         "check-config", "config.example.toml", env=cli_env(tmp_path / "data"), cwd=REPO
@@ -104,6 +105,7 @@ def test_example_passes_check_config_on_a_fresh_machine(tmp_path: Path) -> None:
     assert result.stderr == ""
 
 
+@pytest.mark.slow
 def test_check_config_json(tmp_path: Path) -> None:
     result = run_cli("check-config", "--json", EXAMPLE, env=cli_env(tmp_path / "data"), cwd=REPO)
 
@@ -671,6 +673,7 @@ def test_a_reloaded_mailbox_compares_equal_when_unchanged(tmp_path: Path) -> Non
 # --- secrets never leak ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
     secret_file = tmp_path / "pw"
     secret_file.write_text(FILE_VALUE + "\n")
@@ -723,6 +726,7 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
     assert len(orjson.loads(result.stdout)["problems"]) == 4
 
 
+@pytest.mark.slow
 def test_check_config_usage_errors(tmp_path: Path) -> None:
     env = cli_env(tmp_path / "data")
 

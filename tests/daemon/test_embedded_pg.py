@@ -133,6 +133,7 @@ def test_default_data_dir_order(tmp_path: Path) -> None:
 # --- the real server -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_binaries
 async def test_starts_answers_and_is_reused(data_dir: Path, pg_environ: dict[str, str]) -> None:
     first = ensure_embedded(data_dir, environ=pg_environ)
@@ -170,6 +171,7 @@ async def test_starts_answers_and_is_reused(data_dir: Path, pg_environ: dict[str
     assert not stop_embedded(data_dir, environ=pg_environ)
 
 
+@pytest.mark.slow
 @needs_binaries
 async def test_stale_pid_file_of_a_reused_pid_is_replaced(
     data_dir: Path, pg_environ: dict[str, str]
@@ -194,6 +196,7 @@ async def test_stale_pid_file_of_a_reused_pid_is_replaced(
         await conn.close()
 
 
+@pytest.mark.slow
 @needs_binaries
 async def test_long_data_dir_puts_socket_in_private_tmp_dir(
     data_dir: Path, pg_environ: dict[str, str]

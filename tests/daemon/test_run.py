@@ -25,7 +25,8 @@ from harness import (
 )
 from helpers import run_cli, run_cli_async
 
-pytestmark = pytest.mark.timeout(300)
+# Real `inboxd run` processes (make test-fast skips them).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 async def count(dsn: str, sql: str, *args) -> int:

@@ -21,6 +21,9 @@ from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 NOTIFY_DEADLINE_S = 10.0
 LEASE_TTL_S = 60.0
 
+# Every test here runs the CLI as a subprocess (make test-fast skips them).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def inboxd(db_dsn: str, tmp_path: Path):

@@ -47,6 +47,7 @@ async def imported(stage, make_mailbox, corpus) -> dict[Path, Outcome]:
     return await import_all(stage, corpus_files(corpus))
 
 
+@pytest.mark.slow
 async def test_every_file_is_accounted_for(imported, corpus) -> None:
     files = corpus_files(corpus)
     assert len(files) == 394
@@ -58,6 +59,7 @@ async def test_every_file_is_accounted_for(imported, corpus) -> None:
     assert dead == ["mail_outlook_1.eml"]
 
 
+@pytest.mark.slow
 async def test_second_import_is_all_duplicates_and_writes_nothing(
     imported, stage, pool: asyncpg.Pool, corpus
 ) -> None:
@@ -71,6 +73,7 @@ async def test_second_import_is_all_duplicates_and_writes_nothing(
         assert await _table_counts(conn) == before
 
 
+@pytest.mark.slow
 async def test_line_ending_triples_are_one_message(imported, pool: asyncpg.Pool, corpus) -> None:
     sisimai = corpus / "mime" / "sisimai-set-of-emails"
     async with pool.acquire() as conn:
@@ -155,6 +158,7 @@ def _independent_view(path: Path) -> tuple[str, ...]:
     )
 
 
+@pytest.mark.slow
 async def test_reused_message_ids_never_merge_different_content(
     imported, pool: asyncpg.Pool, corpus
 ) -> None:
@@ -189,6 +193,7 @@ async def test_reused_message_ids_never_merge_different_content(
             assert conflicts == rows - 1
 
 
+@pytest.mark.slow
 async def test_known_different_pairs_are_separate_rows(imported, pool, corpus) -> None:
     # hand-checked: these share a Message-ID but differ in what a reader sees
     pairs = [
@@ -222,6 +227,7 @@ async def test_known_different_pairs_are_separate_rows(imported, pool, corpus) -
             assert len(ids) == 2 and None not in ids, (a, b)
 
 
+@pytest.mark.slow
 async def test_raw_bytes_are_recoverable_byte_exact(
     imported, pool: asyncpg.Pool, store: LocalDirectoryStore, corpus
 ) -> None:
@@ -238,6 +244,7 @@ async def test_raw_bytes_are_recoverable_byte_exact(
         assert hashlib.sha256(f.read_bytes()).hexdigest() in {r[0] for r in rows}, f
 
 
+@pytest.mark.slow
 async def test_thread_metadata_matches_messages(imported, pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         wrong = await conn.fetch(
@@ -258,6 +265,7 @@ async def test_thread_metadata_matches_messages(imported, pool: asyncpg.Pool) ->
         )
 
 
+@pytest.mark.slow
 async def test_dead_item_keeps_reason_and_raw(imported, pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         row = await conn.fetchrow("SELECT reason, detail, raw_key FROM dead_items")

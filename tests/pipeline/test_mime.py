@@ -86,6 +86,7 @@ def test_empty_input_is_dead(raw: bytes) -> None:
     assert isinstance(dead, DeadItem) and dead.reason == "empty"
 
 
+@pytest.mark.slow
 def test_hostile_headers_parse_quickly(corpus) -> None:
     slowest = 0.0
     for f in sorted((corpus / "mime").rglob("*.eml")):

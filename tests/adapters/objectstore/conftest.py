@@ -148,7 +148,8 @@ async def local_store(tmp_path: Path) -> AsyncIterator[LocalDirectoryStore]:
         yield store
 
 
-@pytest.fixture(params=["local", "s3"])
+# S3 starts moto_server, a subprocess: those cases are slow (make test-fast skips them).
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def store(request: pytest.FixtureRequest) -> ObjectStore:
     """Each contract test runs once per implementation."""
     fixture: ObjectStore = request.getfixturevalue(f"{request.param}_store")

@@ -176,6 +176,7 @@ async def test_url_for(store: ObjectStore) -> None:
 # --- S3Store only -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_put_sends_content_md5(s3_store: S3Store) -> None:
     # moto records but does not verify checksums (moto/s3/responses.py,
     # _get_checksum: "TODO: AWS computes the provided value and verifies it"), so
@@ -198,6 +199,7 @@ async def test_put_sends_content_md5(s3_store: S3Store) -> None:
     assert "aws-chunked" not in headers.get("content-encoding", "")
 
 
+@pytest.mark.slow
 async def test_prefix_is_applied(s3_store: S3Store, moto_endpoint: str, s3_bucket: str) -> None:
     await s3_store.put("raw/prefixed", b"data")
     response = await s3_store._client.head_object(
@@ -206,6 +208,7 @@ async def test_prefix_is_applied(s3_store: S3Store, moto_endpoint: str, s3_bucke
     assert response["ContentLength"] == 4
 
 
+@pytest.mark.slow
 async def test_missing_bucket_is_an_error_not_a_missing_object(
     moto_endpoint: str,
 ) -> None:
@@ -230,6 +233,7 @@ def refused_endpoint() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.slow
 async def test_unreachable_endpoint_is_retriable_error(
     moto_endpoint: str, refused_endpoint: str
 ) -> None:
@@ -251,6 +255,7 @@ def silent_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.mark.slow
 async def test_stuck_server_hits_the_deadline(
     moto_endpoint: str, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,6 +275,7 @@ async def test_not_started_is_a_programming_error() -> None:
     await store.aclose()  # idempotent, also when never started
 
 
+@pytest.mark.slow
 async def test_start_twice_is_refused(s3_store: S3Store) -> None:
     with pytest.raises(RuntimeError, match="already started"):
         await s3_store.start()

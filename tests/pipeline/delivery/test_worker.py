@@ -228,6 +228,7 @@ def event_sets(draw: st.DrawFn) -> tuple[list, list[int]]:
     return events, list(order), split
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
