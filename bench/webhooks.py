@@ -2,7 +2,8 @@
 """Delivery-event webhooks: verified + durably persisted events per second, and latency.
 
     .venv/bin/python bench/webhooks.py [--duration S] [--connections C]
-        [--batch B] [--dsn ADMIN_DSN] [--only sw,sg] [--keep]
+        [--batch B] [--dsn ADMIN_DSN] [--only sw,sg] [--keep] [--load wrk|python|auto]
+        [--smoke]
 
 One run, one PostgreSQL server. A server process (this file, `_serve`) runs the
 daemon's real listener (`daemon/http/server.py` + `daemon/http/hooks.py`) with
@@ -23,8 +24,11 @@ not run (they apply events after the answer and are not part of this path).
 
 Reported: requests/s and events/s from wrk's count and duration, events/s also
 from the rows really committed (persisted runs), p50/p99 latency from wrk's
-HdrHistogram, and non-2xx answers (must be 0). Ratios persisted/verify-only sit
-beside the absolute figures because the machine is shared and noisy.
+HdrHistogram, and non-2xx answers (must be 0: any, or events answered but not
+committed, make the exit status 1). Ratios persisted/verify-only sit beside the
+absolute figures because the machine is shared and noisy. Without wrk,
+`--load python` (and `--smoke`, which picks it when wrk is missing) loads the
+server with an aiohttp client: it checks the path, its rates are not figures.
 """
 
 from __future__ import annotations
