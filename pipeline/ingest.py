@@ -27,7 +27,7 @@ import structlog
 
 from inboxd.pipeline import cascade, threads
 from inboxd.pipeline.cascade import Decision
-from inboxd.pipeline.errors import blames_the_data, describe
+from inboxd.pipeline.errors import DATABASE_ERRORS, blames_the_data, db_fault, describe
 from inboxd.pipeline.ingest_bytes import (
     AttachmentFetcher,
     AttachmentState,
@@ -53,21 +53,6 @@ from inboxd.pipeline.rows import (
 )
 
 log = structlog.get_logger(__name__)
-
-# Errors after which the same batch may well succeed: connection trouble,
-# serialization failures, deadlocks, a server restarting.
-RETRIABLE_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.ConnectionDoesNotExistError,
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.QueryCanceledError,
-    TimeoutError,
-)
 
 
 @dataclass(slots=True)
@@ -122,34 +107,24 @@ class IngestStage:
             return []
         try:
             return await self._ingest_once(batch)
-        except RETRIABLE_DB_ERRORS as exc:
+        except DATABASE_ERRORS as exc:
+            if blames_the_data(exc):
+                return await self._isolate(batch, exc)
+            # connection trouble, races, disk full, admin action, a bug: nothing to
+            # do with any one item, so nothing may become a dead item because of it
             log.warning(
                 "ingest_batch_retriable",
                 tenant=batch.tenant_id,
                 mailbox=batch.mailbox_id,
                 size=len(batch.items),
+                fault=db_fault(exc).value,
                 error=type(exc).__name__,
+                sqlstate=getattr(exc, "sqlstate", None),
             )
             return [
                 ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
                 for i in range(len(batch.items))
             ]
-        except asyncpg.PostgresError as exc:
-            if not blames_the_data(exc):
-                # disk full, out of memory, admin action, ...: nothing to do with
-                # any one item, so nothing may become a dead item because of it
-                log.warning(
-                    "ingest_batch_retriable",
-                    tenant=batch.tenant_id,
-                    mailbox=batch.mailbox_id,
-                    size=len(batch.items),
-                    sqlstate=getattr(exc, "sqlstate", None),
-                )
-                return [
-                    ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
-                    for i in range(len(batch.items))
-                ]
-            return await self._isolate(batch, exc)
 
     async def _isolate(self, batch: IngestBatch, exc: BaseException) -> list[ItemResult]:
         """A statement failed on the data: bisect to find the item that causes it."""

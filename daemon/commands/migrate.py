@@ -23,6 +23,7 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.schema import SCHEMA_PATH, apply_schema
 
 # schema.sql on an empty database takes well under a second; an advisory lock held
@@ -50,7 +51,7 @@ async def run(args: argparse.Namespace) -> int:
             async with pool.acquire() as conn:
                 await apply_with_deadline(conn)
                 database = await conn.fetchval("SELECT current_database()")
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except DATABASE_ERRORS as exc:
             raise database_error(exc, choice) from exc
     elapsed_s = time.monotonic() - started
     target = target_of(choice)

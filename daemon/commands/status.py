@@ -33,6 +33,7 @@ from inboxd.daemon.commands.common import (
     target_of,
 )
 from inboxd.daemon.database import DsnChoice
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.scheduling import MailboxStatus, mailbox_status
 from inboxd.pipeline.tenancy import validate_id
 
@@ -111,7 +112,7 @@ def database_call(choice: DsnChoice) -> Iterator[None]:
         raise CommandError(
             f"database at {target_of(choice)} did not answer within {QUERY_TIMEOUT_S:g} s"
         ) from exc
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+    except DATABASE_ERRORS as exc:
         raise database_error(exc, choice) from exc
 
 

@@ -61,6 +61,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error
 from inboxd.daemon.metrics import Metrics
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
 
 __all__ = ["EVENT_HUB", "SSE_HEARTBEAT_S", "SSE_PAGE_SIZE", "EventHub", "events_handler"]
@@ -100,8 +101,6 @@ SELECT event_id, kind, mailbox_id, thread_id, message_id, payload::text AS paylo
  LIMIT $3
 """
 _HEAD = "SELECT coalesce(max(event_id), 0) FROM events WHERE tenant_id = $1"
-
-_DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 class _Subscriber:
@@ -222,7 +221,7 @@ class EventHub:
                 log.warning("sse_listener_unavailable", error=_describe(exc))
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(_DB_ERRORS),
+            retry=retry_if_exception_type(DATABASE_ERRORS),
             wait=wait_random_exponential(multiplier=0.5, max=LISTEN_RETRY_MAX_WAIT_S),
             sleep=anyio.sleep,
             before_sleep=log_once,
@@ -265,7 +264,7 @@ class EventHub:
             try:
                 with anyio.fail_after(LISTEN_PING_TIMEOUT_S):
                     await conn.execute("SELECT 1")
-            except _DB_ERRORS as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("sse_listener_ping_failed", error=_describe(exc))
                 return
 
@@ -275,7 +274,7 @@ async def _close_quietly(conn: asyncpg.Connection) -> None:
         try:
             await conn.close()
             return
-        except _DB_ERRORS:
+        except DATABASE_ERRORS:
             pass
     conn.terminate()
 
@@ -377,7 +376,7 @@ async def events_handler(request: web.Request) -> web.StreamResponse:
         except _ClientGone as exc:
             # It resumes with Last-Event-ID when it comes back.
             bound.debug("sse_client_dropped", reason=str(exc))
-        except _DB_ERRORS as exc:
+        except DATABASE_ERRORS as exc:
             # Ending the stream is the honest answer: EventSource reconnects and
             # resumes from the last id it received.
             bound.warning("sse_read_failed", error=_describe(exc))

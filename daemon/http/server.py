@@ -35,7 +35,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import anyio
-import asyncpg
 import structlog
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
@@ -52,6 +51,7 @@ from inboxd.daemon.http.state import (
     json_response,
 )
 from inboxd.daemon.metrics import HTTP_UNMATCHED_ROUTE
+from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault, describe
 
 __all__ = ["build_app", "serve_http"]
 
@@ -63,6 +63,7 @@ LINGERING_CLOSE_S = 2.0
 SHUTDOWN_GRACE_S = 5.0
 SHUTDOWN_DEADLINE_S = 10.0
 KEEPALIVE_TIMEOUT_S = 75.0  # longer than common load balancers' 60 s idle timeout
+RETRY_AFTER_S = 5  # for 503s: a restarting PostgreSQL is usually back within seconds
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _STREAMING_ROUTES = frozenset({"/v1/events"})
@@ -133,14 +134,28 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
         return response
     except ConnectionResetError:
         raise  # the client is gone; nothing to answer
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-        log.warning(
-            "http_dependency_unavailable", route=_route_label(request), error=type(exc).__name__
-        )
-        return json_response({"error": "unavailable"}, status=503, headers={hdrs.RETRY_AFTER: "5"})
+    except DATABASE_ERRORS as exc:
+        return _database_error_response(request, exc)
     except Exception:
         log.exception("http_handler_failed", route=_route_label(request))
         return json_response({"error": "internal"}, status=500)
+
+
+def _database_error_response(request: web.Request, exc: BaseException) -> web.Response:
+    """A database error reaching the listener, by what it means (pipeline/errors.py):
+    the request's content → 422, a defect → 500, the database away → 503."""
+    fault = db_fault(exc)
+    route = _route_label(request)
+    if fault is DbFault.DATA:
+        log.info("http_content_rejected", route=route, error=type(exc).__name__)
+        return json_response({"error": "unprocessable_content"}, status=422)
+    if fault is DbFault.BUG:
+        log.error("http_handler_failed", route=route, error=describe(exc))
+        return json_response({"error": "internal"}, status=500)
+    log.warning("http_dependency_unavailable", route=route, error=type(exc).__name__)
+    return json_response(
+        {"error": "unavailable"}, status=503, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}
+    )
 
 
 @web.middleware

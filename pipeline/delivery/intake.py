@@ -39,7 +39,7 @@ import orjson
 import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random
 
 from inboxd.pipeline.delivery.model import (
     DeliveryEvent,
@@ -47,7 +47,7 @@ from inboxd.pipeline.delivery.model import (
     dedup_key,
     minimise_payload,
 )
-from inboxd.pipeline.errors import blames_the_data, describe
+from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, blames_the_data, db_fault, describe
 from inboxd.pipeline.identity import normalise_message_id
 from inboxd.pipeline.rows import clean
 
@@ -80,10 +80,9 @@ QUEUE_CAPACITY = 4096
 #: time out after 10–30 s (SNS 15 s), so the 503 usually comes first.
 COMMIT_TIMEOUT_S = 3.0
 
-# Lost races between concurrent transactions: worth one more try, soon.
-_RACE_ERRORS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
-#: Tries of a group that lost such a race, and the jitter before the retry
-#: (seconds; short: a request is waiting, and the race is already resolved).
+#: Tries of a group that lost a race between concurrent transactions (DbFault.RACE),
+#: and the jitter before the retry (seconds; short: a request is waiting, and the
+#: race is already resolved).
 RACE_ATTEMPTS = 2
 RACE_RETRY_JITTER_S = 0.05
 
@@ -276,7 +275,7 @@ class DeliveryIntake:
             # other; a deadlock or serialization failure can still come from
             # another writer of the table (a replay). Once more, then 503.
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_RACE_ERRORS),
+                retry=retry_if_exception(_lost_race),
                 stop=stop_after_attempt(RACE_ATTEMPTS),
                 wait=wait_random(0, RACE_RETRY_JITTER_S),
                 reraise=True,
@@ -423,3 +422,8 @@ def _json_for_postgres(payload: dict[str, Any]) -> str:
     # jsonb refuses \u0000 inside strings; the replacement keeps the event storable.
     text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
     return text.replace("\\u0000", "\\ufffd")
+
+
+def _lost_race(exc: BaseException) -> bool:
+    """A deadlock or serialization failure: worth one more try, soon."""
+    return isinstance(exc, DATABASE_ERRORS) and db_fault(exc) is DbFault.RACE

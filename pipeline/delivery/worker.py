@@ -44,7 +44,7 @@ from anyio.abc import TaskStatus
 from inboxd.pipeline.delivery.evidence import EvidenceKey, recompute_evidence
 from inboxd.pipeline.delivery.intake import DELIVERY_CHANNEL
 from inboxd.pipeline.delivery.suppressions import apply_suppressions
-from inboxd.pipeline.errors import describe
+from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault, describe
 from inboxd.pipeline.outbox import EventBuffer
 
 __all__ = [
@@ -77,16 +77,6 @@ RETRY_PAUSE_S = 2.0
 #: MAX_TOLERANCE_S = 2 × 1800 s); after that the timestamp check refuses a
 #: replay on its own.
 REPLAY_TOKEN_KEEP_S = 3600.0
-
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.ConnectionDoesNotExistError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.TooManyConnectionsError,
-)
 
 _CLAIM = """
 SELECT tenant_id, event_id FROM delivery_events
@@ -143,9 +133,9 @@ async def apply_due(pool: asyncpg.Pool, *, limit: int = APPLY_BATCH) -> int:
             if claimed:
                 await _apply(conn, claimed)
             return len(claimed)
-    except _CONNECTION_ERRORS:
-        raise
     except Exception as exc:
+        if _unavailable(exc):
+            raise
         log.warning("delivery_batch_failed", error=describe(exc))
     return await _apply_one_by_one(pool, limit)
 
@@ -165,9 +155,9 @@ async def _apply_one_by_one(pool: asyncpg.Pool, limit: int) -> int:
                 claimed = await conn.fetch(_CLAIM_GIVEN, [key[0]], [key[1]])
                 if claimed:
                     await _apply(conn, claimed)
-        except _CONNECTION_ERRORS:
-            raise
         except Exception as exc:
+            if _unavailable(exc):
+                raise
             await _record_failure(pool, key, row["attempts"] + 1, exc)
     return len(due)
 
@@ -315,13 +305,19 @@ async def _listen(dsn: str, on_notify: Callable[..., None]) -> asyncpg.Connectio
     (polling every IDLE_POLL_S still finds the work)."""
     try:
         listener = await asyncpg.connect(dsn)
-    except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+    except DATABASE_ERRORS as exc:
         log.warning("delivery_listen_failed", error=describe(exc))
         return None
     try:
         await listener.add_listener(DELIVERY_CHANNEL, on_notify)
-    except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+    except DATABASE_ERRORS as exc:
         log.warning("delivery_listen_failed", error=describe(exc))
         await listener.close()
         return None
     return listener
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The database is away: retrying event by event would only fail the same way
+    (and count attempts against events that did nothing wrong)."""
+    return isinstance(exc, DATABASE_ERRORS) and db_fault(exc) is DbFault.UNAVAILABLE
