@@ -14,11 +14,13 @@ the parent re-attaches them, so each message crosses the process boundary once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal
 from collections.abc import Sequence
 
 import anyio
 import anyio.to_process
+import anyio.to_thread
 
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.mime import parse_raw
@@ -73,15 +75,37 @@ def with_raw(item: Item, raw: bytes) -> Item:
 
 
 async def parse_in_workers(
-    raws: Sequence[bytes], tenant_id: str, mailbox_id: str, source: str
+    raws: Sequence[bytes],
+    tenant_id: str,
+    mailbox_id: str,
+    source: str,
+    *,
+    in_thread: bool = False,
 ) -> list[Item]:
-    """Parse in worker processes (at most PARSE_WORKERS busy at once), raw re-attached."""
+    """Parse off the event loop, at most PARSE_WORKERS chunks at once in this process.
+
+    In worker processes by default (raw bytes re-attached); `in_thread` parses in
+    a worker thread instead, for small inputs where starting a worker process is
+    not repaid (a one-off import of a few hundred messages).
+    """
     global _limiter
     if _limiter is None:
         _limiter = anyio.CapacityLimiter(PARSE_WORKERS)
     items: list[Item] = []
     for start in range(0, len(raws), PARSE_CHUNK_SIZE):
         chunk = list(raws[start : start + PARSE_CHUNK_SIZE])
+        if in_thread:
+            items.extend(
+                await anyio.to_thread.run_sync(
+                    functools.partial(parse_many, keep_raw=True),
+                    chunk,
+                    tenant_id,
+                    mailbox_id,
+                    source,
+                    limiter=_limiter,
+                )
+            )
+            continue
         parsed = await anyio.to_process.run_sync(
             parse_many_in_worker, chunk, tenant_id, mailbox_id, source, limiter=_limiter
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .pages import IMPORT_PAGE_MAX_BYTES, IMPORT_PAGE_SIZE, ImportSource, PageRefs
 from .source import (
     ImportPlan,
     RawMessage,
@@ -11,4 +12,15 @@ from .source import (
     plan_import,
 )
 
-__all__ = ["ImportPlan", "RawMessage", "SourceError", "SourceFile", "iter_messages", "plan_import"]
+__all__ = [
+    "IMPORT_PAGE_MAX_BYTES",
+    "IMPORT_PAGE_SIZE",
+    "ImportPlan",
+    "ImportSource",
+    "PageRefs",
+    "RawMessage",
+    "SourceError",
+    "SourceFile",
+    "iter_messages",
+    "plan_import",
+]

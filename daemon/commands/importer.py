@@ -1,27 +1,30 @@
 """`inboxd import`: .eml files, mbox files and Maildirs into one mailbox.
 
+The import drives the daemon's own path (docs/architecture.md):
+
     plan       adapters.files.plan_import: every path checked, nothing read yet
     set up     DSN → pool → schema.sql (idempotent) → tenant/mailbox rows → object store
-    produce    read IMPORT_BATCH_SIZE raw messages (worker thread), parse them
-               (pipeline.mime.parse_raw, off the event loop) → channel with no buffer
-    consume    IngestStage.ingest, one transaction per batch; items that come back
-               retriable_failure are retried with backoff, BATCH_ATTEMPTS times
+    pages      adapters.files.ImportSource: raw messages read in a worker thread,
+               parsed off the loop (pipeline.parsing, its limiter), one page ahead
+               (daemon.sync.pages.read_ahead)
+    ingest     the bounded queue and its worker (daemon.sync.queue) → IngestStage,
+               one transaction per page; items that come back retriable_failure
+               are retried through the queue with backoff, BATCH_ATTEMPTS times
     report     counts by outcome, dead items, skipped files, messages/s
                (daemon.commands.import_report: progress bar, summary, --json)
 
-Parsing batch N+1 overlaps the ingest of batch N; the unbuffered channel keeps at
-most two batches in memory. Messages are content-addressed (external id = raw
-sha256), so re-running an import, complete or not, only adds what is missing:
-the rest is reported as duplicate.
+Messages are content-addressed (external id = raw sha256), so re-running an
+import, complete or not, only adds what is missing: the rest is reported as
+duplicate.
 
 States and stopping:
 - setting up: a first SIGINT/SIGTERM aborts at once (nothing written yet).
-- importing: a first signal stops intake; the batch being ingested finishes
+- importing: a first signal stops intake; the page being ingested finishes
   (its transaction commits or rolls back, never half of it), then the partial
   summary is printed and the exit code is 130. A second signal cancels that
-  batch too (rolled back) and exits 130.
-- a batch still failing after its retries (database gone, object store full)
-  ends the run: committed batches stay, the summary says how many messages were
+  page too (rolled back) and exits 130.
+- a page still failing after its retries (database gone, object store full)
+  ends the run: committed pages stay, the summary says how many messages were
   not imported, exit code 1. A file that vanishes mid-run ends it the same way.
 """
 
@@ -31,26 +34,24 @@ import argparse
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable
 from typing import Literal
 
 import anyio
-import anyio.to_process
-import anyio.to_thread
 import asyncpg
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    stop_any,
     wait_exponential_jitter,
 )
+from tenacity.stop import stop_base
 
-from inboxd.adapters.files import ImportPlan, RawMessage, SourceError, iter_messages, plan_import
+from inboxd.adapters.base import Page
+from inboxd.adapters.files import ImportPlan, ImportSource, PageRefs, SourceError, plan_import
 from inboxd.daemon.commands.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -66,39 +67,31 @@ from inboxd.daemon.commands.common import (
 )
 from inboxd.daemon.commands.import_report import ImportSummary, ProgressBar, print_report
 from inboxd.daemon.commands.migrate import apply_with_deadline
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
-from inboxd.pipeline.message import DeadItem, MessageData
+from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.sync.pages import batch_of, read_ahead
+from inboxd.daemon.sync.queue import IngestQueue
+from inboxd.pipeline.errors import DATABASE_ERRORS
+from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.outcomes import ItemResult, Outcome
-from inboxd.pipeline.parsing import parse_many, parse_many_in_worker, with_raw
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
 
 log = structlog.get_logger(__name__)
 
-# Messages per ingest transaction. The cascade costs ≤ 2 queries per batch and
-# every write is one set-based statement, so bigger batches amortise round trips;
-# 500 messages of the corpus' mix (~18 MB) commit in 1-2 s on a 2-core VM, which
-# is also about the longest a Ctrl-C waits and what a failed batch retries.
-# (100, 250, 500 and 1000 measured within noise of each other on 3,940 messages.)
-IMPORT_BATCH_SIZE = 500
-# A batch also closes at this many raw bytes, so an mbox of large attachments
-# keeps memory bounded (two batches in flight, plus parsed attachment copies).
-IMPORT_BATCH_MAX_BYTES = 64 * 1024 * 1024
-# Messages handed to one parse call: small enough that a cancelled producer stops
-# within a fraction of a second, large enough that per-call overhead (thread
-# hand-off, or pickling to a worker process) stays negligible.
-PARSE_CHUNK_SIZE = 50
-# Attempts per batch while items come back retriable_failure (connection lost,
+# Attempts per page while items come back retriable_failure (connection lost,
 # server restarting, object-store hiccup); waits grow 0.5 s → 1 → 2 → 4 s (+ up to
 # 0.5 s jitter each), so a database restart of ~8 s is ridden out before giving up.
 BATCH_ATTEMPTS = 5
 RETRY_INITIAL_WAIT_S = 0.5
 RETRY_MAX_WAIT_S = 8.0
 RETRY_JITTER_S = 0.5
-# One ingest call (transaction + object-store writes). A healthy batch takes ~1 s;
-# past this the server or the disk is stuck, and the batch is retried.
+# One ingest call (transaction + object-store writes). A healthy page takes ~1 s;
+# past this the server or the disk is stuck, and the page is retried.
 BATCH_DEADLINE_S = 300.0
 # A database that answers at all answers `SELECT 1` (or two small upserts) at once.
 PROBE_TIMEOUT_S = 5.0
+# Pages queued for the ingest worker: the import has one producer, which waits for
+# each page's results before the next, so one page is all the queue ever holds.
+IMPORT_QUEUE_PAGES = 1
 
 ParseMode = Literal["auto", "thread", "process"]
 # Measured on 2 shared cores, fresh database: the whole corpus (394 messages, one
@@ -109,8 +102,6 @@ ParseMode = Literal["auto", "thread", "process"]
 DEFAULT_PARSE_MODE: ParseMode = "auto"
 # "auto" parses in worker processes when the input is at least this large.
 PROCESS_PARSE_MIN_BYTES = 32 * 1024 * 1024
-
-Item = MessageData | DeadItem
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -148,50 +139,26 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
     parser.set_defaults(handler=run)
 
 
-# --- parsing (module level: worker processes import and call it) ------------------------
-
-
-def parse_chunk(
-    raws: Sequence[bytes], tenant_id: str, mailbox_id: str, keep_raw: bool
-) -> list[Item]:
-    """parse_raw each message of the import door (pipeline.parsing.parse_many)."""
-    return parse_many(raws, tenant_id, mailbox_id, "import", keep_raw=keep_raw)
-
-
-def parse_chunk_in_worker(raws: Sequence[bytes], tenant_id: str, mailbox_id: str) -> list[Item]:
-    """parse_chunk in a worker process, which leaves Ctrl-C to the parent."""
-    return parse_many_in_worker(raws, tenant_id, mailbox_id, "import")
-
-
-def _take(messages: Iterator[RawMessage]) -> list[RawMessage]:
-    """The next batch of raw messages (blocking file I/O: run in a worker thread)."""
-    batch: list[RawMessage] = []
-    size = 0
-    for message in messages:
-        batch.append(message)
-        size += len(message.raw)
-        if len(batch) >= IMPORT_BATCH_SIZE or size >= IMPORT_BATCH_MAX_BYTES:
-            break
-    return batch
-
-
 # --- the run ----------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Batch:
-    refs: list[str]
-    items: list[Item]
-    span_bytes: int
-
-
 class _Unsettled(Exception):
-    """Some items of a batch are still retriable_failure after an attempt."""
+    """Some items of a page are still retriable_failure after its attempts."""
 
     def __init__(self, count: int, detail: str) -> None:
         super().__init__(detail)
         self.count = count
         self.detail = detail
+
+
+class _StopRequested(stop_base):
+    """tenacity stop condition: a signal asked the import to stop."""
+
+    def __init__(self, event: anyio.Event) -> None:
+        self.event = event
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.event.is_set()
 
 
 class _Importer:
@@ -206,9 +173,10 @@ class _Importer:
         self.stop = anyio.Event()
         self.aborted = False
         self.importing = False
-        self.read_error: SourceError | None = None
-        self.producer_scope = anyio.CancelScope()
+        # cancelled by a first signal while the import waits for the next page
+        self.waiting_scope: anyio.CancelScope | None = None
         self.progress = ProgressBar()
+        self.read_error: SourceError | None = None
 
     # signals ---------------------------------------------------------------------------
 
@@ -230,91 +198,54 @@ class _Importer:
                         file=sys.stderr,
                     )
                 self.stop.set()
-                self.producer_scope.cancel()
+                if self.waiting_scope is not None:
+                    self.waiting_scope.cancel()
 
-    # producer --------------------------------------------------------------------------
+    # pages -----------------------------------------------------------------------------
 
-    async def produce(self, send: MemoryObjectSendStream[_Batch]) -> None:
+    def source(self) -> ImportSource:
         mode = self.args.parse_in
         if mode == "auto":
             mode = "process" if self.plan.total_bytes >= PROCESS_PARSE_MIN_BYTES else "thread"
-        keep_raw = mode == "thread"
-        messages = iter_messages(self.plan)
-        with self.producer_scope:
-            async with send:
-                while True:
-                    try:
-                        raws = await anyio.to_thread.run_sync(_take, messages)
-                    except SourceError as exc:
-                        self.read_error = exc
-                        return
-                    if not raws:
-                        return
-                    parse_started = time.monotonic()
-                    items = await self._parse([m.raw for m in raws], keep_raw)
-                    log.debug(
-                        "import_batch_parsed",
-                        size=len(items),
-                        parse_s=round(time.monotonic() - parse_started, 3),
-                    )
-                    try:
-                        await send.send(
-                            _Batch(
-                                [m.source_ref for m in raws], items, sum(m.span_bytes for m in raws)
-                            )
-                        )
-                    except anyio.BrokenResourceError:
-                        return  # the consumer stopped (failure or stop request)
+        return ImportSource(
+            self.tenant,
+            self.mailbox,
+            self.plan,
+            parse_in_thread=mode == "thread",
+            backfill=self.args.backfill,
+        )
 
-    async def _parse(self, raws: list[bytes], keep_raw: bool) -> list[Item]:
-        chunks = [raws[i : i + PARSE_CHUNK_SIZE] for i in range(0, len(raws), PARSE_CHUNK_SIZE)]
-        if keep_raw:
-            parsed = [
-                await anyio.to_thread.run_sync(parse_chunk, chunk, self.tenant, self.mailbox, True)
-                for chunk in chunks
-            ]
-        else:
-            parsed = [[] for _ in chunks]
-
-            async def one(i: int) -> None:
-                parsed[i] = await anyio.to_process.run_sync(
-                    parse_chunk_in_worker, chunks[i], self.tenant, self.mailbox
-                )
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(chunks)):
-                    tg.start_soon(one, i)
-        items = [item for chunk in parsed for item in chunk]
-        if not keep_raw:
-            items = [with_raw(item, raw) for item, raw in zip(items, raws, strict=True)]
-        return items
-
-    # consumer --------------------------------------------------------------------------
-
-    async def consume(self, stage: IngestStage, receive: MemoryObjectReceiveStream[_Batch]) -> None:
-        async with receive:
-            async for batch in receive:
-                if self.stop.is_set():
-                    break
-                batch_started = time.monotonic()
-                await self._ingest(stage, batch)
+    async def ingest_pages(self, source: ImportSource, queue: IngestQueue) -> None:
+        """Every page through the queue, settled or retried, until done or stopped."""
+        async with read_ahead(source, None) as pages:
+            while not self.stop.is_set():
+                page: Page | None = None
+                with anyio.CancelScope() as self.waiting_scope:
+                    page = await _next(pages)
+                self.waiting_scope = None
+                if page is None:  # no more pages, or a stop signal while waiting
+                    return
+                page_started = time.monotonic()
+                await self._ingest(queue, source, page)
+                refs = page.context
+                assert isinstance(refs, PageRefs)
                 log.info(
                     "import_batch_committed",
                     tenant=self.tenant,
                     mailbox=self.mailbox,
-                    size=len(batch.items),
+                    size=len(page.items),
                     total=self.summary.messages,
-                    ingest_s=round(time.monotonic() - batch_started, 3),
+                    ingest_s=round(time.monotonic() - page_started, 3),
                 )
-                self.progress.advance(batch.span_bytes, self.summary.messages)
+                self.progress.advance(refs.span_bytes, self.summary.messages)
 
-    async def _ingest(self, stage: IngestStage, batch: _Batch) -> None:
-        pending = list(range(len(batch.items)))
+    async def _ingest(self, queue: IngestQueue, source: ImportSource, page: Page) -> None:
+        pending = list(range(len(page.items)))
         first_failure = True
 
         def log_retry(state: RetryCallState) -> None:
             nonlocal first_failure
-            if first_failure:  # STYLE.md rule 8: "unavailable" once, not every attempt
+            if first_failure:  # "unavailable" once, not every attempt (CONTRIBUTING.md)
                 first_failure = False
                 exc = state.outcome.exception() if state.outcome else None
                 log.warning(
@@ -326,7 +257,7 @@ class _Importer:
                 )
 
         retrying = AsyncRetrying(
-            stop=stop_any(stop_after_attempt(BATCH_ATTEMPTS), lambda _: self.stop.is_set()),
+            stop=stop_after_attempt(BATCH_ATTEMPTS) | _StopRequested(self.stop),
             wait=wait_exponential_jitter(
                 initial=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S, jitter=RETRY_JITTER_S
             ),
@@ -338,7 +269,7 @@ class _Importer:
         try:
             async for attempt in retrying:
                 with attempt:
-                    pending = await self._attempt(stage, batch, pending)
+                    pending = await self._attempt(queue, source, page, pending)
         except _Unsettled as exc:
             self.summary.outcomes[Outcome.RETRIABLE_FAILURE.value] += exc.count
             self.summary.not_imported += exc.count
@@ -347,20 +278,23 @@ class _Importer:
         if not first_failure:
             log.warning("import_batch_recovered", tenant=self.tenant, mailbox=self.mailbox)
 
-    async def _attempt(self, stage: IngestStage, batch: _Batch, pending: list[int]) -> list[int]:
+    async def _attempt(
+        self, queue: IngestQueue, source: ImportSource, page: Page, pending: list[int]
+    ) -> list[int]:
         """Ingest the pending items once; returns those still retriable, raising
         `_Unsettled` when there are any."""
-        items = [batch.items[i] for i in pending]
+        part = Page(items=[page.items[i] for i in pending], backfill=page.backfill)
         try:
             with anyio.fail_after(BATCH_DEADLINE_S):
-                results = await stage.ingest(
-                    IngestBatch(self.tenant, self.mailbox, items, backfill=self.args.backfill)
-                )
+                results = await queue.ingest(batch_of(source, part))
         except TimeoutError:
             detail = f"a batch did not finish within {BATCH_DEADLINE_S:g} s"
             results = [
-                ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=detail) for i in range(len(items))
+                ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=detail)
+                for i in range(len(part.items))
             ]
+        refs = page.context
+        assert isinstance(refs, PageRefs)
         still: list[int] = []
         detail = ""
         for result in results:
@@ -371,7 +305,7 @@ class _Importer:
                 continue
             self.summary.outcomes[result.outcome.value] += 1
             if result.outcome is Outcome.PERMANENT_FAILURE:
-                self.summary.dead.append((batch.refs[index], result.detail or "dead item"))
+                self.summary.dead.append((refs.refs[index], result.detail or "dead item"))
         if still:
             raise _Unsettled(len(still), detail)
         return still
@@ -416,9 +350,12 @@ class _Importer:
                     await apply_with_deadline(conn)
                     with anyio.fail_after(PROBE_TIMEOUT_S):
                         await ensure_mailbox(conn, self.tenant, self.mailbox, provider="import")
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            except DATABASE_ERRORS as exc:
                 raise database_error(exc, choice) from exc
-            stage = IngestStage(pool, store)
+            queue = IngestQueue(
+                IngestStage(pool, store), Metrics(), capacity_pages=IMPORT_QUEUE_PAGES
+            )
+            source = self.source()
             log.info(
                 "import_started",
                 tenant=self.tenant,
@@ -428,11 +365,10 @@ class _Importer:
             )
             self.importing = True
             with self.progress.open(self.plan.total_bytes):
-                send, receive = anyio.create_memory_object_stream[_Batch](0)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self.produce, send)
+                async with anyio.create_task_group() as workers:
+                    await workers.start(queue.run_worker)
                     try:
-                        await self.consume(stage, receive)
+                        await _unwrap(self.ingest_pages(source, queue))
                     except _Unsettled:
                         self.summary.status = "incomplete"
                         self.summary.unread_input = True
@@ -440,7 +376,8 @@ class _Importer:
                             pool, target_of(choice), self.summary.error
                         )
                     finally:
-                        self.producer_scope.cancel()
+                        queue.close()
+            self.read_error = source.read_error
 
     def _finish(self) -> int:
         exit_code = self._settle()
@@ -466,12 +403,33 @@ class _Importer:
         return EXIT_OK
 
 
+async def _next(pages: MemoryObjectReceiveStream[Page]) -> Page | None:
+    """The next page; None when there are no more."""
+    try:
+        return await pages.receive()
+    except anyio.EndOfStream:
+        return None
+
+
+async def _unwrap(work: Awaitable[None]) -> None:
+    """Await `work`, raising a lone error from inside task groups as itself."""
+    try:
+        await work
+    except BaseExceptionGroup as group:
+        inner: BaseException = group
+        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+            inner = inner.exceptions[0]
+        if inner is group:
+            raise
+        raise inner from None
+
+
 async def _explain(pool: asyncpg.Pool, target: str, detail: str | None) -> str:
     """Why a batch stayed unsettled: the database when it does not answer, else `detail`."""
     try:
         with anyio.fail_after(PROBE_TIMEOUT_S):
             await pool.fetchval("SELECT 1")
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DATABASE_ERRORS as exc:
         cause = " ".join(str(exc).split()) or type(exc).__name__
         return f"database at {target} did not answer: {cause}"
     return detail or "retriable failure"

@@ -25,29 +25,25 @@ State machine of a runner:
 from __future__ import annotations
 
 import secrets
-from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
 import asyncpg
 import structlog
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from inboxd.adapters.base import Page, Source
 from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.sync.pages import batch_of, read_ahead
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import leases, scheduling
-from inboxd.pipeline.errors import AttentionError, RetriableError
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.errors import DATABASE_ERRORS, Family, RetriableError, describe, family_of
 from inboxd.pipeline.outcomes import page_is_clean
 
 log = structlog.get_logger(__name__)
 
-# Pages read ahead of the one being ingested: one overlaps reading and parsing
-# with the database work; more would only hold more parsed mail in memory.
-PAGE_PREFETCH = 1
 # Cleanup that must finish (lease release, failure record) gets this long even
 # when the runner is being cancelled.
 CLEANUP_DEADLINE_S = 5.0
@@ -138,18 +134,18 @@ class MailboxRunner:
             # the new owner carries on; a failure recorded now would throttle it
             self._log.warning("sync_lease_lost", error=str(exc))
             return False
-        except AttentionError as exc:
+        except Exception as exc:  # any failure of one mailbox: never the process's end
             failed = True
-            self._log.error("sync_needs_attention", error=str(exc))
-            await self._record_failure(str(exc), attention=True)
-            return True
-        except Exception as exc:  # any crash of one mailbox: log, back off, carry on
-            failed = True
-            if isinstance(exc, RetriableError | OSError | asyncpg.PostgresError):
-                self._log.warning("sync_failed", error=str(exc), kind=type(exc).__name__)
-            else:
+            family = family_of(exc)
+            if family is Family.ATTENTION:
+                self._log.error("sync_needs_attention", error=str(exc))
+                await self._record_failure(str(exc), attention=True)
+                return True
+            if family is Family.CRASH:
                 self._log.exception("sync_crashed")
-            await self._record_failure(f"{type(exc).__name__}: {exc}")
+            else:
+                self._log.warning("sync_failed", error=describe(exc), kind=type(exc).__name__)
+            await self._record_failure(f"{type(exc).__name__}: {describe(exc)}")
             return False
         finally:
             self._run_scope = None
@@ -213,33 +209,14 @@ class MailboxRunner:
                 tenant,
                 mailbox,
             )
-        send, receive = anyio.create_memory_object_stream[Page](max_buffer_size=PAGE_PREFETCH)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._read_pages, cursor, send)
-            completed = await self._each_page(token, receive)
-            tg.cancel_scope.cancel()  # stopped early: the reader may be parsing ahead
-        return completed
-
-    async def _read_pages(self, cursor: str | None, send: MemoryObjectSendStream[Page]) -> None:
-        """Read (and parse) the next page while the current one is being ingested."""
-        async with send, aclosing(self.source.pages(cursor)) as pages:
-            async for page in pages:
-                await send.send(page)
+        async with read_ahead(self.source, cursor) as pages:
+            return await self._each_page(token, pages)
 
     async def _each_page(self, token: int, pages: MemoryObjectReceiveStream[Page]) -> bool:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async for page in pages:
-            batch = IngestBatch(
-                tenant,
-                mailbox,
-                page.items,
-                backfill=page.backfill,
-                fetch_attachment=getattr(self.source, "fetch_attachment", None)
-                if getattr(self.source, "lazy_attachments", False)
-                else None,
-            )
-            results = await self.deps.queue.ingest(batch)
+            results = await self.deps.queue.ingest(batch_of(self.source, page))
             await self.source.settle(page, results)
             if not page_is_clean(results):
                 raise PageNotClean(
@@ -262,10 +239,16 @@ class MailboxRunner:
         interval_s = self.deps.lease_ttl_s / 3
         while True:
             await anyio.sleep(interval_s)
-            async with self.deps.pool.acquire() as conn:
-                ok = await leases.renew_lease(
-                    conn, tenant, mailbox, self.deps.owner, token, self.deps.lease_ttl_s
-                )
+            try:
+                async with self.deps.pool.acquire() as conn:
+                    ok = await leases.renew_lease(
+                        conn, tenant, mailbox, self.deps.owner, token, self.deps.lease_ttl_s
+                    )
+            except DATABASE_ERRORS as exc:
+                # The lease outlives two missed renewals; if it expires meanwhile,
+                # the fencing token makes the next cursor write fail (LeaseLost).
+                self._log.warning("lease_renewal_failed", error=describe(exc))
+                continue
             if not ok:
                 self._log.warning("lease_lost")
                 if self._run_scope is not None:
@@ -280,5 +263,5 @@ class MailboxRunner:
                     await scheduling.record_failure(
                         conn, tenant, mailbox, error, attention=attention
                     )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                self._log.warning("failure_not_recorded", error=str(exc))
+            except DATABASE_ERRORS as exc:
+                self._log.warning("failure_not_recorded", error=describe(exc))

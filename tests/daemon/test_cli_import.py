@@ -378,7 +378,7 @@ async def run_until_first_commit(
 async def test_signal_stops_after_a_whole_batch(
     env: dict[str, str], db_dsn: str, mime: Path, tmp_path: Path, signum: signal.Signals
 ) -> None:
-    from inboxd.daemon.commands.importer import IMPORT_BATCH_SIZE
+    from inboxd.adapters.files import IMPORT_PAGE_SIZE as IMPORT_BATCH_SIZE
 
     total = IMPORT_BATCH_SIZE * 10
     archive = bulk_mbox(tmp_path / "bulk.mbox", mime, total)
@@ -479,7 +479,7 @@ def embedded_pg() -> Iterator[tuple[Path, dict[str, str]]]:
 async def test_database_lost_midway_then_rerun_completes(
     env: dict[str, str], embedded_pg: tuple[Path, dict[str, str]], mime: Path, tmp_path: Path
 ) -> None:
-    from inboxd.daemon.commands.importer import IMPORT_BATCH_SIZE
+    from inboxd.adapters.files import IMPORT_PAGE_SIZE as IMPORT_BATCH_SIZE
     from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
 
     data, pg_env = embedded_pg

@@ -1,0 +1,64 @@
+"""Pages from a Source into the ingest queue: the one path every door takes.
+
+    read_ahead(source, cursor)   source.pages(cursor) in a task of its own, one page
+                                 ahead: reading and parsing page n+1 overlaps the
+                                 ingest of page n; the generator is closed when the
+                                 caller stops early
+    batch_of(source, page)       the IngestBatch of a page (the source's attachment
+                                 fetcher only where it fetches lazily)
+
+The mailbox runner (sync/runner.py) and `inboxd import` (commands/importer.py)
+both read pages this way and hand them to the bounded queue (sync/queue.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from inboxd.adapters.base import Page, Source
+from inboxd.pipeline.ingest import IngestBatch
+
+# Pages read ahead of the one being ingested: one overlaps reading and parsing
+# with the database work; more would only hold more parsed mail in memory.
+PAGE_PREFETCH = 1
+
+
+@asynccontextmanager
+async def read_ahead(
+    source: Source, cursor: str | None
+) -> AsyncIterator[MemoryObjectReceiveStream[Page]]:
+    """The source's pages from `cursor`, one read ahead; exhausted at the last page.
+
+    An error of the source is raised here when the caller next awaits a page
+    (or when the block ends); leaving the block early stops the reader.
+    """
+    send, receive = anyio.create_memory_object_stream[Page](max_buffer_size=PAGE_PREFETCH)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_read, source, cursor, send)
+            yield receive
+            tg.cancel_scope.cancel()  # stopped early: the reader may be parsing ahead
+    finally:
+        receive.close()  # only once the reader is gone: it never meets a closed stream
+
+
+async def _read(source: Source, cursor: str | None, send: MemoryObjectSendStream[Page]) -> None:
+    async with send, aclosing(source.pages(cursor)) as pages:
+        async for page in pages:
+            await send.send(page)
+
+
+def batch_of(source: Source, page: Page) -> IngestBatch:
+    """The ingest batch of one page of `source`."""
+    lazy = getattr(source, "lazy_attachments", False)
+    return IngestBatch(
+        source.tenant_id,
+        source.mailbox_id,
+        page.items,
+        backfill=page.backfill,
+        fetch_attachment=source.fetch_attachment if lazy else None,
+    )
