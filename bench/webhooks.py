@@ -214,7 +214,7 @@ def write_requests(path: Path, requests: list[tuple[dict[str, str], bytes]]) -> 
 
 async def serve(args: argparse.Namespace) -> None:
     """`_serve`: the daemon's listener with the two bench sources, until stdin closes."""
-    from inboxd.adapters.esp.registry import build_esp_source
+    from inboxd.adapters.esp.registry import build_esp_receiver
     from inboxd.daemon.commands.run import tune_gc
     from inboxd.daemon.http import HttpState, TokenTable, serve_http
     from inboxd.daemon.logging import configure_logging
@@ -228,11 +228,11 @@ async def serve(args: argparse.Namespace) -> None:
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
 
     def source(source_id: str, table: dict) -> DeliveryHook:
-        adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
+        adapter = build_esp_receiver(source_id, {"id": source_id, **table}, str)
         return DeliveryHook(
             tenant_id=TENANT,
             source_id=source_id,
-            adapter=adapter,
+            receiver=adapter,
             policy=SourcePolicy(adapter.default_payload_fields),
             limiter=RateLimiter(1e9, 1e9),
         )

@@ -1,6 +1,6 @@
 """The contract of a delivery-event source: verify a webhook request, normalise its events.
 
-One module per provider scheme implements `EspSource` (the class) and a
+One module per provider scheme implements `EspReceiver` (the class) and a
 `from_config(source_id, table, reveal)` constructor; `adapters/esp/registry.py`
 maps the `provider` key of a tenant's `[[delivery_sources]]` table to it. The
 rules they share live in `config.py` (unknown keys, `tolerance_s`) and
@@ -10,7 +10,7 @@ daemon's route (`POST /hooks/esp/{tenant}/{source}`) does, in this order:
     size limit (413) → content type (415) → rate limit (429)
     → await source.accept(request)
          VerificationFailed → 401, generic body, metric; nothing stored
-         SourceUnavailable  → 503 (e.g. certificate fetch failed); nothing stored
+         VerificationUnavailable  → 503 (e.g. certificate fetch failed); nothing stored
          MalformedPayload   → 400; nothing stored (only ever after verification
                               for schemes that sign the body)
     → persist Accepted.events (and the replay token) in one transaction
@@ -42,12 +42,12 @@ __all__ = [
     "DEFAULT_TOLERANCE_S",
     "MAX_TOLERANCE_S",
     "Accepted",
-    "EspSource",
+    "DeliveryConfigError",
+    "EspReceiver",
     "MalformedPayload",
     "Reveal",
-    "SourceConfigError",
-    "SourceUnavailable",
     "VerificationFailed",
+    "VerificationUnavailable",
     "WebhookRequest",
 ]
 
@@ -85,7 +85,7 @@ class VerificationFailed(Exception):
     it names the check that failed, never a secret or a signature."""
 
 
-class SourceUnavailable(Exception):
+class VerificationUnavailable(Exception):
     """Verification could not be completed for a transient reason (the SNS
     signing certificate could not be fetched): the route answers 503 so the
     provider retries, instead of refusing a request that may be genuine."""
@@ -95,7 +95,7 @@ class MalformedPayload(Exception):
     """Verified (or unsigned) content that is not the provider's documented shape."""
 
 
-class SourceConfigError(ValueError):
+class DeliveryConfigError(ValueError):
     """A `[[delivery_sources]]` table the provider module cannot use. The message
     names the key, e.g. `secret: must start with whsec_`."""
 
@@ -135,7 +135,7 @@ class Accepted:
     confirm_url: str | None = None
 
 
-class EspSource(Protocol):
+class EspReceiver(Protocol):
     """One configured delivery-event source of a tenant."""
 
     # Read-only members: a source may provide them as class constants (ClassVar,

@@ -79,9 +79,9 @@ from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 from .base import (
     DEFAULT_TOLERANCE_S,
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
     Reveal,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -320,14 +320,14 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Mai
     Keys: `signing_key` (required, the HTTP webhook signing key; a secret, so
     normally a reference revealed through `reveal`) and `tolerance_s`
     (optional, seconds, default DEFAULT_TOLERANCE_S). COMMON_KEYS are ignored.
-    Raises SourceConfigError naming the key; the key's value never appears.
+    Raises DeliveryConfigError naming the key; the key's value never appears.
     """
     refuse_unknown_keys(table, _CONFIG_KEYS, MailgunSource.provider)
     if "signing_key" not in table:
-        raise SourceConfigError("signing_key: required")
+        raise DeliveryConfigError("signing_key: required")
     signing_key = reveal(table["signing_key"])
     if not isinstance(signing_key, str) or not signing_key.strip():
-        raise SourceConfigError("signing_key: must be a non-empty string")
+        raise DeliveryConfigError("signing_key: must be a non-empty string")
     return MailgunSource(
         source_id=source_id,
         signing_key=signing_key.strip().encode("utf-8"),

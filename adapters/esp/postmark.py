@@ -35,9 +35,9 @@ from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
 from .base import (
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
     Reveal,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -159,12 +159,12 @@ class PostmarkSource:
 
     def __init__(self, source_id: str, username: str, password: str) -> None:
         if not username:
-            raise SourceConfigError("username: required")
+            raise DeliveryConfigError("username: required")
         if ":" in username:
             # RFC 7617 §2: the user-id cannot contain a colon.
-            raise SourceConfigError("username: must not contain ':'")
+            raise DeliveryConfigError("username: must not contain ':'")
         if not password:
-            raise SourceConfigError("password: required")
+            raise DeliveryConfigError("password: required")
         self.source_id = source_id
         # Only digests are kept: they are what is compared, and they are not the secret.
         self._username_digest = _digest(username.encode())
@@ -181,12 +181,12 @@ class PostmarkSource:
 
         Keys: `username` (plain or secret reference) and `password` (secret
         reference), both required and passed through `reveal`. `COMMON_KEYS` are
-        ignored. Raises SourceConfigError naming the key, never a value.
+        ignored. Raises DeliveryConfigError naming the key, never a value.
         """
         refuse_unknown_keys(table, _CONFIG_KEYS, cls.provider)
         for key in ("username", "password"):
             if table.get(key) is None:
-                raise SourceConfigError(f"{key}: required")
+                raise DeliveryConfigError(f"{key}: required")
         return cls(source_id, reveal(table["username"]), reveal(table["password"]))
 
     def __repr__(self) -> str:

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from inboxd.adapters.esp import mailgun, postmark, sendgrid, ses, standard_webhooks
-from inboxd.adapters.esp.base import EspSource, Reveal, SourceConfigError
+from inboxd.adapters.esp.base import DeliveryConfigError, EspReceiver, Reveal
 
-__all__ = ["PROVIDERS", "build_esp_source"]
+__all__ = ["PROVIDERS", "build_esp_receiver"]
 
 Fetch = Callable[[str], Awaitable[bytes]]
 
-_BUILDERS: dict[str, Callable[..., EspSource]] = {
+_BUILDERS: dict[str, Callable[..., EspReceiver]] = {
     # Resend and Svix senders sign with Standard Webhooks.
     "standard_webhooks": standard_webhooks.StandardWebhooksSource.from_config,
     "resend": standard_webhooks.StandardWebhooksSource.from_config,
@@ -30,10 +30,10 @@ _BUILDERS: dict[str, Callable[..., EspSource]] = {
 PROVIDERS = frozenset(_BUILDERS)
 
 
-def build_esp_source(
+def build_esp_receiver(
     source_id: str, table: Mapping[str, Any], reveal: Reveal, *, fetch: Fetch | None = None
-) -> EspSource:
-    """The configured source; SourceConfigError naming the key when unusable.
+) -> EspReceiver:
+    """The configured source; DeliveryConfigError naming the key when unusable.
 
     `fetch` (HTTPS GET returning bytes) is how the SES source loads SNS signing
     certificates; None uses its default client.
@@ -41,7 +41,7 @@ def build_esp_source(
     provider = table.get("provider")
     builder = _BUILDERS.get(provider) if isinstance(provider, str) else None
     if builder is None:
-        raise SourceConfigError(
+        raise DeliveryConfigError(
             f"provider: expected one of {', '.join(sorted(PROVIDERS))}, got {provider!r}"
         )
     if provider == "ses" and fetch is not None:

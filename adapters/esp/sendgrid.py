@@ -87,9 +87,9 @@ from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 from .base import (
     DEFAULT_TOLERANCE_S,
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
     Reveal,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -323,12 +323,12 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Sen
     Keys: `public_key` (required; base64 DER SubjectPublicKeyInfo as SendGrid
     shows it, or a PEM; may be a secret reference) and `tolerance_s` (optional,
     seconds, default DEFAULT_TOLERANCE_S). COMMON_KEYS are ignored. Raises
-    SourceConfigError naming the key for an unknown key, a missing key, or a
+    DeliveryConfigError naming the key for an unknown key, a missing key, or a
     key that is not an EC P-256 public key.
     """
     refuse_unknown_keys(table, _CONFIG_KEYS, SendGridSource.provider)
     if "public_key" not in table:
-        raise SourceConfigError("public_key: required")
+        raise DeliveryConfigError("public_key: required")
     return SendGridSource(
         source_id=source_id,
         public_key=load_public_key(reveal(table["public_key"])),
@@ -339,14 +339,14 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Sen
 def load_public_key(text: str) -> ec.EllipticCurvePublicKey:
     """An EC P-256 public key from base64 DER SubjectPublicKeyInfo or PEM text."""
     if not isinstance(text, str) or not text.strip():
-        raise SourceConfigError("public_key: must be a non-empty string")
+        raise DeliveryConfigError("public_key: must be a non-empty string")
     try:
         if "-----BEGIN" in text:
             key = load_pem_public_key(text.strip().encode("ascii"))
         else:
             key = load_der_public_key(base64.b64decode("".join(text.split()), validate=True))
     except (ValueError, UnsupportedAlgorithm):
-        raise SourceConfigError("public_key: not a base64 DER or PEM public key") from None
+        raise DeliveryConfigError("public_key: not a base64 DER or PEM public key") from None
     if not (isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1)):
-        raise SourceConfigError("public_key: must be an EC P-256 (prime256v1) public key")
+        raise DeliveryConfigError("public_key: must be an EC P-256 (prime256v1) public key")
     return key

@@ -51,9 +51,9 @@ from typing import Any
 
 from inboxd.adapters.esp.base import (
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
     Reveal,
-    SourceConfigError,
     WebhookRequest,
 )
 from inboxd.adapters.esp.config import refuse_unknown_keys
@@ -171,7 +171,7 @@ class SesSource:
         `topic_arns` (required): the SNS topic ARNs SES publishes to for this
         source; messages from any other topic are refused before any network
         request. SES has no secret to reveal (`reveal` is unused). `fetch`
-        replaces the certificate download (tests). Raises SourceConfigError.
+        replaces the certificate download (tests). Raises DeliveryConfigError.
         """
         refuse_unknown_keys(table, CONFIG_KEYS, cls.provider)
         return cls(
@@ -183,7 +183,7 @@ class SesSource:
     async def accept(self, request: WebhookRequest) -> Accepted:
         """Verify the SNS message and normalise the SES event it carries.
 
-        Raises VerificationFailed, SourceUnavailable (certificate fetch) or
+        Raises VerificationFailed, VerificationUnavailable (certificate fetch) or
         MalformedPayload (verified, but not an SES event).
         """
         message = await verify_sns_message(
@@ -202,10 +202,10 @@ from_config = SesSource.from_config
 
 def _topic_arns(value: Any) -> frozenset[str]:
     if not isinstance(value, list | tuple) or not value:
-        raise SourceConfigError("topic_arns: required, a non-empty list of SNS topic ARNs")
+        raise DeliveryConfigError("topic_arns: required, a non-empty list of SNS topic ARNs")
     for arn in value:
         if not isinstance(arn, str) or not _TOPIC_ARN.fullmatch(arn):
-            raise SourceConfigError(f"topic_arns: {arn!r} is not an SNS topic ARN")
+            raise DeliveryConfigError(f"topic_arns: {arn!r} is not an SNS topic ARN")
     return frozenset(value)
 
 

@@ -14,7 +14,7 @@ outbound request:
     → Signature is base64
     → the certificate's RSA public key, from `CertificateCache`
       (sns_certificates.py: fetched once per URL; fetch failure →
-      SourceUnavailable, the route answers 503)
+      VerificationUnavailable, the route answers 503)
     → the signature over the canonical string ("Key\\nValue\\n" for Message,
       MessageId, Subject if present, [SubscribeURL,] Timestamp, [Token,]
       TopicArn, Type — in that byte order), else VerificationFailed.
@@ -154,7 +154,7 @@ async def verify_sns_message(
     """Verify an SNS HTTP(S) request body and return its signed fields.
 
     `topic_arns` is the source's allowlist. Raises VerificationFailed (bad
-    envelope, foreign topic, hostile URL, bad signature) or SourceUnavailable
+    envelope, foreign topic, hostile URL, bad signature) or VerificationUnavailable
     (the certificate could not be fetched). All checks that need no network run
     before the certificate is fetched.
     """

@@ -6,12 +6,12 @@ cache is what bounds the outbound requests a sender who knows an allowlisted
 TopicArn can cause:
 
     cached and fresh (CERT_CACHE_TTL_S)   → the key, no request
-    failed within CERT_FAILURE_TTL_S      → SourceUnavailable, no request
-    MAX_CONCURRENT_CERT_FETCHES running   → SourceUnavailable, no request
+    failed within CERT_FAILURE_TTL_S      → VerificationUnavailable, no request
+    MAX_CONCURRENT_CERT_FETCHES running   → VerificationUnavailable, no request
     otherwise                             → one fetch per URL however many ask
                                             (single flight), then cached
 
-A fetch failure is SourceUnavailable (the route answers 503 and SNS retries);
+A fetch failure is VerificationUnavailable (the route answers 503 and SNS retries);
 a response that is not exactly one PEM X.509 certificate with an RSA key is
 VerificationFailed.
 """
@@ -28,7 +28,7 @@ import anyio
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
-from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
+from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
 
 __all__ = [
     "CERT_CACHE_MAX_ENTRIES",
@@ -54,7 +54,7 @@ CERT_CACHE_TTL_S = 24 * 3600.0
 #: 503 promptly lets SNS retry instead of holding its connection open.
 CERT_FETCH_TIMEOUT_S = 5.0
 #: Certificate fetches running at once, over all URLs; one more is refused with
-#: SourceUnavailable (503, SNS retries) instead of queueing: real traffic needs one
+#: VerificationUnavailable (503, SNS retries) instead of queueing: real traffic needs one
 #: fetch per signing certificate per day, so more at once is someone making up
 #: URLs.
 MAX_CONCURRENT_CERT_FETCHES = 4
@@ -67,7 +67,7 @@ CERT_MAX_BYTES = 64 * 1024
 _READ_CHUNK_BYTES = 8192
 
 #: Fetches a certificate URL (already checked) and returns the response body;
-#: raises SourceUnavailable when it cannot.
+#: raises VerificationUnavailable when it cannot.
 Fetch = Callable[[str], Awaitable[bytes]]
 
 _PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
@@ -77,7 +77,7 @@ _PEM_END = b"-----END CERTIFICATE-----"
 async def fetch_certificate(url: str) -> bytes:
     """Default `Fetch`: GET `url` with TLS verification, no redirects, a deadline
     and a size cap. Any failure (network, timeout, status other than 200, body
-    over CERT_MAX_BYTES) raises SourceUnavailable; there is no retry here because
+    over CERT_MAX_BYTES) raises VerificationUnavailable; there is no retry here because
     SNS retries the whole delivery after our 503."""
     try:
         with anyio.fail_after(CERT_FETCH_TIMEOUT_S):
@@ -87,19 +87,19 @@ async def fetch_certificate(url: str) -> bytes:
                 session.get(url, allow_redirects=False) as response,
             ):
                 if response.status != 200:
-                    raise SourceUnavailable(f"sns certificate: HTTP {response.status}")
+                    raise VerificationUnavailable(f"sns certificate: HTTP {response.status}")
                 if (response.content_length or 0) > CERT_MAX_BYTES:
-                    raise SourceUnavailable("sns certificate: response too large")
+                    raise VerificationUnavailable("sns certificate: response too large")
                 body = bytearray()
                 async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
                     body += chunk
                     if len(body) > CERT_MAX_BYTES:
-                        raise SourceUnavailable("sns certificate: response too large")
+                        raise VerificationUnavailable("sns certificate: response too large")
                 return bytes(body)
     except TimeoutError as exc:
-        raise SourceUnavailable("sns certificate: fetch timed out") from exc
+        raise VerificationUnavailable("sns certificate: fetch timed out") from exc
     except aiohttp.ClientError as exc:
-        raise SourceUnavailable(f"sns certificate: {type(exc).__name__}") from exc
+        raise VerificationUnavailable(f"sns certificate: {type(exc).__name__}") from exc
 
 
 @dataclass(slots=True)
@@ -115,7 +115,7 @@ class CertificateCache:
     single-flight — concurrent misses for one URL fetch it once.
 
     Only URLs that passed `is_signing_cert_url` reach it. A failed fetch is
-    remembered for CERT_FAILURE_TTL_S (SourceUnavailable without a new request),
+    remembered for CERT_FAILURE_TTL_S (VerificationUnavailable without a new request),
     at most MAX_CONCURRENT_CERT_FETCHES run at once; a response that is not one
     PEM X.509 certificate with an RSA key raises VerificationFailed.
     """
@@ -140,7 +140,7 @@ class CertificateCache:
     async def public_key(self, url: str) -> RSAPublicKey:
         """The RSA public key of the certificate at `url`.
 
-        Raises SourceUnavailable (fetch failed) or VerificationFailed (not a
+        Raises VerificationUnavailable (fetch failed) or VerificationFailed (not a
         usable certificate).
         """
         cached = self._lookup(url)
@@ -166,13 +166,13 @@ class CertificateCache:
         """Fetch `url` unless it failed lately or too many fetches run already."""
         retry_at = self._failed.get(url)
         if retry_at is not None and self._clock() < retry_at:
-            raise SourceUnavailable("sns certificate: failed recently, not fetched again yet")
+            raise VerificationUnavailable("sns certificate: failed recently, not fetched again yet")
         if self._fetching >= MAX_CONCURRENT_CERT_FETCHES:
-            raise SourceUnavailable("sns certificate: too many fetches at once")
+            raise VerificationUnavailable("sns certificate: too many fetches at once")
         self._fetching += 1
         try:
             return await self._fetch(url)
-        except SourceUnavailable:
+        except VerificationUnavailable:
             self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
             self._failed.move_to_end(url)
             while len(self._failed) > self._max_entries:

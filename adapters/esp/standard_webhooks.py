@@ -43,9 +43,9 @@ from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 from .base import (
     DEFAULT_TOLERANCE_S,
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
     Reveal,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -131,10 +131,10 @@ class StandardWebhooksSource:
         tolerance_s: float = DEFAULT_TOLERANCE_S,
     ) -> None:
         if not keys:
-            raise SourceConfigError("secret: required")
+            raise DeliveryConfigError("secret: required")
         # not (x > 0) also refuses NaN, which would make every skew comparison false.
         if not (0 < tolerance_s < math.inf):
-            raise SourceConfigError("tolerance_s: must be a finite number > 0")
+            raise DeliveryConfigError("tolerance_s: must be a finite number > 0")
         self.source_id = source_id
         self.tolerance_s = tolerance_s
         self._keys = keys
@@ -150,12 +150,12 @@ class StandardWebhooksSource:
 
         Keys: `secret` (required) and `next_secret` (optional), each `whsec_` +
         base64 and passed through `reveal`; `tolerance_s` (seconds, > 0, default
-        `DEFAULT_TOLERANCE_S`). `COMMON_KEYS` are ignored. Raises SourceConfigError
+        `DEFAULT_TOLERANCE_S`). `COMMON_KEYS` are ignored. Raises DeliveryConfigError
         naming the key; a secret's value is never part of the message.
         """
         refuse_unknown_keys(table, _CONFIG_KEYS, cls.provider)
         if table.get("secret") is None:
-            raise SourceConfigError("secret: required")
+            raise DeliveryConfigError("secret: required")
         keys = [decode_secret("secret", reveal(table["secret"]))]
         if table.get("next_secret") is not None:
             keys.append(decode_secret("next_secret", reveal(table["next_secret"])))
@@ -178,16 +178,16 @@ class StandardWebhooksSource:
 
 
 def decode_secret(key: str, value: str) -> bytes:
-    """The HMAC key of a `whsec_…` secret; SourceConfigError names `key`, not the value."""
+    """The HMAC key of a `whsec_…` secret; DeliveryConfigError names `key`, not the value."""
     value = value.strip()
     if not value.startswith(SECRET_PREFIX):
-        raise SourceConfigError(f"{key}: must start with {SECRET_PREFIX}")
+        raise DeliveryConfigError(f"{key}: must start with {SECRET_PREFIX}")
     try:
         secret = base64.b64decode(value[len(SECRET_PREFIX) :], validate=True)
     except (binascii.Error, ValueError):
-        raise SourceConfigError(f"{key}: the part after {SECRET_PREFIX} is not base64") from None
+        raise DeliveryConfigError(f"{key}: the part after {SECRET_PREFIX} is not base64") from None
     if not secret:
-        raise SourceConfigError(f"{key}: the key after {SECRET_PREFIX} is empty")
+        raise DeliveryConfigError(f"{key}: the key after {SECRET_PREFIX} is empty")
     return secret
 
 

@@ -32,10 +32,10 @@ from aiohttp import hdrs, web
 
 from inboxd.adapters.esp.base import (
     Accepted,
-    EspSource,
+    EspReceiver,
     MalformedPayload,
-    SourceUnavailable,
     VerificationFailed,
+    VerificationUnavailable,
     WebhookRequest,
 )
 from inboxd.daemon.http.state import HTTP_STATE, json_error, json_response
@@ -81,7 +81,7 @@ class DeliveryHook:
 
     tenant_id: str
     source_id: str
-    adapter: EspSource
+    receiver: EspReceiver
     policy: SourcePolicy
     max_body_bytes: int = DEFAULT_HOOK_BODY_BYTES
     limiter: RateLimiter = field(
@@ -126,7 +126,7 @@ class HookTable:
         hook = self.get(request.match_info["tenant"], request.match_info["source"])
         if hook is None:
             json_error(404, "not_found")
-        if request.content_type.lower() not in hook.adapter.content_types:
+        if request.content_type.lower() not in hook.receiver.content_types:
             json_error(415, "unsupported_media_type")
         if not hook.limiter.take():
             json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
@@ -174,7 +174,7 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
             stored = await intake.submit(
                 hook.tenant_id,
                 hook.source_id,
-                hook.adapter.provider,
+                hook.receiver.provider,
                 accepted.events,
                 hook.policy,
                 received_at=webhook.received_at,
@@ -189,7 +189,7 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
             )
             json_error(503, "unavailable", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
         request.app[HTTP_STATE].metrics.delivery_events_stored(
-            hook.adapter.provider, stored.new, stored.duplicates
+            hook.receiver.provider, stored.new, stored.duplicates
         )
         if accepted.confirm_url is not None:
             await _confirm(confirm, hook, accepted.confirm_url)
@@ -200,10 +200,10 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
 
 async def _accept(request: web.Request, hook: DeliveryHook, webhook: WebhookRequest) -> Accepted:
     try:
-        return await hook.adapter.accept(webhook)
+        return await hook.receiver.accept(webhook)
     except VerificationFailed as exc:
         _refuse(request, hook, str(exc))
-    except SourceUnavailable as exc:
+    except VerificationUnavailable as exc:
         log.warning(
             "webhook_verification_unavailable",
             tenant=hook.tenant_id,

@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from inboxd.adapters.esp.base import SourceConfigError
-from inboxd.adapters.esp.registry import build_esp_source
+from inboxd.adapters.esp.base import DeliveryConfigError
+from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.daemon.config_reader import ConfigProblem
 from inboxd.daemon.secrets import Secret, SecretError
 from inboxd.daemon.tenant_config import TenantConfig
@@ -68,7 +68,7 @@ def build_delivery_hooks(
                 sources[(tenant.tenant_id, source_id)] = _build(
                     tenant.tenant_id, source_id, table, fetch
                 )
-            except (SourceConfigError, SecretError) as exc:
+            except (DeliveryConfigError, SecretError) as exc:
                 key, sep, message = str(exc).partition(": ")
                 where = f"delivery_sources[{index}]"
                 problems.append(
@@ -84,20 +84,20 @@ def build_delivery_hooks(
 def _build(
     tenant_id: str, source_id: str, table: Mapping[str, Any], fetch: Fetch | None
 ) -> DeliveryHook:
-    adapter = build_esp_source(source_id, table, reveal, fetch=fetch)
+    adapter = build_esp_receiver(source_id, table, reveal, fetch=fetch)
     fields = table.get("payload_fields", adapter.default_payload_fields)
     if not isinstance(fields, list | tuple) or not all(isinstance(f, str) for f in fields):
-        raise SourceConfigError("payload_fields: expected a list of dotted paths")
+        raise DeliveryConfigError("payload_fields: expected a list of dotted paths")
     recipients = table.get("recipients", "hash")
     if recipients not in ("hash", "keep"):
-        raise SourceConfigError(f'recipients: expected "hash" or "keep", got {recipients!r}')
+        raise DeliveryConfigError(f'recipients: expected "hash" or "keep", got {recipients!r}')
     max_body = _number(table, "max_body_bytes", DEFAULT_HOOK_BODY_BYTES, 1, MAX_HOOK_BODY_BYTES)
     rate = _number(table, "rate_limit_per_s", DEFAULT_RATE_PER_S, 0.001, 1e9)
     burst = _number(table, "rate_limit_burst", max(DEFAULT_RATE_BURST, rate), 1, 1e9)
     return DeliveryHook(
         tenant_id=tenant_id,
         source_id=source_id,
-        adapter=adapter,
+        receiver=adapter,
         policy=SourcePolicy(payload_fields=tuple(fields), keep_recipients=recipients == "keep"),
         max_body_bytes=int(max_body),
         limiter=RateLimiter(rate, burst),
@@ -107,7 +107,9 @@ def _build(
 def _number(table: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise SourceConfigError(f"{key}: expected a number from {low:g} to {high:g}, got {value!r}")
+        raise DeliveryConfigError(
+            f"{key}: expected a number from {low:g} to {high:g}, got {value!r}"
+        )
     return float(value)
 
 

@@ -24,7 +24,7 @@ import pytest
 from helpers import eventually
 from helpers.keys import make_certificate, rsa_key, sign_sns
 
-from inboxd.adapters.esp.registry import build_esp_source
+from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.webhooks import Webhooks
@@ -51,11 +51,11 @@ class Served:
 
 
 def hook(source_id: str, table: dict[str, Any], **kw: Any) -> DeliveryHook:
-    adapter = build_esp_source(source_id, {"id": source_id, **table}, str)
+    adapter = build_esp_receiver(source_id, {"id": source_id, **table}, str)
     return DeliveryHook(
         tenant_id="acme",
         source_id=source_id,
-        adapter=adapter,
+        receiver=adapter,
         policy=SourcePolicy(adapter.default_payload_fields),
         **kw,
     )
@@ -373,13 +373,13 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
         fetched.append(url)
         return pem
 
-    adapter = build_esp_source(
+    adapter = build_esp_receiver(
         "ses", {"id": "ses", "provider": "ses", "topic_arns": [TOPIC]}, str, fetch=fetch
     )
     ses = DeliveryHook(
         tenant_id="acme",
         source_id="ses",
-        adapter=adapter,
+        receiver=adapter,
         policy=SourcePolicy(adapter.default_payload_fields),
     )
     subscribe = "https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&Token=t1"

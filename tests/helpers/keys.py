@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from inboxd.adapters.esp.base import SourceUnavailable
+from inboxd.adapters.esp.base import VerificationUnavailable
 
 # Canonical keys per SNS message type.
 SNS_CANONICAL_KEYS = {
@@ -82,7 +82,7 @@ def sign_sns(fields: dict[str, Any], key: rsa.RSAPrivateKey) -> dict[str, Any]:
 
 
 class FakeFetch:
-    """Serves PEMs by URL and records every call; SourceUnavailable otherwise.
+    """Serves PEMs by URL and records every call; VerificationUnavailable otherwise.
 
     With `fail` set every fetch fails (HTTP 503), as an unreachable SNS would.
     """
@@ -95,7 +95,7 @@ class FakeFetch:
     async def __call__(self, url: str) -> bytes:
         self.calls.append(url)
         if self.fail:
-            raise SourceUnavailable("sns certificate: HTTP 503")
+            raise VerificationUnavailable("sns certificate: HTTP 503")
         if url not in self.pems:
-            raise SourceUnavailable("sns certificate: HTTP 404")
+            raise VerificationUnavailable("sns certificate: HTTP 404")
         return self.pems[url]

@@ -22,8 +22,8 @@ import pytest
 from inboxd.adapters.esp import base
 from inboxd.adapters.esp.base import (
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -484,17 +484,17 @@ async def test_revealed_key_is_the_one_used() -> None:
 
 
 def test_from_config_refuses_unknown_keys() -> None:
-    with pytest.raises(SourceConfigError, match="api_key"):
+    with pytest.raises(DeliveryConfigError, match="api_key"):
         from_config("s", {"signing_key": MG_SIGNING_KEY, "api_key": "x"}, plain)
 
 
 @pytest.mark.parametrize("table", [{}, {"signing_key": ""}, {"signing_key": "   "}])
 def test_from_config_requires_a_signing_key(table: dict[str, Any]) -> None:
-    with pytest.raises(SourceConfigError, match=r"^signing_key"):
+    with pytest.raises(DeliveryConfigError, match=r"^signing_key"):
         from_config("s", table, plain)
 
 
 @pytest.mark.parametrize("tolerance", [0, -1, "300", None, False, float("inf")])
 def test_from_config_refuses_bad_tolerance(tolerance: Any) -> None:
-    with pytest.raises(SourceConfigError, match=r"^tolerance_s"):
+    with pytest.raises(DeliveryConfigError, match=r"^tolerance_s"):
         source(tolerance_s=tolerance)

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from inboxd.adapters.esp.base import (
+    DeliveryConfigError,
     MalformedPayload,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -467,7 +467,7 @@ async def test_unknown_record_type() -> None:
     ],
 )
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
-    with pytest.raises(SourceConfigError) as refused:
+    with pytest.raises(DeliveryConfigError) as refused:
         PostmarkSource.from_config("postmark", table, reveal=str)
     assert str(refused.value).startswith(f"{key}:")
     assert PASSWORD not in str(refused.value)

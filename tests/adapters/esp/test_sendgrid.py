@@ -26,8 +26,8 @@ from multidict import CIMultiDict
 from inboxd.adapters.esp import base
 from inboxd.adapters.esp.base import (
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -574,12 +574,12 @@ def test_from_config_reveals_the_key_and_ignores_common_keys() -> None:
 
 
 def test_from_config_refuses_unknown_keys() -> None:
-    with pytest.raises(SourceConfigError, match="secret"):
+    with pytest.raises(DeliveryConfigError, match="secret"):
         from_config("s", {"public_key": PY_PUBLIC_KEY, "secret": "x"}, plain)
 
 
 def test_from_config_requires_public_key() -> None:
-    with pytest.raises(SourceConfigError, match=r"^public_key"):
+    with pytest.raises(DeliveryConfigError, match=r"^public_key"):
         from_config("s", {"provider": "sendgrid"}, plain)
 
 
@@ -609,11 +609,11 @@ def _b64_spki(key: Any) -> str:
     ],
 )
 def test_from_config_refuses_what_is_not_a_p256_public_key(bad_key: Any) -> None:
-    with pytest.raises(SourceConfigError, match=r"^public_key"):
+    with pytest.raises(DeliveryConfigError, match=r"^public_key"):
         source(bad_key())
 
 
 @pytest.mark.parametrize("tolerance", [0, -5, "300", True, float("inf"), float("nan")])
 def test_from_config_refuses_bad_tolerance(tolerance: Any) -> None:
-    with pytest.raises(SourceConfigError, match=r"^tolerance_s"):
+    with pytest.raises(DeliveryConfigError, match=r"^tolerance_s"):
         source(tolerance_s=tolerance)

@@ -22,10 +22,10 @@ from helpers.keys import FakeFetch, sign_sns
 
 from inboxd.adapters.esp.base import (
     Accepted,
+    DeliveryConfigError,
     MalformedPayload,
-    SourceConfigError,
-    SourceUnavailable,
     VerificationFailed,
+    VerificationUnavailable,
     WebhookRequest,
 )
 from inboxd.adapters.esp.ses import SesSource, from_config
@@ -369,7 +369,7 @@ def test_module_level_from_config() -> None:
     ],
 )
 def test_from_config_refuses(table: dict[str, Any], key: str) -> None:
-    with pytest.raises(SourceConfigError, match=f"^{key}:"):
+    with pytest.raises(DeliveryConfigError, match=f"^{key}:"):
         SesSource.from_config("ses", table, str)
 
 
@@ -477,7 +477,7 @@ async def test_certificate_fetch_failure_is_source_unavailable(
     source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
 ) -> None:
     fetch.fail = True
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(VerificationUnavailable):
         await accept(source, SEND, signing_key)
 
 

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from helpers.keys import FakeFetch, make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp import sns_certificates
-from inboxd.adapters.esp.base import SourceUnavailable, VerificationFailed
+from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
 from inboxd.adapters.esp.sns import is_signing_cert_url, is_subscribe_url, verify_sns_message
 from inboxd.adapters.esp.sns_certificates import CertificateCache, fetch_certificate
 
@@ -641,10 +641,10 @@ async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
     cache = CertificateCache(fetch, clock=lambda: now[0])
     raw = body(sign_sns(notification(), signing_key))
     del fetch.pems[CERT_URL]
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(VerificationUnavailable):
         await verify(raw, cache)
     fetch.pems[CERT_URL] = certificate
-    with pytest.raises(SourceUnavailable, match="recently"):
+    with pytest.raises(VerificationUnavailable, match="recently"):
         await verify(raw, cache)  # a retry (or a forger's repeat) makes no request
     assert fetch.calls == [CERT_URL]
     now[0] += CERT_FAILURE_TTL_S
@@ -674,7 +674,7 @@ async def test_fetches_at_once_are_capped(
         url = f"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-{i:032x}.pem"
         try:
             outcomes.append(await cache.public_key(url))
-        except SourceUnavailable as exc:
+        except VerificationUnavailable as exc:
             outcomes.append(exc)
 
     with anyio.fail_after(10):
@@ -684,7 +684,7 @@ async def test_fetches_at_once_are_capped(
             await anyio.wait_all_tasks_blocked()
             release.set()
     assert len(started) == MAX_CONCURRENT_CERT_FETCHES
-    assert sum(isinstance(o, SourceUnavailable) for o in outcomes) == 3
+    assert sum(isinstance(o, VerificationUnavailable) for o in outcomes) == 3
 
 
 @pytest.mark.parametrize(
@@ -758,7 +758,7 @@ async def test_default_fetch_returns_the_body(cert_server: TestServer, certifica
 async def test_default_fetch_failures_are_source_unavailable(
     cert_server: TestServer, path: str
 ) -> None:
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(VerificationUnavailable):
         await fetch_certificate(str(cert_server.make_url(path)))
 
 
@@ -766,7 +766,7 @@ async def test_default_fetch_has_a_deadline(
     cert_server: TestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sns_certificates, "CERT_FETCH_TIMEOUT_S", 0.2)
-    with pytest.raises(SourceUnavailable, match="timed out"):
+    with pytest.raises(VerificationUnavailable, match="timed out"):
         await fetch_certificate(str(cert_server.make_url("/hang.pem")))
 
 
@@ -774,5 +774,5 @@ async def test_default_fetch_connection_refused_is_source_unavailable() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(VerificationUnavailable):
         await fetch_certificate(f"http://127.0.0.1:{port}/cert.pem")

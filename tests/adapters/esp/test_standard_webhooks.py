@@ -22,8 +22,8 @@ import pytest
 
 from inboxd.adapters.esp.base import (
     DEFAULT_TOLERANCE_S,
+    DeliveryConfigError,
     MalformedPayload,
-    SourceConfigError,
     VerificationFailed,
     WebhookRequest,
 )
@@ -361,7 +361,7 @@ def test_rotation_through_verify_request() -> None:
     ],
 )
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
-    with pytest.raises(SourceConfigError) as refused:
+    with pytest.raises(DeliveryConfigError) as refused:
         StandardWebhooksSource.from_config("resend", table, reveal=str)
     message = str(refused.value)
     assert message.startswith(f"{key}:")
