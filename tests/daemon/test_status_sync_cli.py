@@ -230,11 +230,11 @@ async def _delivery_rows(pool: asyncpg.Pool) -> None:
         )
 
 
-async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) -> None:
+async def test_delivery_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) -> None:
     await _delivery_rows(pool)
-    result = await inboxd("events", "replay", "--dead", "--source", "ses", "--json")
+    result = await inboxd("delivery", "replay", "--dead", "--source", "ses", "--json")
     assert result.code == 0, result.stderr
-    assert result.json == {"command": "events replay", "status": "ok", "requeued": 1}
+    assert result.json == {"command": "delivery replay", "status": "ok", "requeued": 1}
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT dedup_key, state, attempts, last_error FROM delivery_events ORDER BY dedup_key"
@@ -244,23 +244,31 @@ async def test_events_replay_requeues_dead_events(inboxd, pool: asyncpg.Pool) ->
         ("id:2", "applied", 1, None),
         ("id:3", "dead", 10, "boom"),
     ]
-    result = await inboxd("events", "replay", "--since", "2000-01-01")
+    result = await inboxd("delivery", "replay", "--since", "2000-01-01")
     assert result.code == 0 and "2 delivery events re-queued" in result.stdout
 
 
-async def test_events_replay_refuses_a_bad_time(inboxd) -> None:
-    result = await inboxd("events", "replay", "--since", "yesterday")
+async def test_delivery_replay_refuses_a_bad_time(inboxd) -> None:
+    result = await inboxd("delivery", "replay", "--since", "yesterday")
     assert result.code == 2 and "--since" in result.stderr
 
 
-async def test_events_status_counts_by_source_and_state(inboxd, pool: asyncpg.Pool) -> None:
+async def test_delivery_status_counts_by_source_and_state(inboxd, pool: asyncpg.Pool) -> None:
     await _delivery_rows(pool)
-    result = await inboxd("events", "status", "--json")
+    result = await inboxd("delivery", "status", "--json")
     assert result.code == 0, result.stderr
     counts = {
         (r["source"], r["pending"], r["applied"], r["dead"], r["last_dead_error"])
         for r in result.json
     }
     assert counts == {("ses", 0, 1, 1, "boom"), ("pm", 0, 0, 1, "boom")}
-    plain = await inboxd("events", "status")
+    plain = await inboxd("delivery", "status")
     assert plain.code == 0 and "boom" in plain.stdout and "ses" in plain.stdout
+
+
+async def test_the_old_events_command_still_works_with_a_note(inboxd, pool: asyncpg.Pool) -> None:
+    await _delivery_rows(pool)
+    result = await inboxd("events", "status", "--json")
+    assert result.code == 0, result.stderr
+    assert {r["source"] for r in result.json} == {"ses", "pm"}
+    assert "'inboxd events' is now 'inboxd delivery'" in result.stderr

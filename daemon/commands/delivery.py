@@ -1,11 +1,15 @@
-"""`inboxd events status|replay`: look at and re-queue stored delivery events.
+"""`inboxd delivery status|replay`: look at and re-queue stored delivery events.
 
-`inboxd events status [--tenant T] [--json]` counts events per tenant, source
+"events" alone means the outbox (the `events` table, `GET /v1/events`); this
+command was `inboxd events` until it was renamed for that reason, and the old
+spelling still works with a deprecation note on stderr.
+
+`inboxd delivery status [--tenant T] [--json]` counts events per tenant, source
 and state (pending / applied / dead), with the oldest pending event's receive
 time and the latest error of a dead one: what an operator checks before a
 replay.
 
-`inboxd events replay [--dead] [--since T] [--source S] [--tenant T]`:
+`inboxd delivery replay [--dead] [--since T] [--source S] [--tenant T]`:
 
 Puts stored delivery events back to pending (`pipeline.delivery.worker.replay_events`)
 so the event workers of any running replica apply them again — after fixing
@@ -22,6 +26,7 @@ ever sent anywhere by replaying.
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 
 from inboxd.daemon.commands.common import (
@@ -36,14 +41,27 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.commands.status import database_call, format_time, valid_id_option
 from inboxd.pipeline.delivery.worker import replay_events
 
+# The command's name before 2026-12 (`inboxd events …`), kept working with a note.
+DEPRECATED_NAME = "events"
+
+
+def note_deprecated_name(args: argparse.Namespace) -> None:
+    """One line on stderr when the command was typed with its old name."""
+    if getattr(args, "command", None) == DEPRECATED_NAME:
+        print(
+            "inboxd: note: 'inboxd events' is now 'inboxd delivery'; the old name will be removed",
+            file=sys.stderr,
+        )
+
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "events",
-        help="delivery events: replay stored events",
+        "delivery",
+        aliases=[DEPRECATED_NAME],
+        help="delivery events (ESP webhooks): status, replay",
         description="Work with stored delivery events (ESP webhooks).",
     )
-    actions = parser.add_subparsers(dest="events_action", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="delivery_action", metavar="ACTION", required=True)
     replay = actions.add_parser(
         "replay",
         parents=[parent],
@@ -87,6 +105,7 @@ SELECT tenant_id, source,
 
 
 async def run_status(args: argparse.Namespace) -> int:
+    note_deprecated_name(args)
     tenant = valid_id_option("tenant", args.tenant)
     choice = await resolve(args, load_config(args.config))
     async with open_pool(choice, max_size=1) as pool, pool.acquire() as conn:
@@ -127,6 +146,7 @@ def parse_since(text: str | None) -> datetime | None:
 
 
 async def run_replay(args: argparse.Namespace) -> int:
+    note_deprecated_name(args)
     since = parse_since(args.since)
     tenant = valid_id_option("tenant", args.tenant)
     source = valid_id_option("source", args.source)
@@ -137,7 +157,7 @@ async def run_replay(args: argparse.Namespace) -> int:
                 conn, tenant_id=tenant, dead_only=args.dead, since=since, source=source
             )
     if args.json:
-        emit_json({"command": "events replay", "status": "ok", "requeued": count})
+        emit_json({"command": "delivery replay", "status": "ok", "requeued": count})
     else:
         which = "dead " if args.dead else ""
         print(f"{count} {which}delivery event{'s' if count != 1 else ''} re-queued")
