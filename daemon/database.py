@@ -34,7 +34,7 @@ import asyncpg
 
 from inboxd.daemon.secrets import Secret, SecretError
 
-DsnSource = Literal["cli", "env", "config", "embedded"]
+DsnOrigin = Literal["cli", "env", "config", "embedded"]
 
 ENV_DSN = "INBOXD_DSN"
 CONNECT_TIMEOUT_S = 10.0  # a healthy local or same-region server answers in well under 1 s
@@ -71,7 +71,7 @@ class DsnChoice:
     """The DSN a command will use and where it came from. repr/str mask the password."""
 
     dsn: str = field(repr=False)
-    source: DsnSource
+    source: DsnOrigin
 
     @property
     def masked(self) -> str:

@@ -94,7 +94,7 @@ from .fields import (
     required_str,
 )
 
-__all__ = ["MailgunSource", "from_config"]
+__all__ = ["MailgunReceiver", "from_config"]
 
 _CONFIG_KEYS = frozenset({"signing_key", "tolerance_s"})
 
@@ -126,7 +126,7 @@ _NOT_ADDRESS_REASONS = frozenset({"old", "espblock"})
 
 
 @dataclass(frozen=True, slots=True)
-class MailgunSource:
+class MailgunReceiver:
     """One Mailgun webhook of a tenant, verified with its webhook signing key."""
 
     provider: ClassVar[str] = "mailgun"
@@ -314,7 +314,7 @@ def _message_id(data: Mapping[str, Any]) -> str | None:
     return value or None
 
 
-def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> MailgunSource:
+def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> MailgunReceiver:
     """Build the source from its `[[delivery_sources]]` table.
 
     Keys: `signing_key` (required, the HTTP webhook signing key; a secret, so
@@ -322,13 +322,13 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Mai
     (optional, seconds, default DEFAULT_TOLERANCE_S). COMMON_KEYS are ignored.
     Raises DeliveryConfigError naming the key; the key's value never appears.
     """
-    refuse_unknown_keys(table, _CONFIG_KEYS, MailgunSource.provider)
+    refuse_unknown_keys(table, _CONFIG_KEYS, MailgunReceiver.provider)
     if "signing_key" not in table:
         raise DeliveryConfigError("signing_key: required")
     signing_key = reveal(table["signing_key"])
     if not isinstance(signing_key, str) or not signing_key.strip():
         raise DeliveryConfigError("signing_key: must be a non-empty string")
-    return MailgunSource(
+    return MailgunReceiver(
         source_id=source_id,
         signing_key=signing_key.strip().encode("utf-8"),
         tolerance_s=read_tolerance(table),

@@ -44,7 +44,7 @@ from .base import (
 from .config import refuse_unknown_keys
 from .fields import parse_json_object, read_iso_time
 
-__all__ = ["BOUNCE_TYPES", "PostmarkSource"]
+__all__ = ["BOUNCE_TYPES", "PostmarkReceiver"]
 
 #: Authorization scheme Postmark uses for URL credentials (RFC 7617 §2; the scheme
 #: name is case-insensitive, RFC 9110 §11.1).
@@ -148,7 +148,7 @@ DEFAULT_PAYLOAD_FIELDS: tuple[str, ...] = (
 _CONFIG_KEYS = frozenset({"username", "password"})
 
 
-class PostmarkSource:
+class PostmarkReceiver:
     """A Postmark server's webhooks, checked against one user name and password."""
 
     provider = "postmark"
@@ -176,7 +176,7 @@ class PostmarkSource:
         source_id: str,
         table: Mapping[str, Any],
         reveal: Reveal,
-    ) -> PostmarkSource:
+    ) -> PostmarkReceiver:
         """Build a source from its `[[delivery_sources]]` table.
 
         Keys: `username` (plain or secret reference) and `password` (secret
@@ -190,7 +190,7 @@ class PostmarkSource:
         return cls(source_id, reveal(table["username"]), reveal(table["password"]))
 
     def __repr__(self) -> str:
-        return f"PostmarkSource(source_id={self.source_id!r})"
+        return f"PostmarkReceiver(source_id={self.source_id!r})"
 
     async def accept(self, request: WebhookRequest) -> Accepted:
         """Check the Basic credentials, then parse and normalise the one event.

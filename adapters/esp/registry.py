@@ -18,13 +18,13 @@ Fetch = Callable[[str], Awaitable[bytes]]
 
 _BUILDERS: dict[str, Callable[..., EspReceiver]] = {
     # Resend and Svix senders sign with Standard Webhooks.
-    "standard_webhooks": standard_webhooks.StandardWebhooksSource.from_config,
-    "resend": standard_webhooks.StandardWebhooksSource.from_config,
-    "svix": standard_webhooks.StandardWebhooksSource.from_config,
-    "ses": ses.SesSource.from_config,
+    "standard_webhooks": standard_webhooks.StandardWebhooksReceiver.from_config,
+    "resend": standard_webhooks.StandardWebhooksReceiver.from_config,
+    "svix": standard_webhooks.StandardWebhooksReceiver.from_config,
+    "ses": ses.SesReceiver.from_config,
     "sendgrid": sendgrid.from_config,
     "mailgun": mailgun.from_config,
-    "postmark": postmark.PostmarkSource.from_config,
+    "postmark": postmark.PostmarkReceiver.from_config,
 }
 
 PROVIDERS = frozenset(_BUILDERS)

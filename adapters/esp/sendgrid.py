@@ -96,7 +96,7 @@ from .base import (
 from .config import read_tolerance, refuse_unknown_keys
 from .fields import check_timestamp, load_json, optional_str, read_unix_time, required_str
 
-__all__ = ["SendGridSource", "from_config"]
+__all__ = ["SendGridReceiver", "from_config"]
 
 SIGNATURE_HEADER = "x-twilio-email-event-webhook-signature"
 TIMESTAMP_HEADER = "x-twilio-email-event-webhook-timestamp"
@@ -143,7 +143,7 @@ _SUPPRESSION_DROP_REASONS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class SendGridSource:
+class SendGridReceiver:
     """One SendGrid Event Webhook of a tenant, verified with its public key."""
 
     provider: ClassVar[str] = "sendgrid"
@@ -317,7 +317,7 @@ def _asm_group_id(item: Mapping[str, Any]) -> str:
     raise MalformedPayload("group_unsubscribe without asm_group_id")
 
 
-def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> SendGridSource:
+def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> SendGridReceiver:
     """Build the source from its `[[delivery_sources]]` table.
 
     Keys: `public_key` (required; base64 DER SubjectPublicKeyInfo as SendGrid
@@ -326,10 +326,10 @@ def from_config(source_id: str, table: Mapping[str, Any], reveal: Reveal) -> Sen
     DeliveryConfigError naming the key for an unknown key, a missing key, or a
     key that is not an EC P-256 public key.
     """
-    refuse_unknown_keys(table, _CONFIG_KEYS, SendGridSource.provider)
+    refuse_unknown_keys(table, _CONFIG_KEYS, SendGridReceiver.provider)
     if "public_key" not in table:
         raise DeliveryConfigError("public_key: required")
-    return SendGridSource(
+    return SendGridReceiver(
         source_id=source_id,
         public_key=load_public_key(reveal(table["public_key"])),
         tolerance_s=read_tolerance(table),

@@ -1,6 +1,6 @@
 """Amazon SES delivery events, delivered by SNS to an HTTPS subscription.
 
-`SesSource.accept` verifies the SNS envelope with `sns.verify_sns_message`
+`SesReceiver.accept` verifies the SNS envelope with `sns.verify_sns_message`
 (signature, certificate URL, the source's `topic_arns` allowlist), then:
 
     SubscriptionConfirmation → Accepted(confirm_url=SubscribeURL), no events;
@@ -67,7 +67,7 @@ from inboxd.adapters.esp.sns import (
 from inboxd.adapters.esp.sns_certificates import CertificateCache
 from inboxd.pipeline.delivery.model import BounceType, DeliveryEvent, EventType
 
-__all__ = ["DEFAULT_PAYLOAD_FIELDS", "SesSource", "from_config", "normalise"]
+__all__ = ["DEFAULT_PAYLOAD_FIELDS", "SesReceiver", "from_config", "normalise"]
 
 #: Keys of a `provider = "ses"` source table besides base.COMMON_KEYS.
 CONFIG_KEYS = frozenset({"topic_arns"})
@@ -139,7 +139,7 @@ class _Draft:
     list_id: str | None = None
 
 
-class SesSource:
+class SesReceiver:
     """An SES configuration set or identity publishing to allowlisted SNS topics."""
 
     provider = "ses"
@@ -155,7 +155,7 @@ class SesSource:
         self._certificates = certificates
 
     def __repr__(self) -> str:
-        return f"SesSource(source_id={self.source_id!r}, topic_arns={sorted(self.topic_arns)!r})"
+        return f"SesReceiver(source_id={self.source_id!r}, topic_arns={sorted(self.topic_arns)!r})"
 
     @classmethod
     def from_config(
@@ -165,7 +165,7 @@ class SesSource:
         reveal: Reveal,
         *,
         fetch: Callable[[str], Awaitable[bytes]] | None = None,
-    ) -> SesSource:
+    ) -> SesReceiver:
         """Build the source from its `[[delivery_sources]]` table.
 
         `topic_arns` (required): the SNS topic ARNs SES publishes to for this
@@ -197,7 +197,7 @@ class SesSource:
         return Accepted(events=normalise(event, message))
 
 
-from_config = SesSource.from_config
+from_config = SesReceiver.from_config
 
 
 def _topic_arns(value: Any) -> frozenset[str]:

@@ -52,7 +52,7 @@ from .base import (
 from .config import read_tolerance, refuse_unknown_keys
 from .fields import check_timestamp, parse_json_object, read_iso_time
 
-__all__ = ["EVENT_TYPES", "StandardWebhooksSource"]
+__all__ = ["EVENT_TYPES", "StandardWebhooksReceiver"]
 
 #: Prefix of a Standard Webhooks symmetric secret; the rest is the base64 key
 #: (spec "Signature scheme", symmetric).
@@ -115,7 +115,7 @@ DEFAULT_PAYLOAD_FIELDS: tuple[str, ...] = (
 _CONFIG_KEYS = frozenset({"secret", "next_secret", "tolerance_s"})
 
 
-class StandardWebhooksSource:
+class StandardWebhooksReceiver:
     """A Standard Webhooks / Svix sender (Resend) configured with one or two secrets."""
 
     provider = "standard_webhooks"
@@ -145,7 +145,7 @@ class StandardWebhooksSource:
         source_id: str,
         table: Mapping[str, Any],
         reveal: Reveal,
-    ) -> StandardWebhooksSource:
+    ) -> StandardWebhooksReceiver:
         """Build a source from its `[[delivery_sources]]` table.
 
         Keys: `secret` (required) and `next_secret` (optional), each `whsec_` +
@@ -163,7 +163,7 @@ class StandardWebhooksSource:
 
     def __repr__(self) -> str:
         return (
-            f"StandardWebhooksSource(source_id={self.source_id!r}, "
+            f"StandardWebhooksReceiver(source_id={self.source_id!r}, "
             f"keys={len(self._keys)}, tolerance_s={self.tolerance_s})"
         )
 

@@ -27,7 +27,7 @@ from inboxd.adapters.esp.base import (
     VerificationFailed,
     WebhookRequest,
 )
-from inboxd.adapters.esp.mailgun import MailgunSource, from_config
+from inboxd.adapters.esp.mailgun import MailgunReceiver, from_config
 from inboxd.pipeline.delivery.model import BounceType, EventType
 
 # --- mailgun-php tests/Api/WebhookTest.php ------------------------------------------
@@ -45,7 +45,7 @@ def plain(value: Any) -> str:
     return value
 
 
-def source(key: str = MG_SIGNING_KEY, **extra: Any) -> MailgunSource:
+def source(key: str = MG_SIGNING_KEY, **extra: Any) -> MailgunReceiver:
     return from_config("mg-main", {"signing_key": key, **extra}, plain)
 
 
@@ -431,7 +431,7 @@ async def test_payload_leaves_the_signature_out() -> None:
 
 
 def test_default_payload_fields_are_not_personal() -> None:
-    fields = MailgunSource.default_payload_fields
+    fields = MailgunReceiver.default_payload_fields
     assert {"event-data.event", "event-data.id", "event-data.timestamp"} <= set(fields)
     personal = (
         "recipient",
@@ -450,8 +450,8 @@ def test_default_payload_fields_are_not_personal() -> None:
         for p in personal
         if f == f"event-data.{p}" or f.startswith(f"event-data.{p}.")
     ]
-    assert MailgunSource.provider == "mailgun"
-    assert MailgunSource.content_types == frozenset({"application/json"})
+    assert MailgunReceiver.provider == "mailgun"
+    assert MailgunReceiver.content_types == frozenset({"application/json"})
 
 
 # --- configuration ------------------------------------------------------------------

@@ -22,7 +22,7 @@ from inboxd.adapters.esp.base import (
     VerificationFailed,
     WebhookRequest,
 )
-from inboxd.adapters.esp.postmark import PostmarkSource
+from inboxd.adapters.esp.postmark import PostmarkReceiver
 from inboxd.pipeline.delivery.model import BounceType, EventType, minimise_payload
 
 USERNAME = "postmark-hooks"
@@ -179,10 +179,10 @@ def request(body: dict[str, Any] | bytes, authorization: str | None = None) -> W
     return WebhookRequest(body=raw, headers=headers, received_at=NOW)
 
 
-def source(**table: Any) -> PostmarkSource:
+def source(**table: Any) -> PostmarkReceiver:
     table.setdefault("username", USERNAME)
     table.setdefault("password", PASSWORD)
-    return PostmarkSource.from_config("postmark", table, reveal=str)
+    return PostmarkReceiver.from_config("postmark", table, reveal=str)
 
 
 # -- credentials -----------------------------------------------------------------------
@@ -468,7 +468,7 @@ async def test_unknown_record_type() -> None:
 )
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(DeliveryConfigError) as refused:
-        PostmarkSource.from_config("postmark", table, reveal=str)
+        PostmarkReceiver.from_config("postmark", table, reveal=str)
     assert str(refused.value).startswith(f"{key}:")
     assert PASSWORD not in str(refused.value)
 
@@ -491,7 +491,7 @@ def test_config_reveals_both_and_ignores_common_keys() -> None:
         "username": "ref:user",
         "password": "ref:pass",
     }
-    built = PostmarkSource.from_config("postmark", table, reveal=reveal)
+    built = PostmarkReceiver.from_config("postmark", table, reveal=reveal)
     assert revealed == ["ref:user", "ref:pass"]
     assert built.provider == "postmark"
     assert built.content_types == frozenset({"application/json"})
@@ -500,7 +500,7 @@ def test_config_reveals_both_and_ignores_common_keys() -> None:
 
 def test_default_payload_fields_keep_no_personal_data() -> None:
     for sample in (DELIVERY, BOUNCE, SPAM_COMPLAINT, OPEN, CLICK, UNSUBSCRIBE):
-        kept = minimise_payload(sample, PostmarkSource.default_payload_fields)
+        kept = minimise_payload(sample, PostmarkReceiver.default_payload_fields)
         dumped = orjson.dumps(kept).decode()
         for personal in (
             "@",

@@ -31,7 +31,7 @@ from inboxd.adapters.esp.base import (
     VerificationFailed,
     WebhookRequest,
 )
-from inboxd.adapters.esp.sendgrid import SendGridSource, from_config
+from inboxd.adapters.esp.sendgrid import SendGridReceiver, from_config
 from inboxd.pipeline.delivery.model import BounceType, EventType, dedup_key
 
 # --- sendgrid-python test/unit/test_eventwebhook.py ---------------------------------
@@ -84,7 +84,7 @@ def plain(value: Any) -> str:
     return value
 
 
-def source(public_key: str = PY_PUBLIC_KEY, **extra: Any) -> SendGridSource:
+def source(public_key: str = PY_PUBLIC_KEY, **extra: Any) -> SendGridReceiver:
     return from_config("sg-main", {"public_key": public_key, **extra}, plain)
 
 
@@ -115,7 +115,7 @@ class Signer:
         )
         self.public_b64 = base64.b64encode(der).decode("ascii")
 
-    def source(self) -> SendGridSource:
+    def source(self) -> SendGridReceiver:
         return source(self.public_b64)
 
     def request(self, body: bytes, timestamp: int = NOW) -> WebhookRequest:
@@ -538,11 +538,11 @@ async def test_missing_optional_fields_are_none(signer: Signer) -> None:
 
 
 def test_default_payload_fields_are_not_personal() -> None:
-    fields = set(SendGridSource.default_payload_fields)
+    fields = set(SendGridReceiver.default_payload_fields)
     assert {"event", "timestamp", "sg_event_id", "sg_message_id"} <= fields
     assert not fields & {"email", "reason", "response", "url", "ip", "useragent", "smtp-id"}
-    assert SendGridSource.provider == "sendgrid"
-    assert SendGridSource.content_types == frozenset({"application/json"})
+    assert SendGridReceiver.provider == "sendgrid"
+    assert SendGridReceiver.content_types == frozenset({"application/json"})
 
 
 # --- configuration ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from inboxd.adapters.esp.base import (
     VerificationUnavailable,
     WebhookRequest,
 )
-from inboxd.adapters.esp.ses import SesSource, from_config
+from inboxd.adapters.esp.ses import SesReceiver, from_config
 from inboxd.pipeline.delivery.model import BounceType, EventType, dedup_key, minimise_payload
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-events"
@@ -282,7 +282,7 @@ def fetch(certificate: bytes) -> FakeFetch:
 
 
 @pytest.fixture
-def source(fetch: FakeFetch) -> SesSource:
+def source(fetch: FakeFetch) -> SesReceiver:
     table = {
         "id": "ses-prod",
         "provider": "ses",
@@ -291,7 +291,7 @@ def source(fetch: FakeFetch) -> SesSource:
         "payload_fields": ["eventType"],
         "recipients": "hash",
     }
-    return SesSource.from_config("ses-prod", table, str, fetch=fetch)
+    return SesReceiver.from_config("ses-prod", table, str, fetch=fetch)
 
 
 def signed(fields: dict[str, Any], key: rsa.RSAPrivateKey) -> bytes:
@@ -332,7 +332,7 @@ def request(raw: bytes) -> WebhookRequest:
 
 
 async def accept(
-    source: SesSource, ses_event: Any, key: rsa.RSAPrivateKey, **kwargs: Any
+    source: SesReceiver, ses_event: Any, key: rsa.RSAPrivateKey, **kwargs: Any
 ) -> Accepted:
     return await source.accept(request(notification_body(ses_event, key, **kwargs)))
 
@@ -340,7 +340,7 @@ async def accept(
 # --- config ---------------------------------------------------------------------------
 
 
-def test_from_config_reads_topics_and_ignores_common_keys(source: SesSource) -> None:
+def test_from_config_reads_topics_and_ignores_common_keys(source: SesReceiver) -> None:
     assert source.topic_arns == frozenset({TOPIC})
     assert source.provider == "ses"
     assert source.content_types == frozenset({"application/json", "text/plain"})
@@ -370,14 +370,14 @@ def test_module_level_from_config() -> None:
 )
 def test_from_config_refuses(table: dict[str, Any], key: str) -> None:
     with pytest.raises(DeliveryConfigError, match=f"^{key}:"):
-        SesSource.from_config("ses", table, str)
+        SesReceiver.from_config("ses", table, str)
 
 
 # --- SNS message types ----------------------------------------------------------------
 
 
 async def test_subscription_confirmation_yields_confirm_url(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     raw = signed(
         {
@@ -396,7 +396,7 @@ async def test_subscription_confirmation_yields_confirm_url(
 
 
 async def test_unverified_subscription_confirmation_yields_nothing(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     fields = orjson.loads(
         signed(
@@ -426,7 +426,7 @@ async def test_unverified_subscription_confirmation_yields_nothing(
     ],
 )
 async def test_hostile_subscribe_url_is_refused(
-    url: str, source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+    url: str, source: SesReceiver, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
 ) -> None:
     raw = signed(
         {
@@ -446,7 +446,7 @@ async def test_hostile_subscribe_url_is_refused(
 
 
 async def test_unsubscribe_confirmation_yields_nothing(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     raw = signed(
         {
@@ -464,7 +464,7 @@ async def test_unsubscribe_confirmation_yields_nothing(
 
 
 async def test_foreign_topic_is_refused_without_fetch(
-    source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
 ) -> None:
     with pytest.raises(VerificationFailed):
         await accept(
@@ -474,7 +474,7 @@ async def test_foreign_topic_is_refused_without_fetch(
 
 
 async def test_certificate_fetch_failure_is_source_unavailable(
-    source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
 ) -> None:
     fetch.fail = True
     with pytest.raises(VerificationUnavailable):
@@ -482,7 +482,7 @@ async def test_certificate_fetch_failure_is_source_unavailable(
 
 
 async def test_certificate_fetched_once_across_notifications(
-    source: SesSource, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, fetch: FakeFetch, signing_key: rsa.RSAPrivateKey
 ) -> None:
     await accept(source, SEND, signing_key, message_id="a")
     await accept(source, DELIVERY, signing_key, message_id="b")
@@ -491,7 +491,7 @@ async def test_certificate_fetched_once_across_notifications(
 
 @pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"Type":"Notification"}'])
 async def test_unparsable_envelope_is_verification_failure(
-    raw: bytes, source: SesSource, fetch: FakeFetch
+    raw: bytes, source: SesReceiver, fetch: FakeFetch
 ) -> None:
     with pytest.raises(VerificationFailed):
         await source.accept(request(raw))
@@ -499,7 +499,7 @@ async def test_unparsable_envelope_is_verification_failure(
 
 
 async def test_json_content_type_works_too(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     raw = notification_body(SEND, signing_key)
     accepted = await source.accept(
@@ -544,7 +544,7 @@ async def test_documented_samples_normalise(
     event_type: EventType,
     recipient: str,
     occurred_at: str,
-    source: SesSource,
+    source: SesReceiver,
     signing_key: rsa.RSAPrivateKey,
 ) -> None:
     (event,) = (await accept(source, sample, signing_key)).events
@@ -559,7 +559,7 @@ async def test_documented_samples_normalise(
     assert event.payload == sample  # the parsed SES event, not the SNS string
 
 
-async def test_bounce_fields(source: SesSource, signing_key: rsa.RSAPrivateKey) -> None:
+async def test_bounce_fields(source: SesReceiver, signing_key: rsa.RSAPrivateKey) -> None:
     (event,) = (await accept(source, BOUNCE, signing_key)).events
     assert (event.bounce_type, event.bounce_subtype) == (BounceType.PERMANENT, "General")
     assert event.message_id_header == SES_MESSAGE_ID
@@ -567,7 +567,7 @@ async def test_bounce_fields(source: SesSource, signing_key: rsa.RSAPrivateKey) 
 
 
 async def test_multi_recipient_bounce_yields_one_event_each(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     events = (await accept(source, IDENTITY_BOUNCE, signing_key)).events
     assert [e.recipient for e in events] == ["jane@example.com", "richard@example.com"]
@@ -579,7 +579,7 @@ async def test_multi_recipient_bounce_yields_one_event_each(
 
 
 async def test_send_to_several_destinations_yields_one_event_each(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(SEND)
     sample["mail"]["destination"] = ["a@example.com", "b@example.com", "c@example.com"]
@@ -590,7 +590,7 @@ async def test_send_to_several_destinations_yields_one_event_each(
 
 @pytest.mark.parametrize("sample", [OPEN, CLICK])
 async def test_open_and_click_name_a_recipient_only_when_unambiguous(
-    sample: dict, source: SesSource, signing_key: rsa.RSAPrivateKey
+    sample: dict, source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     several = copy.deepcopy(sample)
     several["mail"]["destination"] = ["a@example.com", "b@example.com"]
@@ -609,7 +609,7 @@ async def test_open_and_click_name_a_recipient_only_when_unambiguous(
     ],
 )
 async def test_bounce_types(
-    bounce_type: str, expected: BounceType, source: SesSource, signing_key: rsa.RSAPrivateKey
+    bounce_type: str, expected: BounceType, source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(BOUNCE)
     sample["bounce"]["bounceType"] = bounce_type
@@ -619,7 +619,7 @@ async def test_bounce_types(
 
 @pytest.mark.parametrize("subtype", ["Suppressed", "OnAccountSuppressionList"])
 async def test_bounce_on_a_suppression_list_is_suppressed(
-    subtype: str, source: SesSource, signing_key: rsa.RSAPrivateKey
+    subtype: str, source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(BOUNCE)
     sample["bounce"]["bounceSubType"] = subtype
@@ -629,7 +629,7 @@ async def test_bounce_on_a_suppression_list_is_suppressed(
 
 
 async def test_complaint_on_account_suppression_list_is_suppressed(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(COMPLAINT)
     sample["complaint"]["complaintSubType"] = "OnAccountSuppressionList"
@@ -638,7 +638,7 @@ async def test_complaint_on_account_suppression_list_is_suppressed(
 
 
 async def test_bounce_without_recipients_still_yields_an_event(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(BOUNCE)
     sample["bounce"]["bouncedRecipients"] = []
@@ -647,14 +647,14 @@ async def test_bounce_without_recipients_still_yields_an_event(
 
 
 async def test_unsubscribe_all_scopes_the_contact_list(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     (event,) = (await accept(source, SUBSCRIPTION, signing_key)).events
     assert (event.event_type, event.list_id) == (EventType.UNSUBSCRIBED, "ContactListName")
 
 
 async def test_topic_opt_outs_scope_each_topic(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(SUBSCRIPTION)
     sample["subscription"]["newTopicPreferences"] = {
@@ -675,7 +675,7 @@ async def test_topic_opt_outs_scope_each_topic(
 
 
 async def test_subscription_opt_in_is_unknown(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = copy.deepcopy(SUBSCRIPTION)
     sample["subscription"]["newTopicPreferences"] = {
@@ -689,7 +689,7 @@ async def test_subscription_opt_in_is_unknown(
 
 
 async def test_unknown_event_type_is_unknown(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     sample = {**copy.deepcopy(SEND), "eventType": "BrandNewThing"}
     (event,) = (await accept(source, sample, signing_key)).events
@@ -699,7 +699,7 @@ async def test_unknown_event_type_is_unknown(
 
 
 async def test_notification_without_mail_uses_the_sns_timestamp(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     # Sent once when an identity's notification topic is set.
     sample = {
@@ -748,7 +748,7 @@ async def test_notification_without_mail_uses_the_sns_timestamp(
     ],
 )
 async def test_verified_but_malformed_ses_event(
-    message: str, source: SesSource, signing_key: rsa.RSAPrivateKey
+    message: str, source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     with pytest.raises(MalformedPayload):
         await accept(source, message, signing_key)
@@ -756,7 +756,7 @@ async def test_verified_but_malformed_ses_event(
 
 @pytest.mark.parametrize("sample", ALL_SAMPLES)
 async def test_default_payload_fields_keep_no_addresses(
-    sample: dict, source: SesSource, signing_key: rsa.RSAPrivateKey
+    sample: dict, source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     for event in (await accept(source, sample, signing_key)).events:
         kept = minimise_payload(event.payload, source.default_payload_fields)
@@ -767,7 +767,7 @@ async def test_default_payload_fields_keep_no_addresses(
 
 
 async def test_default_payload_fields_keep_the_bounce_classification(
-    source: SesSource, signing_key: rsa.RSAPrivateKey
+    source: SesReceiver, signing_key: rsa.RSAPrivateKey
 ) -> None:
     (event,) = (await accept(source, BOUNCE, signing_key)).events
     kept = minimise_payload(event.payload, source.default_payload_fields)

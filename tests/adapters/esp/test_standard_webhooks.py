@@ -27,7 +27,7 @@ from inboxd.adapters.esp.base import (
     VerificationFailed,
     WebhookRequest,
 )
-from inboxd.adapters.esp.standard_webhooks import StandardWebhooksSource, verify_request
+from inboxd.adapters.esp.standard_webhooks import StandardWebhooksReceiver, verify_request
 from inboxd.pipeline.delivery.model import BounceType, EventType, minimise_payload
 
 # -- the published vector ------------------------------------------------------------
@@ -81,9 +81,9 @@ def signed_request(
     return WebhookRequest(body=body, headers=headers, received_at=received_at)
 
 
-def source(**table: Any) -> StandardWebhooksSource:
+def source(**table: Any) -> StandardWebhooksReceiver:
     table.setdefault("secret", VECTOR_SECRET)
-    return StandardWebhooksSource.from_config("resend", table, reveal=str)
+    return StandardWebhooksReceiver.from_config("resend", table, reveal=str)
 
 
 def keys(*secrets: str) -> tuple[bytes, ...]:
@@ -362,7 +362,7 @@ def test_rotation_through_verify_request() -> None:
 )
 def test_bad_config_is_refused_naming_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(DeliveryConfigError) as refused:
-        StandardWebhooksSource.from_config("resend", table, reveal=str)
+        StandardWebhooksReceiver.from_config("resend", table, reveal=str)
     message = str(refused.value)
     assert message.startswith(f"{key}:")
     for value in table.values():
@@ -397,7 +397,7 @@ def test_config_ignores_common_keys_and_reveals_secrets() -> None:
         "next_secret": FakeSecret(NEW_SECRET),
         "tolerance_s": 120,
     }
-    built = StandardWebhooksSource.from_config("resend", table, reveal=reveal)
+    built = StandardWebhooksReceiver.from_config("resend", table, reveal=reveal)
     assert revealed == [VECTOR_SECRET, NEW_SECRET]
     assert built.tolerance_s == 120.0
     assert built.provider == "standard_webhooks"
@@ -599,7 +599,7 @@ def test_default_payload_fields_keep_no_personal_data() -> None:
         },
         click={"link": "https://example.com/reset?token=s3cr3t", "ipAddress": "192.0.2.1"},
     )
-    kept = minimise_payload(sample, StandardWebhooksSource.default_payload_fields)
+    kept = minimise_payload(sample, StandardWebhooksReceiver.default_payload_fields)
     dumped = orjson.dumps(kept).decode()
     for personal in ("@", "Sending this example", "token=", "192.0.2.1"):
         assert personal not in dumped
