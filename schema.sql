@@ -5,7 +5,7 @@
 --
 -- Every table carries tenant_id, and every primary key, unique constraint and
 -- foreign key includes it, so the schema can be distributed by tenant on a
--- sharded PostgreSQL (Citus) without a code change (DESIGN.md §3). Every query
+-- sharded PostgreSQL (Citus) without a code change (docs/architecture.md §3). Every query
 -- inboxd issues filters by tenant_id.
 
 CREATE TABLE IF NOT EXISTS inboxd_schema_version (
@@ -157,7 +157,7 @@ COMMENT ON COLUMN messages.created_at IS 'When inboxd stored the row.';
 COMMENT ON COLUMN messages.updated_at IS 'When the row last changed (merge, promotion).';
 
 -- The last tier of the dedup cascade: two concurrent ingests of one message
--- cannot both insert it (DESIGN.md §3 tier 4). It is also the index every
+-- cannot both insert it (docs/architecture.md §3 tier 4). It is also the index every
 -- Message-ID lookup of the cascade uses, so its predicate must not mention
 -- content_fingerprint (a NULL fingerprint never conflicts anyway).
 CREATE UNIQUE INDEX IF NOT EXISTS messages_mid_key

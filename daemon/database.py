@@ -10,7 +10,7 @@ One order for every command (`run`, `migrate`, `status`, `import`, ...), first m
 Each of the first three may be a secret reference instead of a DSN: `env:NAME` reads the
 environment variable NAME, `file:/path` reads a file (trailing whitespace stripped, so
 `echo … > file` works). The config file is the one place a DSN must not carry a literal
-password: config files end up in git, backups and support tickets (DESIGN.md §5: secrets
+password: config files end up in git, backups and support tickets (docs/architecture.md §5: secrets
 are references, never inline). A literal DSN without a password (peer auth, a
 `.pgpass`, `PGPASSWORD`) is fine there.
 

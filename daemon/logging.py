@@ -3,7 +3,7 @@
 stdout belongs to the command's result (a summary, `--json` output); logs and
 progress go to stderr. On a terminal the lines are human-readable; anywhere
 else (systemd journal, a pipe, a file) they are JSON objects, one per line.
-Fields follow STYLE.md rule 11: short snake_case event names, values as fields.
+Fields follow CONTRIBUTING.md rule 11: short snake_case event names, values as fields.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def configure_logging(
     if json:
         renderer = [
             # Tracebacks as data, without local variables: locals hold message bodies
-            # and DSNs, which must never reach a log (STYLE.md rule 11).
+            # and DSNs, which must never reach a log (CONTRIBUTING.md rule 11).
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
             ),

@@ -1,6 +1,6 @@
 """Secret references: how a config file names a secret without containing it.
 
-DESIGN.md §5: secrets are references, never inline, never logged. A reference is
+docs/architecture.md §5: secrets are references, never inline, never logged. A reference is
 
     env:NAME      the value of environment variable NAME
     file:/path    the contents of a file (systemd credentials, Kubernetes/Docker

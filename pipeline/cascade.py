@@ -1,6 +1,6 @@
 """The dedup cascade: decide, for a whole batch at once, what each item is.
 
-DESIGN.md §3, tiers, all scoped to the tenant:
+docs/architecture.md §3, tiers, all scoped to the tenant:
 
   2. (mailbox, external id) seen before → duplicate. Evaluated first because it
      is exact and cheap: a complete re-sync is one indexed lookup per batch and
@@ -35,9 +35,9 @@ from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.mime import html_to_text
 from inboxd.pipeline.outcomes import Outcome
 
-# Tier 3 window (DESIGN.md §3): clocks of two relays rarely differ by more.
+# Tier 3 window (docs/architecture.md §3): clocks of two relays rarely differ by more.
 HEURISTIC_WINDOW = timedelta(minutes=2)
-# Tier 0 fallback window (DESIGN.md §3): send-to-sync-back delay of a provider.
+# Tier 0 fallback window (docs/architecture.md §3): send-to-sync-back delay of a provider.
 OUTBOUND_WINDOW = timedelta(minutes=5)
 
 _COPY_HITS = """

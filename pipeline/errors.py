@@ -1,4 +1,4 @@
-"""One exception tree for inboxd (STYLE.md rule 4).
+"""One exception tree for inboxd (CONTRIBUTING.md rule 4).
 
     InboxdError
     ├── PermanentError        this item can never succeed: record a dead item, move on

@@ -1,6 +1,6 @@
 """Identity keys of a message: normalised Message-ID, subject and content fingerprint.
 
-These are the comparison keys of the dedup cascade (DESIGN.md §3). They must be
+These are the comparison keys of the dedup cascade (docs/architecture.md §3). They must be
 equal for one message seen through two providers or in three line-ending styles,
 and differ for a sender reusing a Message-ID with other content. So nothing here
 hashes bytes: the fingerprint is computed over *decoded* and normalised text.
@@ -119,7 +119,7 @@ def content_fingerprint(
     content key, see `attachment_key`). Header order, transfer encodings,
     charset labels, MIME layout, line endings and whitespace do not enter, so
     the sisimai LF/CRLF/CR triples agree. The HTML part is its own component
-    (DESIGN.md §3 compares plain text only, falling back to HTML): corpus
+    (docs/architecture.md §3 compares plain text only, falling back to HTML): corpus
     fixtures that reuse a Message-ID differ by an added HTML part, a different
     enclosed message or display name, and must not merge.
 

@@ -1,6 +1,6 @@
 """The ingest stage's object-store side: the bytes a batch's rows will point at.
 
-What it guarantees (DESIGN.md §3):
+What it guarantees (docs/architecture.md §3):
 
 * Bytes are stored before the transaction's rows reference them. Keys are
   content-addressed (``raw/<tenant>/<sha256>``, ``html/…``, ``att/…``), so a
@@ -43,7 +43,7 @@ log = structlog.get_logger(__name__)
 # so larger bodies are rare and mostly newsletters nobody reads inline.
 HTML_INLINE_MAX_BYTES = 128 * 1024
 # Concurrent provider attachment fetches per batch (Graph: 4 concurrent
-# requests per mailbox, DESIGN.md §4).
+# requests per mailbox, docs/architecture.md §4).
 ATTACHMENT_FETCH_CONCURRENCY = 4
 
 AttachmentFetcher = Callable[[MessageData, AttachmentData], Awaitable[bytes]]

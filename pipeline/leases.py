@@ -1,6 +1,6 @@
 """Mailbox ownership and cursors in the `mailboxes` row: leases, fencing tokens, cancel flag.
 
-Several `inboxd run` replicas share one database (DESIGN.md §4, §5). Which of
+Several `inboxd run` replicas share one database (docs/architecture.md §4, §5). Which of
 them syncs a mailbox and where its sync stands live in the mailbox's row, so
 the database is the only coordinator — no home-made cluster protocol. Every
 time below comes from the database clock (`now()`), never from a replica's

@@ -2,12 +2,12 @@
 
 Rows in PostgreSQL stay small and the database stays one you can back up and
 replicate; the bytes go here, under keys the pipeline builds itself
-(``raw/<sha256>``, ``att/<tenant>/<sha256>``, …). DESIGN.md §3: S3 through
+(``raw/<sha256>``, ``att/<tenant>/<sha256>``, …). docs/architecture.md §3: S3 through
 aioboto3 in production (``inboxd.adapters.objectstore.S3Store``), a local
 directory by default (``inboxd.pipeline.objectstore_local.LocalDirectoryStore``).
 
 This module is the contract only (the ``ObjectStore`` protocol, key rules, errors,
-``run_bounded`` for ``put_many``) and must stay provider-free (STYLE.md rule 3): it
+``run_bounded`` for ``put_many``) and must stay provider-free (CONTRIBUTING.md rule 3): it
 imports no SDK, so the ingest stage that calls it is testable with nothing but a
 temporary directory.
 

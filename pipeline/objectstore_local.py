@@ -1,11 +1,11 @@
 """LocalDirectoryStore: the ``ObjectStore`` on a local directory, with grouped fsync.
 
-The default store when no S3 is configured (DESIGN.md §3). It keeps the contract
+The default store when no S3 is configured (docs/architecture.md §3). It keeps the contract
 in ``inboxd.pipeline.objectstore`` (key rules, errors, idempotent atomic ``put``,
 per-item ``put_many``) and adds what only a disk needs: the fan-out layout below
 each key directory, temp file + fsync + rename writes, and ``put_many``'s grouped
 durability (write and rename every object, then fsync each file and each distinct
-directory once, concurrently). Standard library and anyio only (STYLE.md rule 3).
+directory once, concurrently). Standard library and anyio only (CONTRIBUTING.md rule 3).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The companion of `pipeline/leases.py`, which owns the lease, the fencing
 token, the cursor and the cancel flag; this module writes none of those. The
 same rules hold: every time comes from the database clock (`now()`), every
 statement is scoped by tenant (bar `tenants_of_mailbox`), and the row is the
-only coordinator between replicas (DESIGN.md §4, §5).
+only coordinator between replicas (docs/architecture.md §4, §5).
 
 Sync state (`sync_state`), as a sync run moves it::
 
@@ -15,7 +15,7 @@ Sync state (`sync_state`), as a sync run moves it::
           (left only through record_success or set_sync_state)
 
 Throttle: `record_failure` moves `throttle_backoff_s` along 30 s, 60 s, 120 s,
-… capped at 1 h (DESIGN.md §4) and sets `throttle_until` to now() plus the
+… capped at 1 h (docs/architecture.md §4) and sets `throttle_until` to now() plus the
 larger of that step and the provider's Retry-After (and never earlier than an
 existing throttle_until); one `record_success` resets both. No provider call
 for the mailbox before `throttle_until` — `claim_due` does not hand it out.
@@ -54,7 +54,7 @@ SyncMode = Literal["push", "poll", "auto"]
 SYNC_STATES: frozenset[str] = frozenset({"idle", "syncing", "backfilling", "needs_attention"})
 SYNC_MODES: frozenset[str] = frozenset({"push", "poll", "auto"})
 
-# DESIGN.md §4: exponential backoff 30 s → 1 h, persisted on the mailbox.
+# docs/architecture.md §4: exponential backoff 30 s → 1 h, persisted on the mailbox.
 BACKOFF_INITIAL_S = 30
 BACKOFF_MAX_S = 3600
 

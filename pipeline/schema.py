@@ -1,6 +1,6 @@
 """Applying schema.sql: `inboxd migrate`, `inboxd run` at start, test fixtures.
 
-schema.sql lives at the top of the repository (DESIGN.md §1) and is written to
+schema.sql lives at the top of the repository (docs/architecture.md §1) and is written to
 be idempotent. Concurrent migrations (two replicas starting at once) are
 serialised by an advisory lock so CREATE … IF NOT EXISTS never races itself.
 

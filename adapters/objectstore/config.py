@@ -3,7 +3,7 @@
 The daemon hands this module the table as a plain mapping; it is parsed into a
 frozen dataclass (so a typo fails at startup, not on the first attachment) and
 turned into the configured ``ObjectStore``. Local directory is the default kind
-(DESIGN.md §3); credentials are never part of it: S3 takes them from botocore's
+(docs/architecture.md §3); credentials are never part of it: S3 takes them from botocore's
 chain (environment, shared config, instance role).
 
     {"kind": "local", "path": "/var/lib/inboxd/objects"}

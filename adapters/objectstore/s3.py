@@ -1,7 +1,7 @@
 """``ObjectStore`` on Amazon S3 (or an S3-compatible server) through aioboto3.
 
 Production deployments keep raw MIME, large HTML bodies and attachments in a
-bucket (DESIGN.md §3) so replicas share them and the disk under PostgreSQL stays
+bucket (docs/architecture.md §3) so replicas share them and the disk under PostgreSQL stays
 small. This is the only module of the object-store adapter that speaks to the SDK;
 everything the pipeline sees is the provider-free contract in
 ``inboxd.pipeline.objectstore``.
@@ -13,7 +13,7 @@ Choices an operator should know about:
 * Every request runs under an ``anyio.fail_after`` deadline that grows with the
   payload size; a stuck connection becomes a retriable ``ObjectStoreError``.
 * botocore's own retries are switched off: retries happen only through tenacity
-  at the call site, with jitter and bounded attempts (STYLE.md rule 8), so one
+  at the call site, with jitter and bounded attempts (CONTRIBUTING.md rule 8), so one
   failed request is one ``ObjectStoreError`` here.
 * Uploads carry ``Content-MD5`` (RFC 1864). S3 recomputes it and refuses a body
   corrupted in transit with ``400 BadDigest`` (S3 API reference, PutObject), which
@@ -72,7 +72,7 @@ S3_MIN_THROUGHPUT_BYTES_PER_S = 1024 * 1024
 # endpoint that has not answered a SYN in 5 s is down or blackholed.
 S3_CONNECT_TIMEOUT_S = 5.0
 # Closing the client drains aiohttp's pool; shielded, but never allowed to hang a
-# shutdown (DESIGN.md §5: exit within a deadline).
+# shutdown (docs/architecture.md §5: exit within a deadline).
 S3_CLOSE_TIMEOUT_S = 5.0
 # Connections kept to S3, and so the concurrency of put_many/exists_many: more
 # concurrent requests than pooled connections only queue inside aiohttp.

@@ -215,7 +215,7 @@ class EventHub:
 
         def log_once(state: RetryCallState) -> None:
             nonlocal unavailable
-            if not unavailable:  # STYLE.md rule 8: "unavailable" once, not every attempt
+            if not unavailable:  # CONTRIBUTING.md rule 8: "unavailable" once, not every attempt
                 unavailable = True
                 exc = state.outcome.exception() if state.outcome else None
                 log.warning("sse_listener_unavailable", error=_describe(exc))

@@ -1,4 +1,4 @@
-"""The bounded queue between sources and the ingest workers (DESIGN.md §2).
+"""The bounded queue between sources and the ingest workers (docs/architecture.md §2).
 
 Sources put pages; `ingest_workers` tasks take them and run the ingest stage;
 each page's producer awaits its own results before it settles the page and

@@ -121,7 +121,7 @@ class MailboxRunner:
         self.deps.metrics.sync_started(provider)
         started = anyio.current_time()
         failed = False
-        # every log line of this run carries its id (STYLE.md rule 11)
+        # every log line of this run carries its id (CONTRIBUTING.md rule 11)
         self._log = log.bind(tenant=self.key[0], mailbox=self.key[1], run=secrets.token_hex(4))
         try:
             with anyio.CancelScope() as scope:

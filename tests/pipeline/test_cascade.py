@@ -1,4 +1,4 @@
-"""The dedup cascade's tiers and the traps other systems fell into (DESIGN.md §3)."""
+"""The dedup cascade's tiers and the traps other systems fell into (docs/architecture.md §3)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fixtures for the object-store contract suite: moto's real S3 server and both stores.
 
-S3 is moto's server over HTTP (DESIGN.md §6), started once per session as a
+S3 is moto's server over HTTP (docs/architecture.md §9), started once per session as a
 subprocess so the adapter's real aiobotocore/aiohttp stack is exercised, not an
 in-process mock. It only starts when a test asks for an S3 store.
 """
