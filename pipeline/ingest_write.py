@@ -104,14 +104,7 @@ async def write_messages(
     )
     await _settle_race_losers(conn, tenant, mailbox, plan, fresh, inserted)
     fresh_ok = [k for k in fresh if k in inserted]
-    await insert_participants(
-        conn, tenant, [(plan.message_ids[k], plan.items[k]) for k in fresh_ok]
-    )
-    await insert_attachments(
-        conn,
-        tenant,
-        [(plan.message_ids[k], plan.items[k], plan.att_state.get(k, [])) for k in fresh_ok],
-    )
+    await _insert_details(conn, tenant, plan, fresh_ok)
     await record_retried_attachments(conn, tenant, plan.decisions, plan.att_state)
     conflicts = [
         (plan.message_ids[k], plan.decisions[k].existing_id, plan.items[k].message_id_norm)
@@ -171,15 +164,20 @@ async def _promote_placeholders(
     touched = await promote_outbound(conn, tenant, mailbox, promoted)
     # the application's placeholder had no participants or attachments
     promoted_keys = [k for k in merged if plan.decisions[k].promote]
-    await insert_participants(
-        conn, tenant, [(plan.message_ids[k], plan.items[k]) for k in promoted_keys]
-    )
+    await _insert_details(conn, tenant, plan, promoted_keys)
+    return touched
+
+
+async def _insert_details(
+    conn: asyncpg.Connection, tenant: str, plan: IngestPlan, keys: list[int]
+) -> None:
+    """Participants and attachments of the message rows items `keys` ended on."""
+    await insert_participants(conn, tenant, [(plan.message_ids[k], plan.items[k]) for k in keys])
     await insert_attachments(
         conn,
         tenant,
-        [(plan.message_ids[k], plan.items[k], plan.att_state.get(k, [])) for k in promoted_keys],
+        [(plan.message_ids[k], plan.items[k], plan.att_state.get(k, [])) for k in keys],
     )
-    return touched
 
 
 async def _settle_race_losers(
