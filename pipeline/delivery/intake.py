@@ -4,11 +4,12 @@ A webhook handler calls `DeliveryIntake.submit(...)` with the events of one
 verified request and awaits it; it answers the provider only after that
 returns, i.e. after the events are committed. Between submit and commit:
 
-    submit ── prepare rows (dedup key, minimised payload, hashed recipient)
+    submit ── prepare rows (dedup key, minimised payload, hashed recipient;
+             intake_rows.py)
           ── put on the intake stream, wait for the outcome
     writer ── take one submission, then every other already waiting (≤ MAX_GROUP)
-          ── one statement (its own transaction): replay tokens → events
-             (ON CONFLICT DO NOTHING) → NOTIFY inboxd_delivery
+          ── one statement (its own transaction; intake_write.py): replay
+             tokens → events (ON CONFLICT DO NOTHING) → NOTIFY inboxd_delivery
           ── wake every waiter with its own outcome
 
 `WRITERS` writers share the stream, so while one group commits the next one
@@ -26,30 +27,21 @@ providers retry, and nothing was half-written.
 
 from __future__ import annotations
 
-import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import asyncpg
-import orjson
 import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random
 
-from inboxd.pipeline.delivery.model import (
-    DeliveryEvent,
-    address_hash,
-    dedup_key,
-    minimise_payload,
-)
+from inboxd.pipeline.delivery.intake_rows import SourcePolicy, prepare_rows, replay_token_hash
+from inboxd.pipeline.delivery.intake_write import write_group
+from inboxd.pipeline.delivery.model import DeliveryEvent
 from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, blames_the_data, db_fault, describe
-from inboxd.pipeline.identity import normalise_message_id
-from inboxd.pipeline.rows import clean
 
 __all__ = [
     "DELIVERY_CHANNEL",
@@ -86,43 +78,6 @@ COMMIT_TIMEOUT_S = 3.0
 RACE_ATTEMPTS = 2
 RACE_RETRY_JITTER_S = 0.05
 
-# One statement per group, in autocommit: a single statement is its own
-# transaction, so the group costs one round trip instead of four (BEGIN, INSERT,
-# NOTIFY, COMMIT) — each of which waits for a turn of a busy event loop
-# (bench/webhooks.py: p50 5.5 → see bench/README.md). The replay tokens go in
-# first (CTE `tok`); an event row whose request carries a token is inserted only
-# when that token was new. Every output row is an event (`e`) or token (`t`)
-# that is new; the NOTIFY runs once, as an init plan, when there is any.
-_WRITE_GROUP = """
-WITH tok AS (
-    INSERT INTO webhook_replay_tokens (tenant_id, scope, token_hash)
-    SELECT * FROM unnest($18::text[], $19::text[], $20::text[])
-    ON CONFLICT DO NOTHING
-    RETURNING tenant_id, scope, token_hash
-), ins AS (
-    INSERT INTO delivery_events (tenant_id, source, dedup_key, provider, provider_type,
-        event_type, occurred_at, received_at, provider_message_id, message_id_norm,
-        message_key, recipient, recipient_hash, bounce_type, bounce_subtype, list_id, payload)
-    SELECT t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl::jsonb
-      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                  $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], $11::text[],
-                  $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
-                  $17::text[], $21::text[])
-           AS u(t, s, k, p, pt, et, oa, ra, pm, mn, mk, r, rh, bt, bs, li, pl, th)
-     WHERE u.th IS NULL
-        OR EXISTS (SELECT 1 FROM tok
-                    WHERE tok.tenant_id = u.t AND tok.token_hash = u.th)
-    ON CONFLICT (tenant_id, source, dedup_key) DO NOTHING
-    RETURNING tenant_id, source, dedup_key
-), new AS (
-    SELECT 'e' AS kind, tenant_id, source, dedup_key AS key FROM ins
-    UNION ALL
-    SELECT 't', tenant_id, scope, token_hash FROM tok
-)
-SELECT kind, tenant_id, source, key, (SELECT pg_notify($22, '')) IS NULL AS notified
-  FROM new
-"""
-
 
 class ReplayedToken(Exception):
     """The request's single-use token was accepted before: a replay."""
@@ -133,22 +88,11 @@ class IntakeUnavailable(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class SourcePolicy:
-    """How one source's events are stored: payload allowlist, recipient handling."""
-
-    payload_fields: tuple[str, ...]
-    keep_recipients: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Stored:
     """Outcome of one request: rows new to the table, rows already there."""
 
     new: int
     duplicates: int
-
-
-_ROW_FIELDS = 17
 
 
 @dataclass(slots=True)
@@ -218,15 +162,9 @@ class DeliveryIntake:
         rows = prepare_rows(tenant_id, source, provider, events, policy, received_at)
         # A token is single-use within its scope: the signing key's fingerprint
         # when the adapter gives one (every source sharing a Mailgun key), else
-        # the source. The scope is part of the hash, so tokens match on it alone.
+        # the source.
         scope = replay_scope or source
-        token_hash = (
-            hashlib.sha256(
-                f"{scope}\x1f{replay_token}".encode("utf-8", "surrogateescape")
-            ).hexdigest()
-            if replay_token is not None
-            else None
-        )
+        token_hash = replay_token_hash(scope, replay_token) if replay_token is not None else None
         if not rows and token_hash is None:
             return Stored(0, 0)
         if not self.running:
@@ -302,53 +240,15 @@ class DeliveryIntake:
                 item.finish(error=outcome)
 
     async def _write(self, group: list[_Submission]) -> list[Stored | Exception]:
-        refused = _repeated_tokens(group)
-        rows: list[tuple[Any, ...]] = []
-        token_keys: list[tuple[str, str, str]] = []
-        for i, item in enumerate(group):
-            if i in refused:
-                continue
-            if item.token_hash is not None:
-                token_keys.append((item.tenant_id, item.token_scope, item.token_hash))
-            rows.extend((*row, item.token_hash) for row in item.rows)
-        # Key order: concurrent groups lock the unique-index entries they share in
-        # the same order, so they can never deadlock on each other.
-        rows.sort(key=lambda row: (row[0], row[1], row[2]))
-        token_keys.sort()
-        columns = (
-            [list(column) for column in zip(*rows, strict=True)]
-            if rows
-            else [[] for _ in range(_ROW_FIELDS + 1)]
+        written = await write_group(
+            self._pool, group, channel=DELIVERY_CHANNEL, bound_s=COMMIT_TIMEOUT_S
         )
-        tokens = (
-            [list(column) for column in zip(*token_keys, strict=True)]
-            if token_keys
-            else [[], [], []]
-        )
-        async with self._pool.acquire(timeout=COMMIT_TIMEOUT_S) as conn:
-            written: list[asyncpg.Record] = await conn.fetch(
-                _WRITE_GROUP,
-                *columns[:_ROW_FIELDS],
-                *tokens,
-                columns[_ROW_FIELDS],
-                DELIVERY_CHANNEL,
-                timeout=COMMIT_TIMEOUT_S,
-            )
-        inserted = {(r["tenant_id"], r["source"], r["key"]) for r in written if r["kind"] == "e"}
-        fresh = {(r["tenant_id"], r["source"], r["key"]) for r in written if r["kind"] == "t"}
-        outcomes: list[Stored | Exception] = []
-        for i, item in enumerate(group):
-            if i in refused or (
-                item.token_hash is not None
-                and (item.tenant_id, item.token_scope, item.token_hash) not in fresh
-            ):
-                outcomes.append(ReplayedToken("token already used"))
-                continue
-            keys = {(item.tenant_id, item.source, row[2]) for row in item.rows}
-            new = len(keys & inserted)
-            inserted -= keys  # a key repeated across requests counts once, for the first
-            outcomes.append(Stored(new, len(item.rows) - new))
-        return outcomes
+        return [
+            ReplayedToken("token already used")
+            if new is None
+            else Stored(new, len(item.rows) - new)
+            for item, new in zip(group, written, strict=True)
+        ]
 
     def _fail_waiting(self) -> None:
         while True:
@@ -357,71 +257,6 @@ class DeliveryIntake:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
             item.finish(error=IntakeUnavailable("daemon stopping"))
-
-
-def _repeated_tokens(group: list[_Submission]) -> set[int]:
-    """Positions of requests whose token an earlier request of the group carries:
-    only the first of them may pass."""
-    seen: set[tuple[str, str, str]] = set()
-    repeated: set[int] = set()
-    for i, item in enumerate(group):
-        if item.token_hash is None:
-            continue
-        key = (item.tenant_id, item.token_scope, item.token_hash)
-        if key in seen:
-            repeated.add(i)
-        seen.add(key)
-    return repeated
-
-
-def prepare_rows(
-    tenant_id: str,
-    source: str,
-    provider: str,
-    events: Sequence[DeliveryEvent],
-    policy: SourcePolicy,
-    received_at: float,
-) -> list[tuple[Any, ...]]:
-    """The delivery_events column values of each event, in `_WRITE_GROUP`'s unnest order."""
-    received = datetime.fromtimestamp(received_at, UTC)
-    rows = []
-    for event in events:
-        mid = normalise_message_id(event.message_id_header) if event.message_id_header else None
-        provider_mid = clean(event.provider_message_id)
-        message_key = provider_mid or (f"mid:{mid}" if mid else None)
-        recipient = clean(event.recipient)
-        occurred = event.occurred_at or received
-        if occurred.tzinfo is None or not math.isfinite(occurred.timestamp()):
-            occurred = received
-        payload = minimise_payload(event.payload, policy.payload_fields)
-        rows.append(
-            (
-                tenant_id,
-                source,
-                clean(dedup_key(event)),
-                provider,
-                clean(event.provider_type),
-                str(event.event_type),
-                occurred,
-                received,
-                provider_mid,
-                clean(mid) or None,
-                clean(message_key),
-                recipient if policy.keep_recipients else None,
-                address_hash(recipient) if recipient else "",
-                str(event.bounce_type) if event.bounce_type else None,
-                clean(event.bounce_subtype),
-                clean(event.list_id),
-                _json_for_postgres(payload),
-            )
-        )
-    return rows
-
-
-def _json_for_postgres(payload: dict[str, Any]) -> str:
-    # jsonb refuses \u0000 inside strings; the replacement keeps the event storable.
-    text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-    return text.replace("\\u0000", "\\ufffd")
 
 
 def _lost_race(exc: BaseException) -> bool:
