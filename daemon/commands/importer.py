@@ -34,21 +34,12 @@ import argparse
 import signal
 import sys
 import time
-from collections.abc import Awaitable
 from typing import Literal
 
 import anyio
 import asyncpg
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
-from tenacity.stop import stop_base
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.files import ImportPlan, ImportSource, PageRefs, SourceError, plan_import
@@ -65,28 +56,18 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
+from inboxd.daemon.commands.import_pages import PageSettler, Unsettled
 from inboxd.daemon.commands.import_report import ImportSummary, ProgressBar, print_report
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.sync.pages import batch_of, read_ahead
+from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.outcomes import ItemResult, Outcome
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
 
 log = structlog.get_logger(__name__)
 
-# Attempts per page while items come back retriable_failure (connection lost,
-# server restarting, object-store hiccup); waits grow 0.5 s → 1 → 2 → 4 s (+ up to
-# 0.5 s jitter each), so a database restart of ~8 s is ridden out before giving up.
-BATCH_ATTEMPTS = 5
-RETRY_INITIAL_WAIT_S = 0.5
-RETRY_MAX_WAIT_S = 8.0
-RETRY_JITTER_S = 0.5
-# One ingest call (transaction + object-store writes). A healthy page takes ~1 s;
-# past this the server or the disk is stuck, and the page is retried.
-BATCH_DEADLINE_S = 300.0
 # A database that answers at all answers `SELECT 1` (or two small upserts) at once.
 PROBE_TIMEOUT_S = 5.0
 # Pages queued for the ingest worker: the import has one producer, which waits for
@@ -142,25 +123,6 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 # --- the run ----------------------------------------------------------------------------
 
 
-class _Unsettled(Exception):
-    """Some items of a page are still retriable_failure after its attempts."""
-
-    def __init__(self, count: int, detail: str) -> None:
-        super().__init__(detail)
-        self.count = count
-        self.detail = detail
-
-
-class _StopRequested(stop_base):
-    """tenacity stop condition: a signal asked the import to stop."""
-
-    def __init__(self, event: anyio.Event) -> None:
-        self.event = event
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        return self.event.is_set()
-
-
 class _Importer:
     def __init__(self, args: argparse.Namespace, plan: ImportPlan) -> None:
         self.args = args
@@ -177,6 +139,7 @@ class _Importer:
         self.waiting_scope: anyio.CancelScope | None = None
         self.progress = ProgressBar()
         self.read_error: SourceError | None = None
+        self.settler = PageSettler(self.summary, self.stop)
 
     # signals ---------------------------------------------------------------------------
 
@@ -226,7 +189,7 @@ class _Importer:
                 if page is None:  # no more pages, or a stop signal while waiting
                     return
                 page_started = time.monotonic()
-                await self._ingest(queue, source, page)
+                await self.settler.ingest(queue, source, page)
                 refs = page.context
                 assert isinstance(refs, PageRefs)
                 log.info(
@@ -238,82 +201,6 @@ class _Importer:
                     ingest_s=round(time.monotonic() - page_started, 3),
                 )
                 self.progress.advance(refs.span_bytes, self.summary.messages)
-
-    async def _ingest(self, queue: IngestQueue, source: ImportSource, page: Page) -> None:
-        pending = list(range(len(page.items)))
-        first_failure = True
-
-        def log_retry(state: RetryCallState) -> None:
-            nonlocal first_failure
-            if first_failure:  # "unavailable" once, not every attempt (CONTRIBUTING.md)
-                first_failure = False
-                exc = state.outcome.exception() if state.outcome else None
-                log.warning(
-                    "import_batch_retrying",
-                    tenant=self.tenant,
-                    mailbox=self.mailbox,
-                    items=len(pending),
-                    error=str(exc),
-                )
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(BATCH_ATTEMPTS) | _StopRequested(self.stop),
-            wait=wait_exponential_jitter(
-                initial=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S, jitter=RETRY_JITTER_S
-            ),
-            retry=retry_if_exception_type(_Unsettled),
-            sleep=self._sleep,
-            before_sleep=log_retry,
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    pending = await self._attempt(queue, source, page, pending)
-        except _Unsettled as exc:
-            self.summary.outcomes[Outcome.RETRIABLE_FAILURE.value] += exc.count
-            self.summary.not_imported += exc.count
-            self.summary.error = exc.detail
-            raise
-        if not first_failure:
-            log.warning("import_batch_recovered", tenant=self.tenant, mailbox=self.mailbox)
-
-    async def _attempt(
-        self, queue: IngestQueue, source: ImportSource, page: Page, pending: list[int]
-    ) -> list[int]:
-        """Ingest the pending items once; returns those still retriable, raising
-        `_Unsettled` when there are any."""
-        part = Page(items=[page.items[i] for i in pending], backfill=page.backfill)
-        try:
-            with anyio.fail_after(BATCH_DEADLINE_S):
-                results = await queue.ingest(batch_of(source, part))
-        except TimeoutError:
-            detail = f"a batch did not finish within {BATCH_DEADLINE_S:g} s"
-            results = [
-                ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=detail)
-                for i in range(len(part.items))
-            ]
-        refs = page.context
-        assert isinstance(refs, PageRefs)
-        still: list[int] = []
-        detail = ""
-        for result in results:
-            index = pending[result.index]
-            if result.outcome is Outcome.RETRIABLE_FAILURE:
-                still.append(index)
-                detail = detail or (result.detail or "retriable failure")
-                continue
-            self.summary.outcomes[result.outcome.value] += 1
-            if result.outcome is Outcome.PERMANENT_FAILURE:
-                self.summary.dead.append((refs.refs[index], result.detail or "dead item"))
-        if still:
-            raise _Unsettled(len(still), detail)
-        return still
-
-    async def _sleep(self, seconds: float) -> None:
-        """Backoff that a stop request cuts short (no transaction is open here)."""
-        with anyio.move_on_after(seconds):
-            await self.stop.wait()
 
     # the whole run ---------------------------------------------------------------------
 
@@ -368,8 +255,8 @@ class _Importer:
                 async with anyio.create_task_group() as workers:
                     await workers.start(queue.run_worker)
                     try:
-                        await _unwrap(self.ingest_pages(source, queue))
-                    except _Unsettled:
+                        await unwrap_single(self.ingest_pages(source, queue))
+                    except Unsettled:
                         self.summary.status = "incomplete"
                         self.summary.unread_input = True
                         self.summary.error = await _explain(
@@ -409,19 +296,6 @@ async def _next(pages: MemoryObjectReceiveStream[Page]) -> Page | None:
         return await pages.receive()
     except anyio.EndOfStream:
         return None
-
-
-async def _unwrap(work: Awaitable[None]) -> None:
-    """Await `work`, raising a lone error from inside task groups as itself."""
-    try:
-        await work
-    except BaseExceptionGroup as group:
-        inner: BaseException = group
-        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-            inner = inner.exceptions[0]
-        if inner is group:
-            raise
-        raise inner from None
 
 
 async def _explain(pool: asyncpg.Pool, target: str, detail: str | None) -> str:

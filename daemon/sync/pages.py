@@ -6,6 +6,7 @@
                                  caller stops early
     batch_of(source, page)       the IngestBatch of a page (the source's attachment
                                  fetcher only where it fetches lazily)
+    unwrap_single(work)          a lone error out of the task groups, as itself
 
 The mailbox runner (sync/runner.py) and `inboxd import` (commands/importer.py)
 both read pages this way and hand them to the bounded queue (sync/queue.py).
@@ -13,14 +14,17 @@ both read pages this way and hand them to the bounded queue (sync/queue.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
+from typing import TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from inboxd.adapters.base import Page, Source
 from inboxd.pipeline.ingest import IngestBatch
+
+T = TypeVar("T")
 
 # Pages read ahead of the one being ingested: one overlaps reading and parsing
 # with the database work; more would only hold more parsed mail in memory.
@@ -62,3 +66,17 @@ def batch_of(source: Source, page: Page) -> IngestBatch:
         backfill=page.backfill,
         fetch_attachment=source.fetch_attachment if lazy else None,
     )
+
+
+async def unwrap_single(work: Awaitable[T]) -> T:
+    """Await `work`; a lone error from inside task groups (read_ahead's, the
+    runner's) is raised as itself, so callers can catch it by type."""
+    try:
+        return await work
+    except BaseExceptionGroup as group:
+        inner: BaseException = group
+        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+            inner = inner.exceptions[0]
+        if inner is group:
+            raise
+        raise inner from None

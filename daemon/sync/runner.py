@@ -35,7 +35,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from inboxd.adapters.base import Page, Source
 from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.sync.pages import batch_of, read_ahead
+from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import leases, scheduling
@@ -174,20 +174,9 @@ class MailboxRunner:
             return
         self._running = True
         try:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._renew, token)
-                    completed = await self._pages(token)
-                    tg.cancel_scope.cancel()
-            except BaseExceptionGroup as group:
-                # anyio wraps what the sync raised (twice: renew + page reader
-                # groups); the handlers in _one_run need the error itself
-                inner: BaseException = group
-                while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-                    inner = inner.exceptions[0]
-                if inner is group:
-                    raise
-                raise inner from None
+            # anyio wraps what the sync raised (renew + page reader groups); the
+            # handlers in _one_run need the error itself
+            completed = await unwrap_single(self._sync_pages(token))
             if completed:
                 async with pool.acquire() as conn:
                     await scheduling.record_success(conn, tenant, mailbox)
@@ -196,8 +185,19 @@ class MailboxRunner:
         finally:
             self._running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
-                async with pool.acquire() as conn:
-                    await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
+                try:
+                    async with pool.acquire() as conn:
+                        await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
+                except DATABASE_ERRORS as exc:  # the lease expires by itself
+                    self._log.warning("lease_not_released", error=describe(exc))
+
+    async def _sync_pages(self, token: int) -> bool:
+        """The pages, with the lease renewed beside them."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew, token)
+            completed = await self._pages(token)
+            tg.cancel_scope.cancel()
+        return completed
 
     async def _pages(self, token: int) -> bool:
         """Sync every page; True when the source is exhausted, False when stopped early."""
