@@ -171,7 +171,7 @@ class IngestStage:
                 sorted(touched),
                 PLACEHOLDER_RE,
             )
-            await insert_dead_items(conn, tenant, mailbox, deads, dead_keys)
+            await insert_dead_items(conn, tenant, mailbox, deads, dead_keys.keys, dead_keys.failed)
             results = assemble_results(len(batch.items), plan, deads, dead_keys)
             if batch.backfill:
                 add_backfill_event(results, events)

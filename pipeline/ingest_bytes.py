@@ -124,15 +124,25 @@ async def store_message_bytes(
     return stored
 
 
+@dataclass(slots=True)
+class DeadRawKeys:
+    """Where each dead item's raw bytes went, by batch index.
+
+    `keys[i]` is the object key, or None when the item had no raw bytes.
+    `failed` holds the indices whose store failed: such a dead item is not
+    recorded yet (rows.insert_dead_items skips it) and comes back retriable.
+    """
+
+    keys: dict[int, str | None]
+    failed: set[int]
+
+
 async def store_dead_raw(
     store: ObjectStore, tenant: str, deads: list[tuple[int, DeadItem]]
-) -> dict[int, str | None]:
-    """Store dead items' raw bytes; returns batch index → key.
-
-    None: the item had no raw bytes. "!failed": the store failed, so the dead
-    item must not be recorded yet (rows.insert_dead_items skips it).
-    """
+) -> DeadRawKeys:
+    """Store dead items' raw bytes (DeadRawKeys)."""
     keys: dict[int, str | None] = {}
+    failed_indices: set[int] = set()
     puts: list[tuple[str, bytes, str]] = []
     for i, dead in deads:
         if dead.raw is not None and dead.raw_sha256:
@@ -144,10 +154,8 @@ async def store_dead_raw(
     if puts:
         errors = await store.put_many(puts)
         failed = {key for (key, _, _), err in zip(puts, errors, strict=True) if err}
-        for i, key in list(keys.items()):
-            if key in failed:
-                keys[i] = "!failed"
-    return keys
+        failed_indices = {i for i, key in keys.items() if key in failed}
+    return DeadRawKeys(keys, failed_indices)
 
 
 async def record_retried_attachments(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inboxd.pipeline.cascade import Decision
-from inboxd.pipeline.ingest_bytes import AttachmentState
+from inboxd.pipeline.ingest_bytes import AttachmentState, DeadRawKeys
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.outcomes import ItemResult, Outcome
@@ -64,7 +64,7 @@ def assemble_results(
     size: int,
     plan: IngestPlan,
     deads: list[tuple[int, DeadItem]],
-    dead_keys: dict[int, str | None],
+    dead_keys: DeadRawKeys,
 ) -> list[ItemResult]:
     """One ItemResult per position of a batch of `size` items, in batch order."""
     results: list[ItemResult | None] = [None] * size
@@ -79,7 +79,7 @@ def assemble_results(
             plan.message_ids.get(k) or plan.decisions.get(k, Decision(outcome)).existing_id,
         )
     for i, dead in deads:
-        if dead_keys.get(i) == "!failed":
+        if i in dead_keys.failed:
             results[i] = ItemResult(
                 i, Outcome.RETRIABLE_FAILURE, detail="raw bytes of a dead item not stored"
             )

@@ -272,9 +272,13 @@ async def insert_dead_items(
     mailbox_id: str,
     deads: list[tuple[int, DeadItem]],
     raw_keys: dict[int, str | None],
+    not_stored: set[int],
 ) -> set[int]:
-    """Record dead items (idempotent per external id); returns the batch indices stored."""
-    rows = [(i, d) for i, d in deads if raw_keys.get(i) != "!failed"]
+    """Record dead items (idempotent per external id); returns the batch indices stored.
+
+    `not_stored`: indices whose raw bytes did not reach the object store; they are
+    left out, to be recorded when the item comes again."""
+    rows = [(i, d) for i, d in deads if i not in not_stored]
     if rows:
         await conn.execute(
             "INSERT INTO dead_items (tenant_id, mailbox_id, external_id, reason, detail, "
