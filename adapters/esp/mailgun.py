@@ -21,6 +21,12 @@ depends on whether the key is right, and a request that cannot be proven to
 come from Mailgun is not stored. After verification, an `event-data` that is
 not the documented shape is MalformedPayload (400).
 
+Bounds (adapters/esp/fields.py): after verification, an event-data nested
+deeper than MAX_JSON_DEPTH, an id over MAX_ID_CHARS, a time outside the
+event-time range or NUL in a field read is MalformedPayload (400). A token
+longer than MAX_TOKEN_CHARS or holding NUL is VerificationFailed: Mailgun's
+are 50 characters, and the token is stored (hashed) as the replay key.
+
 `accept` checks: timestamp within the tolerance of the receive time → HMAC
 (constant-time). For a subaccount's domain Mailgun adds `parent-signature`,
 the same HMAC under the primary account's key; either one matching the
@@ -87,6 +93,10 @@ from .base import (
 )
 from .config import read_tolerance, refuse_unknown_keys
 from .fields import (
+    MAX_ID_CHARS,
+    MAX_MESSAGE_ID_CHARS,
+    check_depth,
+    check_text,
     check_timestamp,
     optional_str,
     parse_json_object,
@@ -101,6 +111,10 @@ _CONFIG_KEYS = frozenset({"signing_key", "tolerance_s"})
 #: Prefix of MalformedPayload messages about the event object.
 _WHERE = "event-data."
 _TIMESTAMP = "event-data.timestamp"
+#: Longest signature token accepted: Mailgun's are 50 characters ("Securing
+#: Webhooks"); the bound keeps the replay key (hashed, but first read and hashed
+#: per request) small.
+MAX_TOKEN_CHARS = 256
 
 _SIMPLE_TYPES: dict[str, EventType] = {
     "accepted": EventType.ACCEPTED,
@@ -164,7 +178,9 @@ class MailgunReceiver:
         # an unparsable body is VerificationFailed (module docstring).
         body = parse_json_object(request.body, error=VerificationFailed)
         token = self._verify(body.get("signature"), request.received_at)
-        event = normalise_event(body.get("event-data"))
+        data = body.get("event-data")
+        check_depth(data, what="event-data")
+        event = normalise_event(data)
         return Accepted(events=[event], replay_token=token, replay_scope=self.replay_scope)
 
     @property
@@ -185,6 +201,9 @@ class MailgunReceiver:
         token = signature.get("token")
         if not isinstance(token, str) or not token:
             raise VerificationFailed("signature.token missing")
+        check_text(
+            token, what="signature.token", max_chars=MAX_TOKEN_CHARS, error=VerificationFailed
+        )
         candidates = [signature.get("signature"), signature.get("parent-signature")]
         offered = [value for value in candidates if isinstance(value, str) and value]
         if not offered:
@@ -224,7 +243,7 @@ def normalise_event(data: Any) -> DeliveryEvent:
     """A verified `event-data` object as a DeliveryEvent (the module docstring has the rules)."""
     if not isinstance(data, dict):
         raise MalformedPayload("event-data is missing or not an object")
-    raw_type = required_str(data, "event", where=_WHERE)
+    raw_type = required_str(data, "event", where=_WHERE, max_chars=MAX_ID_CHARS)
     event_type = _SIMPLE_TYPES.get(raw_type, EventType.UNKNOWN)
     bounce_type: BounceType | None = None
     bounce_subtype: str | None = None
@@ -257,7 +276,7 @@ def event_id(data: Mapping[str, Any]) -> str | None:
     """`{id}:{repr(float(timestamp))}` of an event-data object; None without an
     id or a timestamp (module docstring: why the timestamp, why this form of
     it). MalformedPayload when either is of the wrong type."""
-    mailgun_id = optional_str(data, "id", where=_WHERE)
+    mailgun_id = optional_str(data, "id", where=_WHERE, max_chars=MAX_ID_CHARS)
     timestamp = data.get("timestamp")
     # read_unix_time refuses what is not a number in datetime's range, so
     # float() below cannot overflow.
@@ -291,7 +310,7 @@ def _status_code(data: Mapping[str, Any]) -> str | None:
     if isinstance(code, int) and not isinstance(code, bool):
         return str(code)
     if isinstance(code, str) and code:
-        return code
+        return check_text(code, what="event-data.delivery-status.code")
     return None
 
 
@@ -300,6 +319,8 @@ def _mailing_list(data: Mapping[str, Any]) -> str | None:
     if not isinstance(mailing_list, dict):
         return None
     address = mailing_list.get("address")
+    if isinstance(address, str):
+        check_text(address, what="event-data.mailing-list.address", max_chars=MAX_ID_CHARS)
     return address if isinstance(address, str) and address else None
 
 
@@ -311,6 +332,8 @@ def _message_id(data: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(value, str):
         raise MalformedPayload("message.headers.message-id is not a string")
+    # Also provider_message_id (module docstring), a key of the evidence index.
+    check_text(value, what="message.headers.message-id", max_chars=MAX_MESSAGE_ID_CHARS)
     return value or None
 
 

@@ -20,6 +20,12 @@ Postmark gives events no id; only bounces and spam complaints carry the bounce
 None and the pipeline fingerprints it. A RecordType not listed is
 `EventType.UNKNOWN`; so are the parts of a known RecordType that are not a
 delivery outcome, with `provider_type` `"{RecordType}:{detail}"` saying which.
+
+Bounds (adapters/esp/fields.py): a body nested deeper than MAX_JSON_DEPTH
+(`Metadata` is the sender's own), an event time outside the event-time range,
+an id or type over MAX_ID_CHARS, NUL in a field read: MalformedPayload (400),
+nothing stored. A repeated Authorization header is VerificationFailed (401):
+RFC 9110 §11.6.2 gives it one value, and two leave open which one to check.
 """
 
 from __future__ import annotations
@@ -42,7 +48,15 @@ from .base import (
     WebhookRequest,
 )
 from .config import refuse_unknown_keys
-from .fields import parse_json_object, read_iso_time
+from .fields import (
+    MAX_FIELD_CHARS,
+    MAX_ID_CHARS,
+    check_depth,
+    check_text,
+    parse_json_object,
+    read_iso_time,
+    single_header,
+)
 
 __all__ = ["BOUNCE_TYPES", "PostmarkReceiver"]
 
@@ -199,9 +213,13 @@ class PostmarkReceiver:
         credentials) or MalformedPayload (not a JSON object with a RecordType).
         """
         check_credentials(
-            request.headers.get("authorization"), self._username_digest, self._password_digest
+            single_header(request.headers, "authorization"),
+            self._username_digest,
+            self._password_digest,
         )
-        return Accepted(events=[normalise(parse_json_object(request.body))])
+        payload = parse_json_object(request.body)
+        check_depth(payload)
+        return Accepted(events=[normalise(payload)])
 
 
 def _digest(value: bytes) -> bytes:
@@ -240,6 +258,7 @@ def normalise(payload: dict[str, Any]) -> DeliveryEvent:
     record_type = payload.get("RecordType")
     if not isinstance(record_type, str) or not record_type:
         raise MalformedPayload("RecordType is missing or not a string")
+    check_text(record_type, what="RecordType", max_chars=MAX_ID_CHARS)
     provider_type, event_type, bounce_type, bounce_subtype, list_id = classify(record_type, payload)
     time_field = TIME_FIELDS.get(record_type)
     return DeliveryEvent(
@@ -247,8 +266,9 @@ def normalise(payload: dict[str, Any]) -> DeliveryEvent:
         provider_type=provider_type,
         event_type=event_type,
         occurred_at=read_iso_time(payload.get(time_field)) if time_field else None,
-        provider_message_id=_text(payload.get("MessageID")),
-        recipient=_text(payload.get("Recipient")) or _text(payload.get("Email")),
+        provider_message_id=_text(payload.get("MessageID"), "MessageID", MAX_ID_CHARS),
+        recipient=_text(payload.get("Recipient"), "Recipient")
+        or _text(payload.get("Email"), "Email"),
         bounce_type=bounce_type,
         bounce_subtype=bounce_subtype,
         list_id=list_id,
@@ -262,7 +282,7 @@ def classify(
 ) -> tuple[str, EventType, BounceType | None, str | None, str | None]:
     """(provider_type, event_type, bounce_type, bounce_subtype, list_id) of one event."""
     if record_type == "Bounce":
-        kind = _text(payload.get("Type"))
+        kind = _text(payload.get("Type"), "Type", MAX_ID_CHARS)
         if kind in NOT_FAILURES:
             return f"Bounce:{kind}", EventType.UNKNOWN, None, None, None
         bounce_type = BOUNCE_TYPES.get(kind or "", BounceType.UNDETERMINED)
@@ -279,12 +299,13 @@ def classify_subscription_change(
     suppress = payload.get("SuppressSending")
     if suppress is False:
         return "SubscriptionChange:resubscribe", EventType.UNKNOWN, None, None, None
-    reason = _text(payload.get("SuppressionReason"))
+    reason = _text(payload.get("SuppressionReason"), "SuppressionReason")
     if suppress is not True or reason is None or reason not in SUBSCRIPTION_CHANGES:
         return "SubscriptionChange", EventType.UNKNOWN, None, None, None
     event_type, bounce_type = SUBSCRIPTION_CHANGES[reason]
     if event_type is EventType.UNSUBSCRIBED:
-        return "SubscriptionChange", event_type, None, None, _text(payload.get("MessageStream"))
+        stream = _text(payload.get("MessageStream"), "MessageStream", MAX_ID_CHARS)
+        return "SubscriptionChange", event_type, None, None, stream
     bounce_subtype = reason if event_type is EventType.BOUNCED else None
     return "SubscriptionChange", event_type, bounce_type, bounce_subtype, None
 
@@ -296,12 +317,13 @@ def bounce_event_id(record_type: str, payload: Mapping[str, Any]) -> str | None:
     bounce_id = payload.get("ID")
     if isinstance(bounce_id, bool) or not isinstance(bounce_id, int | str):
         return None
-    text = str(bounce_id).strip()
+    text = check_text(str(bounce_id).strip(), what="ID", max_chars=MAX_ID_CHARS)
     return f"bounce:{text}" if text else None
 
 
-def _text(value: Any) -> str | None:
-    """A non-empty string field, stripped; None for anything else."""
+def _text(value: Any, what: str = "field", max_chars: int = MAX_FIELD_CHARS) -> str | None:
+    """A non-empty string field, stripped; None for anything else. MalformedPayload
+    when fields.check_text refuses it (`what` names the field)."""
     if isinstance(value, str) and value.strip():
-        return value.strip()
+        return check_text(value.strip(), what=what, max_chars=max_chars)
     return None

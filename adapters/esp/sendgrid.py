@@ -26,6 +26,16 @@ it), no time, and the raw object as payload; the rest of the batch is
 normalised as usual. Refusing the batch instead would lose its good events:
 SendGrid retries any non-2xx answer for up to 24 hours ("Troubleshooting the
 Event Webhook"), every retry fails the same way, and then the batch is dropped.
+The field bounds of adapters/esp/fields.py are checked the same way, event by
+event: an `sg_event_id` longer than MAX_ID_CHARS, a `timestamp` outside the
+event-time range, an event nested deeper than MAX_JSON_DEPTH (`category`,
+`unique_args`), NUL in a field — each makes that one event a malformed UNKNOWN
+(its id dropped, so it is fingerprinted; its raw type trimmed to
+MAX_ID_CHARS and cleaned) while the batch's good events are stored as usual.
+
+Each of the two headers must come once; a repeated one is refused before the
+signature is checked (401, like a bad signature): SendGrid sends one of each,
+and with two the signed pair is ambiguous.
 
 Normalisation (Event Webhook Reference,
 https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/event):
@@ -94,7 +104,18 @@ from .base import (
     WebhookRequest,
 )
 from .config import read_tolerance, refuse_unknown_keys
-from .fields import check_timestamp, load_json, optional_str, read_unix_time, required_str
+from .fields import (
+    MAX_ID_CHARS,
+    MAX_MESSAGE_ID_CHARS,
+    check_depth,
+    check_text,
+    check_timestamp,
+    load_json,
+    optional_str,
+    read_unix_time,
+    required_str,
+    single_header,
+)
 
 __all__ = ["SendGridReceiver", "from_config"]
 
@@ -182,8 +203,8 @@ class SendGridReceiver:
         return Accepted(events=normalise_batch(parse_batch(request.body)))
 
     def _verify(self, request: WebhookRequest) -> None:
-        signature_b64 = request.headers.get(SIGNATURE_HEADER)
-        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        signature_b64 = single_header(request.headers, SIGNATURE_HEADER)
+        timestamp = single_header(request.headers, TIMESTAMP_HEADER)
         if not signature_b64:
             raise VerificationFailed(f"missing header {SIGNATURE_HEADER}")
         if not timestamp:
@@ -232,24 +253,47 @@ def malformed_event(item: Mapping[str, Any]) -> DeliveryEvent:
     Only what cannot be wrong is read: the raw `event` and `sg_event_id`, each
     when it is a non-empty string. Recipient and message ids stay None, so it
     can neither suppress an address nor change a message's delivery evidence.
+    An `sg_event_id` that fields.check_text refuses (too long, NUL) is dropped,
+    so the event is fingerprinted — a trimmed id could collide with another
+    event's real one; the raw type is kept trimmed and cleaned, so it says
+    what the provider sent. The pipeline stores the payload depth-bounded.
     """
     raw_type = item.get("event")
     sg_event_id = item.get("sg_event_id")
     return DeliveryEvent(
-        provider_event_id=sg_event_id if isinstance(sg_event_id, str) and sg_event_id else None,
-        provider_type=MALFORMED_PREFIX
-        + (raw_type if isinstance(raw_type, str) and raw_type else "?"),
+        provider_event_id=sg_event_id if _usable_id(sg_event_id) else None,
+        provider_type=MALFORMED_PREFIX + _safe_type(raw_type),
         event_type=EventType.UNKNOWN,
         occurred_at=None,
         payload=item,
     )
 
 
+def _usable_id(value: Any) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        check_text(value, what="sg_event_id", max_chars=MAX_ID_CHARS)
+    except MalformedPayload:
+        return False
+    return True
+
+
+def _safe_type(raw_type: Any) -> str:
+    """The raw `event` as text PostgreSQL stores: trimmed to MAX_ID_CHARS, NUL and
+    lone surrogates replaced; "?" when it is not a non-empty string."""
+    if not isinstance(raw_type, str) or not raw_type:
+        return "?"
+    trimmed = raw_type[:MAX_ID_CHARS].replace("\x00", "\ufffd")
+    return trimmed.encode("utf-8", "replace").decode("utf-8")
+
+
 def normalise_event(item: Mapping[str, Any]) -> DeliveryEvent:
     """One SendGrid event object as a DeliveryEvent (the module docstring has the
-    rules); MalformedPayload when a field has the wrong type or a group event
-    has no group."""
-    raw_type = required_str(item, "event")
+    rules); MalformedPayload when a field has the wrong type or is out of bounds,
+    or a group event has no group."""
+    check_depth(item, what="event")
+    raw_type = required_str(item, "event", max_chars=MAX_ID_CHARS)
     event_type = _SIMPLE_TYPES.get(raw_type, EventType.UNKNOWN)
     bounce_type: BounceType | None = None
     bounce_subtype: str | None = None
@@ -266,12 +310,14 @@ def normalise_event(item: Mapping[str, Any]) -> DeliveryEvent:
         event_type = EventType.UNSUBSCRIBED
         list_id = f"asm:{_asm_group_id(item)}"
     return DeliveryEvent(
-        provider_event_id=optional_str(item, "sg_event_id"),
+        provider_event_id=optional_str(item, "sg_event_id", max_chars=MAX_ID_CHARS),
         provider_type=raw_type,
         event_type=event_type,
         occurred_at=read_unix_time(item.get("timestamp")),
-        provider_message_id=x_message_id(optional_str(item, "sg_message_id")),
-        message_id_header=optional_str(item, "smtp-id"),
+        provider_message_id=x_message_id(
+            optional_str(item, "sg_message_id", max_chars=MAX_ID_CHARS)
+        ),
+        message_id_header=optional_str(item, "smtp-id", max_chars=MAX_MESSAGE_ID_CHARS),
         recipient=optional_str(item, "email"),
         bounce_type=bounce_type,
         bounce_subtype=bounce_subtype,
@@ -310,7 +356,7 @@ def _asm_group_id(item: Mapping[str, Any]) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, str) and value:
-        return value
+        return check_text(value, what="asm_group_id", max_chars=MAX_ID_CHARS)
     # A group event without its group cannot be scoped; widening it to the
     # whole source would over-suppress, so the event is refused instead (and
     # kept as a malformed UNKNOWN event, module docstring).

@@ -38,7 +38,10 @@ publishes to Amazon SNS" and "Amazon SNS notification contents for Amazon SES"):
 mail.timestamp, else the signed SNS Timestamp. The dedup id is the SNS MessageId,
 suffixed `:<index>` when one notification yields several events. The verified
 SES event is the payload of each of its events; anything in it that is not the
-documented shape is MalformedPayload (400).
+documented shape is MalformedPayload (400). So is anything out of the bounds of
+adapters/esp/fields.py: a Message nested deeper than MAX_JSON_DEPTH, an SNS
+MessageId, messageId or topic over MAX_ID_CHARS, a time outside the event-time
+range, NUL in a field read.
 """
 
 from __future__ import annotations
@@ -57,7 +60,16 @@ from inboxd.adapters.esp.base import (
     WebhookRequest,
 )
 from inboxd.adapters.esp.config import refuse_unknown_keys
-from inboxd.adapters.esp.fields import optional_str, parse_iso_time, parse_json_object
+from inboxd.adapters.esp.fields import (
+    MAX_FIELD_CHARS,
+    MAX_ID_CHARS,
+    MAX_MESSAGE_ID_CHARS,
+    check_depth,
+    check_text,
+    optional_str,
+    parse_iso_time,
+    parse_json_object,
+)
 from inboxd.adapters.esp.sns import (
     SUBSCRIPTION_CONFIRMATION,
     UNSUBSCRIBE_CONFIRMATION,
@@ -194,6 +206,7 @@ class SesReceiver:
         if message.type == UNSUBSCRIBE_CONFIRMATION:
             return Accepted()
         event = parse_json_object(message.message, what="ses: Message")
+        check_depth(event, what="ses: Message")
         return Accepted(events=normalise(event, message))
 
 
@@ -218,14 +231,16 @@ def normalise(event: Mapping[str, Any], message: SnsMessage) -> list[DeliveryEve
     raw_type = event.get("eventType", event.get("notificationType"))
     if not isinstance(raw_type, str) or not raw_type:
         raise MalformedPayload("ses: eventType/notificationType missing")
+    check_text(raw_type, what="ses: eventType", max_chars=MAX_ID_CHARS)
+    check_text(message.message_id, what="sns: MessageId", max_chars=MAX_ID_CHARS)
     mail = _object(event, "mail")
     detail, drafts = _drafts(raw_type, event, mail)
     occurred_at = (
         _timestamp(detail, "timestamp") or _timestamp(mail, "timestamp") or message.timestamp
     )
     common_headers = _object(mail, "commonHeaders")
-    provider_message_id = _optional_str(mail, "messageId")
-    message_id_header = _optional_str(common_headers, "messageId")
+    provider_message_id = _optional_str(mail, "messageId", max_chars=MAX_ID_CHARS)
+    message_id_header = _optional_str(common_headers, "messageId", max_chars=MAX_MESSAGE_ID_CHARS)
     return [
         DeliveryEvent(
             provider_event_id=(
@@ -318,7 +333,7 @@ def subscription_drafts(subscription: Mapping[str, Any], recipient: str | None) 
     whose status became OptOut, scoped `<contactList>/<topic>`. A change with no
     opt-out (an opt-in) is recorded as unknown.
     """
-    contact_list = _optional_str(subscription, "contactList")
+    contact_list = _optional_str(subscription, "contactList", max_chars=MAX_ID_CHARS)
     new = _object(subscription, "newTopicPreferences")
     if new.get("unsubscribeAll") is True:
         return [_Draft(EventType.UNSUBSCRIBED, recipient, list_id=contact_list)]
@@ -343,7 +358,7 @@ def _topic_statuses(preferences: Mapping[str, Any]) -> dict[str, str]:
     for entry in entries:
         if not isinstance(entry, dict):
             raise MalformedPayload("ses: topicSubscriptionStatus entry is not an object")
-        topic = _optional_str(entry, "topicName")
+        topic = _optional_str(entry, "topicName", max_chars=MAX_ID_CHARS)
         status = _optional_str(entry, "subscriptionStatus")
         if topic is None or status is None:
             raise MalformedPayload("ses: topicSubscriptionStatus entry lacks topicName/status")
@@ -369,15 +384,19 @@ def _object(parent: Mapping[str, Any], key: str, *, required: bool = False) -> M
     return value
 
 
-def _optional_str(parent: Mapping[str, Any], key: str) -> str | None:
+def _optional_str(
+    parent: Mapping[str, Any], key: str, *, max_chars: int = MAX_FIELD_CHARS
+) -> str | None:
     # An empty string is absent too: SES fields are never meaningfully empty.
-    return optional_str(parent, key, where="ses: ") or None
+    return optional_str(parent, key, where="ses: ", max_chars=max_chars) or None
 
 
 def _strings(parent: Mapping[str, Any], key: str) -> list[str]:
     value = parent.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise MalformedPayload(f"ses: {key} is not a list of strings")
+    for text in value:
+        check_text(text, what=f"ses: {key}")
     return value
 
 
@@ -391,7 +410,7 @@ def _addresses(parent: Mapping[str, Any], key: str) -> list[str]:
         address = entry.get("emailAddress") if isinstance(entry, dict) else None
         if not isinstance(address, str):
             raise MalformedPayload(f"ses: {key} entry has no emailAddress")
-        addresses.append(address)
+        addresses.append(check_text(address, what=f"ses: {key} emailAddress"))
     return addresses
 
 

@@ -13,7 +13,16 @@ signature is base64(HMAC-SHA256(key, f"{id}.{timestamp}.".encode() + raw body)),
 where the key is the base64-decoded part of the `whsec_…` secret. `accept` checks,
 in order: the three headers are present, the timestamp is an integer within
 `tolerance_s` of the receive time, one `v1` signature matches under one of the
-configured keys (constant-time) — and only then parses the body.
+configured keys (constant-time) — and only then parses the body. Each of the
+three headers must come once: two `webhook-signature` (or `-id`, `-timestamp`)
+headers are refused like a bad signature (401), because the spec defines one
+header carrying a space-delimited list and a second one leaves open which the
+sender signed.
+
+Bounds (adapters/esp/fields.py): after verification, a webhook id longer than
+MAX_ID_CHARS or holding NUL, an event time outside the event-time range, a body
+nested deeper than MAX_JSON_DEPTH, or an id field over its limit is
+MalformedPayload (400): one request is one event, so nothing of it is stored.
 
 Rotation: `secret` and the optional `next_secret` are both accepted, so the new
 secret can be configured before the provider switches to it; retiring a secret
@@ -50,7 +59,17 @@ from .base import (
     WebhookRequest,
 )
 from .config import read_tolerance, refuse_unknown_keys
-from .fields import check_timestamp, parse_json_object, read_iso_time
+from .fields import (
+    MAX_ID_CHARS,
+    MAX_MESSAGE_ID_CHARS,
+    check_depth,
+    check_text,
+    check_timestamp,
+    optional_str,
+    parse_json_object,
+    read_iso_time,
+    single_header,
+)
 
 __all__ = ["EVENT_TYPES", "StandardWebhooksReceiver"]
 
@@ -174,7 +193,10 @@ class StandardWebhooksReceiver:
         MalformedPayload (verified but not a JSON object of Resend's shape).
         """
         webhook_id = verify_request(request, self._keys, self.tolerance_s)
-        return Accepted(events=normalise(webhook_id, parse_json_object(request.body)))
+        check_text(webhook_id, what="webhook-id", max_chars=MAX_ID_CHARS)
+        payload = parse_json_object(request.body)
+        check_depth(payload)
+        return Accepted(events=normalise(webhook_id, payload))
 
 
 def decode_secret(key: str, value: str) -> bytes:
@@ -215,7 +237,8 @@ def read_headers(headers: Mapping[str, str]) -> tuple[str, str, str]:
     """(id, timestamp, signature) from the `webhook-*` set, else the `svix-*` set.
 
     The first set with any header present is used whole: mixing sets would let one
-    sender's id pair with another's signature.
+    sender's id pair with another's signature. A header of the set that comes
+    twice is VerificationFailed (module docstring).
     """
     names = next(
         (names for names in HEADER_SETS if any(headers.get(n) is not None for n in names)),
@@ -223,7 +246,7 @@ def read_headers(headers: Mapping[str, str]) -> tuple[str, str, str]:
     )
     values = []
     for name in names:
-        value = (headers.get(name) or "").strip()
+        value = (single_header(headers, name) or "").strip()
         if not value:
             raise VerificationFailed(f"missing {name} header")
         values.append(value)
@@ -250,8 +273,8 @@ def normalise(webhook_id: str, payload: dict[str, Any]) -> list[DeliveryEvent]:
     Several recipients get ids `{webhook_id}:{index}` so each is its own event;
     no recipient at all still gives one event (recipient None).
     """
-    provider_type = payload.get("type")
-    if not isinstance(provider_type, str) or not provider_type:
+    provider_type = optional_str(payload, "type", max_chars=MAX_ID_CHARS)
+    if not provider_type:
         raise MalformedPayload("type is missing or not a string")
     data = payload.get("data", {})
     if not isinstance(data, dict):
@@ -262,6 +285,8 @@ def normalise(webhook_id: str, payload: dict[str, Any]) -> list[DeliveryEvent]:
         bounce_type, bounce_subtype = classify_bounce(data.get("bounce"))
     occurred_at = read_iso_time(payload.get("created_at", payload.get("timestamp")))
     message_id = data.get("email_id")
+    if isinstance(message_id, str):
+        check_text(message_id, what="data.email_id", max_chars=MAX_ID_CHARS)
     common: dict[str, Any] = {
         "provider_type": provider_type,
         "event_type": event_type,
@@ -291,6 +316,8 @@ def classify_bounce(bounce: Any) -> tuple[BounceType, str | None]:
     if isinstance(raw_type, str):
         bounce_type = BOUNCE_TYPES.get(raw_type.lower(), BounceType.UNDETERMINED)
     subtype = bounce.get("subType")
+    if isinstance(subtype, str):
+        check_text(subtype, what="data.bounce.subType")
     return bounce_type, subtype if isinstance(subtype, str) and subtype else None
 
 
@@ -305,6 +332,7 @@ def read_recipients(to: Any) -> list[str]:
     for entry in to:
         if not isinstance(entry, str) or not entry.strip():
             continue
+        check_text(entry, what="data.to")
         if "<" not in entry and '"' not in entry and "(" not in entry:
             # A bare address, the common case: parseaddr costs ~6 µs and finds nothing more.
             recipients.append(entry.strip())
@@ -322,7 +350,7 @@ def find_message_id_header(data: Mapping[str, Any]) -> str | None:
     (a list of `{name, value}` or a name → value object)."""
     direct = data.get("message_id")
     if isinstance(direct, str) and direct:
-        return direct
+        return check_text(direct, what="data.message_id", max_chars=MAX_MESSAGE_ID_CHARS)
     headers = data.get("headers")
     pairs: list[tuple[Any, Any]] = []
     if isinstance(headers, dict):
@@ -331,5 +359,6 @@ def find_message_id_header(data: Mapping[str, Any]) -> str | None:
         pairs = [(h.get("name"), h.get("value")) for h in headers if isinstance(h, dict)]
     for name, value in pairs:
         if isinstance(name, str) and name.lower() == "message-id" and isinstance(value, str):
+            check_text(value, what="data.headers Message-ID", max_chars=MAX_MESSAGE_ID_CHARS)
             return value.strip() or None
     return None
