@@ -217,7 +217,8 @@ class Daemon:
         ]
         async with self.pool.acquire() as conn:
             await scheduling.upsert_configured_mailboxes(conn, rows)
-            await ensure_tenants(conn, list(tenants))  # webhook events need their tenant row
+            # webhook events need their tenant row; the name is the tenant file's `name`
+            await ensure_tenants(conn, {t.tenant_id: t.name for t in tenants.values()})
 
     # http -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 import asyncpg
 
@@ -45,12 +46,27 @@ async def ensure_mailbox(
     )
 
 
-async def ensure_tenants(conn: asyncpg.Connection, tenant_ids: list[str]) -> None:
-    """Create missing tenant rows (tenants with delivery sources but no mailboxes)."""
-    for tenant_id in tenant_ids:
+async def ensure_tenants(
+    conn: asyncpg.Connection, tenants: Mapping[str, str] | Iterable[str]
+) -> None:
+    """Create missing tenant rows (tenants with delivery sources but no mailboxes).
+
+    `tenants`: tenant id → display name (the tenant file's `name`), or bare ids.
+    With names, an existing row's name follows the file (a rename in the tenant
+    file shows after the next start or SIGHUP); bare ids never touch a name.
+    """
+    names = dict(tenants) if isinstance(tenants, Mapping) else dict.fromkeys(tenants, None)
+    for tenant_id in names:
         validate_id("tenant", tenant_id)
+    ids = sorted(names)
+    # ORDER BY: rows locked in one order by every replica, so two never deadlock.
     await conn.execute(
-        "INSERT INTO tenants (tenant_id) SELECT unnest($1::text[]) ORDER BY 1 "
-        "ON CONFLICT DO NOTHING",
-        sorted(set(tenant_ids)),
+        "INSERT INTO tenants (tenant_id, name) "
+        "SELECT t.id, coalesce(t.name, '') FROM unnest($1::text[], $2::text[]) AS t (id, name) "
+        "ORDER BY 1 "
+        "ON CONFLICT (tenant_id) DO UPDATE SET name = EXCLUDED.name "
+        "WHERE $3 AND tenants.name IS DISTINCT FROM EXCLUDED.name",
+        ids,
+        [names[i] for i in ids],
+        isinstance(tenants, Mapping),
     )
