@@ -27,6 +27,14 @@ the bound port once the socket listens. Cancelling it ends every SSE stream,
 stops accepting, lets in-flight requests finish for `SHUTDOWN_GRACE_S` and
 releases everything under a shielded scope bounded by `SHUTDOWN_DEADLINE_S`.
 Request handlers are tasks of aiohttp's server, which that cleanup awaits.
+
+Requests aiohttp's own HTTP parser refuses (a request line or header field
+over `MAX_FIELD_BYTES`, a NUL in a header value, malformed framing) never reach
+the middlewares: `_QuietRequestHandler.handle_error` answers them 400
+`{"error": "bad_request"}` (or `"line_too_long"`) and logs the exception's class
+only. aiohttp's own answer and log line quote the offending bytes, which for an
+`Authorization` header are the credential; ours carry no byte of the request.
+No log line of this module carries a header value.
 """
 
 from __future__ import annotations
@@ -36,8 +44,11 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import structlog
-from aiohttp import hdrs, web
+from aiohttp import hdrs, web, web_server
 from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from anyio.abc import TaskStatus
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -64,6 +75,11 @@ SHUTDOWN_GRACE_S = 5.0
 SHUTDOWN_DEADLINE_S = 10.0
 KEEPALIVE_TIMEOUT_S = 75.0  # longer than common load balancers' 60 s idle timeout
 RETRY_AFTER_S = 5  # for 503s: a restarting PostgreSQL is usually back within seconds
+#: Longest request line and header field the parser takes, bytes: aiohttp's
+#: default, and the 8 KiB of nginx's large_client_header_buffers, so anything a
+#: proxy in front passes fits. Longer ones are refused by the parser (400,
+#: `_QuietRequestHandler`), before any middleware runs.
+MAX_FIELD_BYTES = 8190
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _STREAMING_ROUTES = frozenset({"/v1/events"})
@@ -229,6 +245,75 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
 
 
+class _QuietRequestHandler(RequestHandler):
+    """aiohttp's connection protocol, except that a request its parser refuses is
+    answered and logged without a byte of that request.
+
+    Why: aiohttp 3.14 (web_protocol.RequestHandler.handle_error) answers a parser
+    error with the exception's message as a text/plain body and logs it with
+    its traceback on `aiohttp.server`; the message quotes the request —
+    `LineTooLong` the first 100 bytes of an over-long header field (`b'Bearer
+    xxx…'`), `InvalidHeader` a whole header value, llhttp's errors the bytes
+    around the fault. A credential must not appear in an answer or a log line,
+    whatever its size, so parser errors (status < 500) get a fixed JSON body and
+    a log line with the exception's class only. 5xx (a handler failure that
+    escaped the middlewares, a handler timeout) keep aiohttp's handling: their
+    text is generic and their traceback is of our code, not of the request.
+    """
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        # A non-HTTP client (TLS on the HTTP port) is noise on a public port: debug,
+        # as aiohttp does.
+        level = log.debug if isinstance(exc, BadHttpMethod) else log.info
+        level(
+            "http_request_unparsable",
+            status=status,
+            error=type(exc).__name__ if exc is not None else None,
+            peer=request.remote,
+        )
+        if request.writer.output_size > 0:  # as aiohttp: a started answer cannot become a 400
+            raise ConnectionError("response already started; cannot answer the parser error")
+        slug = "line_too_long" if isinstance(exc, LineTooLong) else "bad_request"
+        response = json_response({"error": slug}, status=status)
+        response.force_close()  # the parser lost its place in the stream
+        return response
+
+
+class _QuietServer(web_server.Server):
+    """aiohttp's `Server` (the protocol factory of the listening socket), making
+    `_QuietRequestHandler`s. aiohttp offers no public way to choose the protocol
+    class, hence this and `_Runner._make_server`."""
+
+    def __call__(self) -> RequestHandler:
+        return _QuietRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """`web.AppRunner` whose server makes `_QuietRequestHandler`s.
+
+    Pinned by tests/daemon/test_ambiguity.py: an aiohttp upgrade that changes
+    these private names fails there (a quoted header), not silently.
+    """
+
+    async def _make_server(self) -> web_server.Server:
+        made = await super()._make_server()
+        return _QuietServer(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            loop=made._loop,
+            **made._kwargs,
+        )
+
+
 def build_app(state: HttpState) -> web.Application:
     """The aiohttp application for `state` (routes, middlewares, SSE hub)."""
     app = web.Application(
@@ -270,10 +355,12 @@ async def serve_http(
     """
     app = build_app(app_state)
     hub = app[EVENT_HUB]
-    runner = web.AppRunner(
+    runner = _Runner(
         app,
         handle_signals=False,
         access_log=None,
+        max_line_size=MAX_FIELD_BYTES,
+        max_field_size=MAX_FIELD_BYTES,
         shutdown_timeout=SHUTDOWN_GRACE_S,
         lingering_time=LINGERING_CLOSE_S,
         keepalive_timeout=KEEPALIVE_TIMEOUT_S,

@@ -175,9 +175,17 @@ def authenticate(request: web.Request) -> str:
     """The tenant of the request's `Authorization: Bearer <token>`; 401 otherwise.
 
     The 401 body is the same for a missing header, another scheme and an unknown
-    token, and the token is never logged or echoed (RFC 6750 §3).
+    token, and the token is never logged or echoed (RFC 6750 §3). More than one
+    `Authorization` field is 400 `{"error": "ambiguous_authorization"}` before
+    any token is looked at: RFC 9110 §5.3 allows repeating a field only when
+    its value is a list, which Authorization's is not, and a proxy in front
+    may have authorised the request by the other one (aiohttp's `get` would
+    take the first). Every /v1 route calls this before it reads or writes.
     """
-    header = request.headers.get(hdrs.AUTHORIZATION, "")
+    fields = request.headers.getall(hdrs.AUTHORIZATION, ())
+    if len(fields) > 1:
+        json_error(400, "ambiguous_authorization")
+    header = fields[0] if fields else ""
     scheme, _, token = header.partition(" ")
     tenant: str | None = None
     if scheme.lower() == "bearer" and token.strip():
