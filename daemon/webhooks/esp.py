@@ -5,10 +5,12 @@ the provider half):
 
     body over the source's limit   413 (the listener's body-limit middleware,
                                    before reading, via `body_limit`)
-    unknown tenant/source          404   ┐ before the body is read
-    content type not the provider's 415  │ (`check_before_body`)
-    over the source's rate         429 + Retry-After ┘
+    unknown tenant/source          404   ┐
+    content type not the provider's 415  │ before the body is read
+    peer's failure budget spent    429   │ (`check_before_body`)
+    source's budget spent          429 + Retry-After ┘
     verification failed            401 {"error": "unauthorized"}, counted; nothing stored
+    verified, source budget spent  429 + Retry-After (raced with concurrent requests)
     certificate fetch failed       503 (SNS; the provider retries)
     malformed verified content     400
     replayed single-use token      401, counted
@@ -18,6 +20,35 @@ the provider half):
 
 No event is processed inside the request: the handler verifies, persists and
 answers; the event workers apply the rows afterwards (pipeline/delivery/worker.py).
+
+Budgets. Whoever knows a hook URL can send to it, so unverified requests must
+neither hold a tenant's events back nor cost unbounded CPU:
+
+- Verified requests spend the source's bucket (`DeliveryHook.limiter`,
+  `rate_limit_per_s` / `rate_limit_burst`): checked before the body (429 when
+  empty, nothing read), spent once verification passed.
+- Every request that does not end verified — verification failed, a replayed
+  token, malformed content, verification unavailable — spends instead the
+  failure bucket of its peer at that source (`HookTable.failures`, keyed
+  (tenant, source, peer), `FAILED_VERIFICATION_RATE_PER_S` /
+  `FAILED_VERIFICATION_BURST`). While that bucket is empty, the peer's requests
+  to that source get 429 before their body is read: a flood costs header
+  parsing, not body reads and HMACs, and its log lines and 401s are bounded by
+  the bucket.
+- Garbage spends nothing of the source's bucket nor of other peers' buckets,
+  so a flood of unsigned requests from one peer leaves signed events from
+  other peers flowing. Per-peer state is bounded (`MAX_TRACKED_PEERS`, least
+  recently charged dropped first; a dropped bucket is a full one).
+
+A peer is `request.remote`: the TCP peer (an IPv6 one is its /64,
+daemon/webhooks/ratelimit.py `peer_key`). Behind a reverse proxy every request
+has the proxy's address, so all senders share ONE failure budget per source:
+a flood through the proxy then holds signed events back as well (they get 429
+before their body is read and the provider retries later). An operator behind
+a proxy should rate-limit failed or all requests per client address at the
+proxy (nginx `limit_req` keyed on `$binary_remote_addr`, HAProxy stick
+tables), or expose `/hooks/` to providers directly; X-Forwarded-For is not
+trusted here because any client can send one.
 """
 
 from __future__ import annotations
@@ -38,8 +69,8 @@ from inboxd.adapters.esp.base import (
     VerificationUnavailable,
     WebhookRequest,
 )
-from inboxd.daemon.http.state import HTTP_STATE, json_error, json_response
-from inboxd.daemon.webhooks.ratelimit import RateLimiter
+from inboxd.daemon.http.state import HTTP_STATE, ApiError, json_error, json_response
+from inboxd.daemon.webhooks.ratelimit import PeerBudgets, RateLimiter, peer_key
 from inboxd.pipeline.delivery.intake import (
     DeliveryIntake,
     IntakeUnavailable,
@@ -51,7 +82,10 @@ __all__ = [
     "DEFAULT_HOOK_BODY_BYTES",
     "DEFAULT_RATE_BURST",
     "DEFAULT_RATE_PER_S",
+    "FAILED_VERIFICATION_BURST",
+    "FAILED_VERIFICATION_RATE_PER_S",
     "HOOK_PATH",
+    "MAX_TRACKED_PEERS",
     "DeliveryHook",
     "EspHooks",
     "HookTable",
@@ -69,6 +103,18 @@ DEFAULT_HOOK_BODY_BYTES = 256 * 1024
 #: runaway or hostile sender from filling the database.
 DEFAULT_RATE_PER_S = 2000.0
 DEFAULT_RATE_BURST = 4000.0
+#: Requests per second one peer may send to one source that end unverified,
+#: and their burst. An honest sender fails verification only when misconfigured
+#: (a secret it rotated before we did, a clock off by more than the tolerance),
+#: and then every request of it fails: 5/s keeps its 401s — the log lines and
+#: `inboxd_webhook_verification_failures` an operator looks at — coming, while
+#: the rest costs only header parsing. 20 leaves room for the requests an
+#: honest sender has in flight when its secret changes.
+FAILED_VERIFICATION_RATE_PER_S = 5.0
+FAILED_VERIFICATION_BURST = 20.0
+#: Failure buckets kept at most, over all sources: ~290 bytes each (measured with
+#: tracemalloc, IPv4 keys), so ~3 MB at most.
+MAX_TRACKED_PEERS = 10_000
 #: Retry-After for 429 and 503 answers, seconds.
 RETRY_AFTER_S = 5
 
@@ -95,12 +141,25 @@ class DeliveryHook:
 
 
 class HookTable:
-    """(tenant, source) → DeliveryHook; `replace` swaps it whole on SIGHUP."""
+    """(tenant, source) → DeliveryHook; `replace` swaps it whole on SIGHUP.
 
-    __slots__ = ("_sources",)
+    `failures` holds the failed-verification budget of each peer at each
+    source (module docstring, "Budgets"); it outlives reloads, so a reload does
+    not hand a flooding peer a fresh burst either.
+    """
 
-    def __init__(self, sources: Mapping[tuple[str, str], DeliveryHook] | None = None) -> None:
+    __slots__ = ("_sources", "failures")
+
+    def __init__(
+        self,
+        sources: Mapping[tuple[str, str], DeliveryHook] | None = None,
+        *,
+        failures: PeerBudgets | None = None,
+    ) -> None:
         self._sources: dict[tuple[str, str], DeliveryHook] = dict(sources or {})
+        self.failures = failures or PeerBudgets(
+            FAILED_VERIFICATION_RATE_PER_S, FAILED_VERIFICATION_BURST, MAX_TRACKED_PEERS
+        )
 
     def replace(self, sources: Mapping[tuple[str, str], DeliveryHook]) -> None:
         """Use `sources` from now on; a source whose rate settings did not change
@@ -119,8 +178,10 @@ class HookTable:
         return len(self._sources)
 
     def check_before_body(self, request: web.Request) -> None:
-        """404, 415 and 429 of hook requests, before the body
-        is read (size first, then type, then rate, as the provider sees them)."""
+        """404, 415 and 429 of hook requests, before the body is read (size
+        first, then type, then the peer's failure budget, then the source's).
+        Spends nothing: what a request spends depends on its verification
+        (`spend_verified`, `spend_failed`)."""
         if "source" not in request.match_info or "tenant" not in request.match_info:
             return
         hook = self.get(request.match_info["tenant"], request.match_info["source"])
@@ -128,8 +189,18 @@ class HookTable:
             json_error(404, "not_found")
         if request.content_type.lower() not in hook.receiver.content_types:
             json_error(415, "unsupported_media_type")
+        if not self.failures.allows(_failure_key(request, hook)) or not hook.limiter.ready():
+            _rate_limited()
+
+    def spend_verified(self, hook: DeliveryHook) -> None:
+        """Spend a token of the source's budget for a verified request; 429 when
+        concurrent requests emptied it since `check_before_body`."""
         if not hook.limiter.take():
-            json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+            _rate_limited()
+
+    def spend_failed(self, request: web.Request, hook: DeliveryHook) -> None:
+        """Spend a token of the peer's failure budget at `hook`'s source."""
+        self.failures.charge(_failure_key(request, hook))
 
     def body_limit(self, request: web.Request) -> int | None:
         """The source's own body limit for hook requests."""
@@ -138,6 +209,15 @@ class HookTable:
             return None
         hook = self.get(info["tenant"], info["source"])
         return hook.max_body_bytes if hook is not None else None
+
+
+def _failure_key(request: web.Request, hook: DeliveryHook) -> tuple[str, str, str]:
+    # The hook's own strings: one copy per source in the table, not one per key.
+    return hook.tenant_id, hook.source_id, peer_key(request.remote)
+
+
+def _rate_limited() -> NoReturn:
+    json_error(429, "rate_limited", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
 
 
 class EspHooks:
@@ -169,7 +249,12 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
             json_error(404, "not_found")
         body = await request.read()
         webhook = WebhookRequest(body=body, headers=request.headers, received_at=time.time())
-        accepted = await _accept(request, hook, webhook)
+        try:
+            accepted = await _accept(request, hook, webhook)
+        except ApiError:
+            table.spend_failed(request, hook)  # 401, 400, 503: nothing verified
+            raise
+        table.spend_verified(hook)
         try:
             stored = await intake.submit(
                 hook.tenant_id,
@@ -182,6 +267,7 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
                 replay_scope=accepted.replay_scope,
             )
         except ReplayedToken:
+            table.spend_failed(request, hook)
             _refuse(request, hook, "replayed token")
         except IntakeUnavailable as exc:
             log.warning(
@@ -221,7 +307,8 @@ async def _accept(request: web.Request, hook: DeliveryHook, webhook: WebhookRequ
 def _refuse(request: web.Request, hook: DeliveryHook, check: str) -> NoReturn:
     """401 with a body that says nothing about which check failed."""
     request.app[HTTP_STATE].metrics.webhook_verification_failed(hook.label)
-    log.info("webhook_rejected", tenant=hook.tenant_id, source=hook.source_id, check=check)
+    # `check` names the failed check; cut in case an adapter's message ever quotes input.
+    log.info("webhook_rejected", tenant=hook.tenant_id, source=hook.source_id, check=check[:200])
     json_error(401, "unauthorized")
 
 
