@@ -337,6 +337,12 @@ COMMENT ON COLUMN mailboxes.poll_interval_s IS 'Seconds between polls (poll mode
 COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and last_success_at.';
 COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims the mailbox again before this time (keeps overlapping scanners and replicas from double-scheduling).';
 
+-- Presence of a lease holder (pipeline/leases.py): the key of the session-level
+-- advisory lock it holds; when the lock is gone, so is the holder. Added after the
+-- table existed, so applying this file to an older database adds it.
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS lease_session_key bigint;
+COMMENT ON COLUMN mailboxes.lease_session_key IS 'Key of the advisory lock the lease holder keeps on a connection while it lives; absent from pg_locks means the holder is gone and the lease may be taken before it expires.';
+
 -- The sending provider's id of an outbound message, for correlating its delivery
 -- events (Postmark MessageID, Resend email_id, SES messageId …). Added after the
 -- table existed, so applying this file to an older database adds it.

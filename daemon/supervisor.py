@@ -8,7 +8,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
            ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… (daemon/http/)
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
-                             ├─ fleet               runners, poll scanner, doorbell (sync/)
+                             ├─ fleet               presence, runners, poll scanner,
+                             │                      doorbell (sync/)
                              └─ watchdog            sd_notify WATCHDOG=1
 
 Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
@@ -36,6 +37,7 @@ from inboxd.daemon.config import MainConfig, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.fleet import MailboxFleet
+from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import RunnerDeps
 from inboxd.daemon.tenant_config import MailboxConfig, TenantConfig
@@ -83,7 +85,14 @@ class Daemon:
             self.metrics,
             capacity_pages=max(1, main.queue_capacity // main.batch_size),
         )
-        deps = RunnerDeps(pool, self.queue, self.metrics, self.owner, main.lease_ttl_s)
+        deps = RunnerDeps(
+            pool,
+            self.queue,
+            self.metrics,
+            self.owner,
+            main.lease_ttl_s,
+            presence=Presence(dsn, self.owner),
+        )
         self.fleet = MailboxFleet(
             deps,
             dsn=dsn,

@@ -29,6 +29,16 @@ Lease protocol (one lease per mailbox; `lease_token` is the fencing token)::
   out, the stale holder's write changes no row and it learns so (False). Under
   READ COMMITTED an UPDATE re-checks its WHERE against the newest row version,
   so this holds however the two transactions interleave.
+* Presence: a lease may carry the holder's *session key*, the key of a
+  session-level advisory lock the holder keeps on a connection of its own
+  (`hold_presence`; the daemon's presence task, daemon/sync/presence.py).
+  When that lock is gone from `pg_locks`, the holder's session is gone — the
+  process was killed, crashed, lost power or lost its connection — and
+  `acquire_lease` takes the lease at once instead of waiting out its expiry,
+  so a restarted daemon resyncs its mailboxes within seconds. This moves no
+  fencing: the token still increments, and a holder whose connection merely
+  dropped finds its next cursor write refused. A lease without a session key
+  (an older daemon, a holder without presence) is taken only after expiry.
 * The lease's expiry check uses `now()`, i.e. the start of the caller's
   transaction. Call these functions in short transactions (or autocommit);
   `commit_cursor` inside a long ingest transaction judges expiry at that
@@ -62,6 +72,7 @@ stops the next run at its first check.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import socket
@@ -101,6 +112,19 @@ def new_owner_id(name: str = "inboxd") -> str:
     return f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def presence_key(owner: str) -> int:
+    """The advisory-lock key of `owner`'s presence: 64 bits of its sha256, signed."""
+    return int.from_bytes(hashlib.sha256(owner.encode()).digest()[:8], "big", signed=True)
+
+
+async def hold_presence(conn: asyncpg.Connection, key: int) -> None:
+    """Take the session-level presence lock `key` on `conn` (a connection kept for
+    it alone); it lasts until the connection ends. Raises RuntimeError when
+    another session holds it (two processes sharing an owner id)."""
+    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+        raise RuntimeError("presence lock held by another session: owner ids must be unique")
+
+
 # --- leases ------------------------------------------------------------------------------
 
 _ACQUIRE = """
@@ -110,10 +134,20 @@ WITH target AS (
     UPDATE mailboxes
        SET lease_owner = $3,
            lease_expires_at = now() + make_interval(secs => $4),
-           lease_token = lease_token + 1
+           lease_token = lease_token + 1,
+           lease_session_key = $5
      WHERE tenant_id = $1 AND mailbox_id = $2
        AND (lease_owner IS NULL OR lease_owner = $3
-            OR lease_expires_at IS NULL OR lease_expires_at <= now())
+            OR lease_expires_at IS NULL OR lease_expires_at <= now()
+            OR (lease_session_key IS NOT NULL AND NOT EXISTS (
+                   -- the holder's presence lock (pg_advisory_lock(bigint) shows as
+                   -- classid = high 32 bits, objid = low 32 bits, objsubid = 1)
+                   SELECT 1 FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                      AND l.database = (SELECT oid FROM pg_database
+                                         WHERE datname = current_database())
+                      AND l.classid = ((lease_session_key >> 32) & 4294967295)::oid
+                      AND l.objid = (lease_session_key & 4294967295)::oid)))
     RETURNING lease_token
 )
 SELECT (SELECT lease_token FROM taken), EXISTS (SELECT 1 FROM target)
@@ -157,18 +191,24 @@ async def acquire_lease(
     mailbox_id: str,
     owner: str,
     ttl_s: float,
+    *,
+    session_key: int | None = None,
 ) -> int | None:
     """Take the mailbox's lease for `ttl_s` seconds; the new fencing token, or None.
 
-    One statement. Succeeds when the lease is free, expired, or already held by
-    `owner`, and then always increments `lease_token` and returns it (a
+    One statement. Succeeds when the lease is free, expired, already held by
+    `owner`, or held by an owner whose presence lock is gone (module
+    docstring), and then always increments `lease_token` and returns it (a
     re-acquire by the same owner gets a new token; the old one is stale).
-    None: another owner holds an unexpired lease — do not sync. Raises
-    MailboxNotFound when the mailbox does not exist, ValueError for a bad
-    owner or ttl_s.
+    None: another live owner holds an unexpired lease — do not sync.
+    `session_key`: this owner's presence key, only while `hold_presence`
+    holds it. Raises MailboxNotFound when the mailbox does not exist,
+    ValueError for a bad owner or ttl_s.
     """
     _require_owner(owner)
-    row = await conn.fetchrow(_ACQUIRE, tenant_id, mailbox_id, owner, _positive("ttl_s", ttl_s))
+    row = await conn.fetchrow(
+        _ACQUIRE, tenant_id, mailbox_id, owner, _positive("ttl_s", ttl_s), session_key
+    )
     token: int | None = row[0]
     exists: bool = row[1]
     if not exists:

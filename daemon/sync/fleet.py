@@ -1,6 +1,7 @@
 """The mailbox runners of one process, and the two things that ring them.
 
-    fleet task group ─┬─ runner × configured mailbox   (sync/runner.py)
+    fleet task group ─┬─ presence lock                 (sync/presence.py)
+                      ├─ runner × configured mailbox   (sync/runner.py)
                       ├─ poll scanner                  (sync/scanner.py)
                       └─ doorbell listener             (sync/doorbell.py)
 
@@ -59,6 +60,8 @@ class MailboxFleet:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self.deps.presence is not None:  # before any lease is taken
+                    await tg.start(self.deps.presence.run)
                 for mailbox in mailboxes:
                     await self._start(mailbox)
                 tg.start_soon(

@@ -36,6 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from inboxd.adapters.base import Page, Source
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
+from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import leases, scheduling
@@ -64,6 +65,7 @@ class RunnerDeps:
     metrics: Metrics
     owner: str
     lease_ttl_s: float
+    presence: Presence | None = None  # leases carry its key while it is held
 
 
 class MailboxRunner:
@@ -166,8 +168,14 @@ class MailboxRunner:
             if throttled_until is not None:
                 self._log.debug("sync_skipped_throttled", until=str(throttled_until))
                 return
+            presence = self.deps.presence
             token = await leases.acquire_lease(
-                conn, tenant, mailbox, self.deps.owner, self.deps.lease_ttl_s
+                conn,
+                tenant,
+                mailbox,
+                self.deps.owner,
+                self.deps.lease_ttl_s,
+                session_key=presence.session_key if presence is not None else None,
             )
         if token is None:
             self._log.debug("sync_skipped_leased_elsewhere")

@@ -23,6 +23,7 @@ def write_config(
     tenants: dict[str, list[str]] | None = None,
     port: int = 0,
     shutdown_deadline_s: float = 20.0,
+    lease_ttl_s: float = 10.0,
     extra_main: str = "",
 ) -> Path:
     """Main config + one tenant file per tenant, each with Maildir mailboxes.
@@ -56,7 +57,7 @@ batch_size = 250
 deadline_s = {shutdown_deadline_s}
 
 [sync]
-lease_ttl_s = 10
+lease_ttl_s = {lease_ttl_s}
 poll_scan_interval_s = 0.5
 
 [tenants]

@@ -136,3 +136,45 @@ async def test_readyz_is_503_while_the_database_refuses_and_200_when_it_is_back(
         await admin.close()
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0, daemon.log_tail()
+
+
+# Far longer than the test may take: a takeover that waited for expiry would fail.
+KILLED_LEASE_TTL_S = 300.0
+
+
+async def test_a_restart_after_sigkill_takes_its_mailboxes_back_within_seconds(
+    tmp_path: Path, db_dsn: str
+) -> None:
+    config = write_config(tmp_path, lease_ttl_s=KILLED_LEASE_TTL_S)
+    box = maildir(tmp_path, "acme", "inbox")
+    deliver(box, generated_messages(BACKFILL_MESSAGES, tag="crash"))
+    first = DaemonProcess(config, db_dsn, tmp_path / "first.log")
+    try:
+        first.wait_ready()
+        await first.eventually(
+            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            60,
+            what="the backfill started",
+        )
+    finally:
+        first.proc.kill()  # SIGKILL: no lease release, no goodbye
+        first.wait_exit(10)
+    held = "SELECT count(*) FROM mailboxes WHERE lease_expires_at > now() + interval '200 s'"
+    assert await _count(db_dsn, held) == 1  # the dead process's lease is still unexpired
+
+    second = DaemonProcess(config, db_dsn, tmp_path / "second.log")
+    try:
+        second.wait_ready()
+        await second.eventually(
+            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            120,
+            what=f"{BACKFILL_MESSAGES} messages, long before the old lease expires",
+            until=lambda got: got == BACKFILL_MESSAGES,
+        )
+        await second.eventually(
+            lambda: _moved_all(box, BACKFILL_MESSAGES), 60, what="every file moved to cur/"
+        )
+        assert await _count(db_dsn, "SELECT count(*) FROM message_copies") == BACKFILL_MESSAGES
+    finally:
+        second.signal(signal.SIGTERM)
+        assert second.wait_exit(60) == 0, second.log_tail()

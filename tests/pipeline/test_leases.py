@@ -99,6 +99,51 @@ async def test_second_owner_refused_while_valid_then_takes_over(pool, inbox) -> 
     assert await pool.fetchval("SELECT count(*) FROM events") == 0
 
 
+async def test_a_holder_whose_presence_lock_is_gone_loses_the_lease_at_once(
+    pool, db_dsn, inbox
+) -> None:
+    """A killed daemon's mailboxes are taken over without waiting out a long TTL."""
+    owner = "host-a:1:dead"
+    key = leases.presence_key(owner)
+    session = await asyncpg.connect(db_dsn)
+    await leases.hold_presence(session, key)
+    first = await leases.acquire_lease(pool, T, M, owner, LONG_TTL_S, session_key=key)
+    assert first is not None
+    # while the holder's session lives, nobody else gets the lease
+    assert await leases.acquire_lease(pool, T, M, "host-b:2:live", LONG_TTL_S) is None
+    await session.close()  # the process died: PostgreSQL drops its lock with it
+
+    second = await leases.acquire_lease(pool, T, M, "host-b:2:live", LONG_TTL_S)
+    assert second is not None and second > first
+    # fencing is untouched: the old holder's cursor write is refused
+    assert not await leases.commit_cursor(pool, T, M, first, "c-1")
+    assert await leases.commit_cursor(pool, T, M, second, "c-1")
+
+
+async def test_a_lease_without_presence_waits_for_its_expiry(pool, db_dsn, inbox) -> None:
+    assert await leases.acquire_lease(pool, T, M, "old-daemon", LONG_TTL_S) is not None
+    assert await leases.acquire_lease(pool, T, M, "new-daemon", LONG_TTL_S) is None
+    # a presence lock somebody else holds does not make an unkeyed lease stealable
+    other = await asyncpg.connect(db_dsn)
+    try:
+        await leases.hold_presence(other, leases.presence_key("new-daemon"))
+        assert await leases.acquire_lease(pool, T, M, "new-daemon", LONG_TTL_S) is None
+    finally:
+        await other.close()
+
+
+async def test_a_presence_key_cannot_be_held_twice(db_dsn) -> None:
+    key = leases.presence_key("same-owner")
+    first, second = await asyncpg.connect(db_dsn), await asyncpg.connect(db_dsn)
+    try:
+        await leases.hold_presence(first, key)
+        with pytest.raises(RuntimeError, match="unique"):
+            await leases.hold_presence(second, key)
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_renew_extends_and_release_frees(pool, inbox) -> None:
     token = await leases.acquire_lease(pool, T, M, "a", 5.0)
     before = (await row(pool))["lease_expires_at"]

@@ -1,0 +1,94 @@
+"""This process's presence: a session-level advisory lock that lives as long as we do.
+
+    connecting ──lock taken──▶ present ──connection lost / ping failed──▶ absent
+        ▲                         │ ping every PRESENCE_PING_S                │
+        └──────────────────── PRESENCE_RECONNECT_S ◀──────────────────────────┘
+
+Leases taken while present carry the lock's key (pipeline/leases.py). When the
+process dies — SIGKILL, OOM, power loss — PostgreSQL drops the lock with the
+connection, and a restarted daemon (or another replica) takes those leases at
+once instead of waiting out their TTL. While absent, new leases carry no key
+and fall back to plain expiry. Fencing is untouched: every acquisition still
+moves the token, so a holder that only lost this connection finds its next
+cursor write refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.leases import hold_presence, presence_key
+
+log = structlog.get_logger(__name__)
+
+# A dead connection (no FIN: a partition, a failover) is noticed within this long.
+PRESENCE_PING_S = 10.0
+PRESENCE_PING_TIMEOUT_S = 5.0
+PRESENCE_CONNECT_TIMEOUT_S = 10.0
+# Pause before taking the lock again after the connection was lost.
+PRESENCE_RECONNECT_S = 2.0
+PRESENCE_CLOSE_TIMEOUT_S = 2.0
+
+
+# A database error, or our key held by another session (owner ids must be unique):
+# either way this attempt failed, and the next one may not.
+_PRESENCE_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, RuntimeError)
+
+
+class Presence:
+    """Holds the presence lock of `owner` on a connection of its own."""
+
+    def __init__(self, dsn: str, owner: str) -> None:
+        self.dsn = dsn
+        self.key = presence_key(owner)
+        self.held = False
+
+    @property
+    def session_key(self) -> int | None:
+        """The key to put on a lease now: only while the lock is held."""
+        return self.key if self.held else None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold the lock until cancelled; reports started after the first attempt,
+        held or not, so a database that is down does not hold up the start."""
+        started = False
+
+        def report_started() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        while True:
+            try:
+                await self._hold_once(report_started)
+            except _PRESENCE_ERRORS as exc:
+                log.warning("presence_lost", error=describe(exc))
+            report_started()
+            await anyio.sleep(PRESENCE_RECONNECT_S)
+
+    async def _hold_once(self, held: Callable[[], None]) -> None:
+        with anyio.fail_after(PRESENCE_CONNECT_TIMEOUT_S):
+            conn = await asyncpg.connect(self.dsn)
+        try:
+            await hold_presence(conn, self.key)
+            self.held = True
+            log.info("presence_held")
+            held()
+            while True:
+                await anyio.sleep(PRESENCE_PING_S)
+                with anyio.fail_after(PRESENCE_PING_TIMEOUT_S):
+                    await conn.fetchval("SELECT 1")
+        finally:
+            self.held = False
+            with anyio.CancelScope(shield=True), anyio.move_on_after(PRESENCE_CLOSE_TIMEOUT_S):
+                try:
+                    await conn.close()
+                except DATABASE_ERRORS:
+                    conn.terminate()
