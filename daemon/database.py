@@ -112,7 +112,10 @@ def describe_target(dsn: str, environ: Mapping[str, str] = os.environ) -> str:
     hosts: str | None = None
     port: str | None = None
     if dsn.startswith(_URI_SCHEMES):
-        parts = urlsplit(dsn)
+        try:
+            parts = urlsplit(dsn)
+        except ValueError:  # e.g. an unclosed [ of an IPv6 host; connect_pool says why
+            return "an unparsable DSN"
         authority = parts.netloc.rpartition("@")[2]
         query = parse_qs(parts.query)
         if authority:
@@ -195,8 +198,9 @@ async def connect_pool(
     `connect_timeout_s`.
 
     Raises `DatabaseUnavailable` when the server does not answer in time (refused,
-    unreachable, missing socket, still starting up) and `DatabaseRejected` when it answers
-    but refuses the login or database. Both carry a one-line message without the password.
+    unreachable, missing socket, still starting up), `DatabaseRejected` when it answers
+    but refuses the login or database, and `DsnError` for a DSN asyncpg cannot parse.
+    Each carries a one-line message without the password.
     The caller owns the pool and closes it.
     """
     target = describe_target(dsn)
@@ -229,6 +233,11 @@ async def connect_pool(
         raise DatabaseUnavailable(
             f"database at {target} did not answer: {_cause(exc, dsn)}"
         ) from exc
+    except ValueError as exc:
+        # asyncpg parses the DSN before connecting (ClientConfigurationError is a
+        # ValueError): a malformed DSN is the operator's to fix, not a retriable outage.
+        _terminate(pool)
+        raise DsnError(f"invalid DSN {mask_dsn(dsn)}: {_cause(exc, dsn)}") from exc
     except BaseException:
         _terminate(pool)
         raise
@@ -252,12 +261,12 @@ def _cause(exc: BaseException, dsn: str) -> str:
 
 def _password_of(dsn: str) -> str | None:
     if dsn.startswith(_URI_SCHEMES):
-        parts = urlsplit(dsn)
         try:
+            parts = urlsplit(dsn)
             if parts.password:
                 return unquote(parts.password)
-        except ValueError:
-            pass
+        except ValueError:  # unparsable (bad IPv6 host, non-numeric port): mask what we can
+            return None
         values = parse_qs(parts.query).get("password")
         return values[0] if values else None
     match = _KV_PASSWORD.search(dsn)

@@ -12,6 +12,9 @@ start two postmasters on one directory (`stop_embedded` takes the same lock):
     stale postmaster.pid --removed--> stopped
     ready --stop_embedded (SIGINT)--> shutting down --> stopped
 
+- A running server is reused without asking who may start one (`find_running`): as
+  root, `inboxd status` in a shell reaches the server `make run` started as
+  `INBOXD_EMBEDDED_PG_USER` without that variable being set there.
 - The server outlives the command that started it. `inboxd migrate`, `inboxd run` and
   `inboxd status` run one after another; each finds the running postmaster through
   `postmaster.pid` and reuses it, so only the first pays for initdb and start, and a
@@ -112,9 +115,14 @@ def ensure_embedded(
     127.0.0.1; it only applies when this call starts the server. Raises
     `EmbeddedPostgresError` (with `ROOT_REFUSAL` as root without `INBOXD_EMBEDDED_PG_USER`).
     """
-    run_as = resolve_run_as(environ)
     data_dir = _resolve_data_dir(data_dir, environ)
     pgdata = data_dir / "pg"
+    # A running server is reused by whoever may connect to it: root's shell after
+    # `make run` has no INBOXD_EMBEDDED_PG_USER, and needs none to connect.
+    if (reused := find_running(data_dir, environ=environ)) is not None:
+        _check_listening(pgdata, reused.port, reused.tcp, tcp_port)
+        return reused
+    run_as = resolve_run_as(environ)
     make_data_dir(data_dir, run_as)
     with _locked(data_dir / "pg.lock"):
         existing = read_cluster_version(pgdata)
@@ -122,7 +130,7 @@ def ensure_embedded(
             check_owner(pgdata, run_as)
         running = _live_postmaster(pgdata)
         if running is not None:
-            _check_listening(pgdata, running, tcp_port)
+            _check_listening(pgdata, running.port, bool(running.listen), tcp_port)
             assert existing is not None  # a live postmaster means an initialised cluster
             return _server(pgdata, running, existing, None, started=False)
 
@@ -131,6 +139,29 @@ def ensure_embedded(
             init_cluster(pgdata, bins, run_as)
         pidfile = _start(pgdata, bins, run_as, tcp_port)
         return _server(pgdata, pidfile, bins.major_version, bins.bin_dir, started=True)
+
+
+def find_running(
+    data_dir: Path | str | None = None, *, environ: Mapping[str, str] = os.environ
+) -> EmbeddedServer | None:
+    """The server already running on `data_dir`, or None. Starts nothing, and needs no
+    `INBOXD_EMBEDDED_PG_USER`: connecting to a running server switches no user.
+
+    A stale pid file is cleaned up (under the start lock) on the way.
+    """
+    data_dir = _resolve_data_dir(data_dir, environ)
+    pgdata = data_dir / "pg"
+    try:
+        if not (pgdata / "postmaster.pid").exists():  # the common case, without the lock
+            return None
+    except PermissionError:  # another account's cluster: nothing we could connect to
+        return None
+    with _locked(data_dir / "pg.lock"):
+        running = _live_postmaster(pgdata)
+        if running is None:
+            return None
+        major = read_cluster_version(pgdata) or 0
+        return _server(pgdata, running, major, None, started=False)
 
 
 async def start_embedded(
@@ -169,9 +200,9 @@ def _resolve_data_dir(data_dir: Path | str | None, environ: Mapping[str, str]) -
     return Path(data_dir).expanduser().absolute() if data_dir else default_data_dir(environ)
 
 
-def _check_listening(pgdata: Path, running: _PidFile, tcp_port: int | None) -> None:
-    if tcp_port is not None and (not running.listen or running.port != tcp_port):
-        now = f"on TCP port {running.port}" if running.listen else "without TCP"
+def _check_listening(pgdata: Path, port: int | None, tcp: bool, tcp_port: int | None) -> None:
+    if tcp_port is not None and (not tcp or port != tcp_port):
+        now = f"on TCP port {port}" if tcp else "without TCP"
         raise EmbeddedPostgresError(
             f"embedded PostgreSQL in {pgdata} is already running {now}, not on TCP port "
             f"{tcp_port}: stop it first to change how it listens"

@@ -9,8 +9,10 @@ with a one-line message):
    `INBOXD_EMBEDDED_PG_USER` (the cluster directory is owned by that account) or refuses
    with `ROOT_REFUSAL`.
 2. `make_data_dir`: the inboxd data directory is the `data_dir` argument, else
-   `$INBOXD_DATA_DIR`, else `$XDG_DATA_HOME/inboxd`, else `~/.local/share/inboxd`
-   (`default_data_dir`); it is created and must be reachable by that account.
+   `$INBOXD_DATA_DIR`, else `<checkout>/var` when inboxd runs from a source checkout
+   (an editable install, what `make run` uses), else `$XDG_DATA_HOME/inboxd`, else
+   `~/.local/share/inboxd` (`default_data_dir`); it is created and must be reachable
+   by that account.
 3. `read_cluster_version`, `check_owner`: one cluster per data directory, in
    `<data_dir>/pg`, owned by that account. Its `PG_VERSION` names the major version
    whose binaries must run it.
@@ -58,8 +60,17 @@ PASSWORD_FILE = "inboxd.password"  # noqa: S105 (a file name)
 
 ROOT_REFUSAL = (
     "embedded PostgreSQL cannot run as root: pass --dsn / INBOXD_DSN, "
-    f"or set {ENV_PG_USER} to an existing unprivileged user"
+    f"or set {ENV_PG_USER} to an existing unprivileged user (`make run` uses nobody)"
 )
+
+# The source checkout inboxd runs from, when it runs from one (`pip install -e .`,
+# which `make run` does): the directory holding pyproject.toml above daemon/.
+# Installed as a wheel, this module sits in site-packages/inboxd/daemon: no checkout.
+_SOURCE_ROOT = Path(__file__).resolve().parent.parent
+CHECKOUT: Path | None = _SOURCE_ROOT if (_SOURCE_ROOT / "pyproject.toml").is_file() else None
+# Inside a checkout, the data directory `make run` uses (the Makefile's
+# INBOXD_DATA_DIR), so a shell command reaches the server `make run` started.
+CHECKOUT_DATA_DIR = "var"
 
 
 class EmbeddedPostgresError(Exception):
@@ -83,16 +94,31 @@ class RunAs:
     switch: bool  # True when we are root and run the server as `name`
 
 
-def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """`$INBOXD_DATA_DIR`, else `$XDG_DATA_HOME/inboxd`, else `~/.local/share/inboxd`."""
+def default_data_dir(
+    environ: Mapping[str, str] = os.environ, *, checkout: Path | None = CHECKOUT
+) -> Path:
+    """`$INBOXD_DATA_DIR`, else `<checkout>/var` in a source checkout, else
+    `$XDG_DATA_HOME/inboxd`, else `~/.local/share/inboxd`."""
+    return data_dir_and_origin(environ, checkout=checkout)[0]
+
+
+def data_dir_and_origin(
+    environ: Mapping[str, str] = os.environ, *, checkout: Path | None = CHECKOUT
+) -> tuple[Path, str]:
+    """`default_data_dir` and a few words saying where it came from, for messages."""
     if explicit := environ.get(ENV_DATA_DIR, "").strip():
-        return Path(explicit).expanduser().absolute()
+        return Path(explicit).expanduser().absolute(), f"from {ENV_DATA_DIR}"
+    if checkout is not None:
+        return (
+            checkout / CHECKOUT_DATA_DIR,
+            f"{ENV_DATA_DIR} unset: the default of the source checkout {checkout}",
+        )
     xdg = environ.get("XDG_DATA_HOME", "").strip()
     # XDG base dir spec: a relative path is invalid and must be ignored.
     if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "inboxd"
+        return Path(xdg) / "inboxd", f"{ENV_DATA_DIR} unset: the default under XDG_DATA_HOME"
     home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".local" / "share" / "inboxd"
+    return Path(home) / ".local" / "share" / "inboxd", f"{ENV_DATA_DIR} unset: the default"
 
 
 def find_binaries(

@@ -26,7 +26,9 @@ import anyio.to_thread
 import asyncpg
 import orjson
 
+from inboxd.daemon.config_reader import relative_to
 from inboxd.daemon.database import (
+    ENV_DSN,
     DatabaseRejected,
     DatabaseUnavailable,
     DsnChoice,
@@ -36,7 +38,12 @@ from inboxd.daemon.database import (
     resolve_dsn,
 )
 from inboxd.daemon.logging import LOG_LEVELS
-from inboxd.daemon.pg_cluster import EmbeddedPostgresError, default_data_dir
+from inboxd.daemon.pg_cluster import (
+    ENV_DATA_DIR,
+    EmbeddedPostgresError,
+    data_dir_and_origin,
+    default_data_dir,
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -45,6 +52,12 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd comman
 
 # Sub-directory of the data directory holding the default local object store.
 OBJECTS_DIR = "objects"
+# Appended to every "cannot reach the database" message: the two things that pick it.
+WHICH_DATABASE_HINT = (
+    f"without --dsn / {ENV_DSN} / [database] dsn, commands use the embedded server of "
+    f"{ENV_DATA_DIR} (`make run` uses <checkout>/var); `inboxd db url` prints the database "
+    "commands use"
+)
 # A pool closes in milliseconds; past this a connection is stuck and is cut.
 POOL_CLOSE_TIMEOUT_S = 5.0
 
@@ -57,8 +70,11 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
-def global_options() -> argparse.ArgumentParser:
-    """Options every command accepts (used as an argparse parent parser)."""
+def global_options(*, config_required: bool = False) -> argparse.ArgumentParser:
+    """Options every command accepts (used as an argparse parent parser).
+
+    `config_required`: --config is mandatory (`inboxd run`), and `--help` says so.
+    """
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("global options")
     group.add_argument(
@@ -71,7 +87,13 @@ def global_options() -> argparse.ArgumentParser:
         "--config",
         metavar="FILE",
         type=Path,
-        help="main config file (TOML); [database] and [object_store] are read",
+        required=config_required,
+        help="main config file (TOML); "
+        + (
+            "required"
+            if config_required
+            else "[database] and [object_store] are read, relative paths from its directory"
+        ),
     )
     group.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on stdout"
@@ -101,13 +123,21 @@ def load_config(path: Path | None) -> dict[str, Any]:
         raise CommandError(f"config file {path}: invalid TOML: {exc}", EXIT_USAGE) from exc
 
 
-def object_store_spec(config: dict[str, Any]) -> dict[str, Any]:
-    """`[object_store]` of the config, else a local directory under the data directory."""
+def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -> dict[str, Any]:
+    """`[object_store]` of the config, else a local directory under the data directory.
+
+    A relative local `path` is relative to the config file's directory, as for
+    `inboxd run` (daemon/config.py), so `import --config F` and `run --config F`
+    write to the same store whatever the working directory.
+    """
     spec = config.get("object_store")
     if spec is None:
         return {"kind": "local", "path": str(default_data_dir(os.environ) / OBJECTS_DIR)}
     if not isinstance(spec, dict):
         raise CommandError("[object_store] in the config file must be a table", EXIT_USAGE)
+    path = spec.get("path")
+    if spec.get("kind", "local") == "local" and isinstance(path, str) and config_path is not None:
+        spec = {**spec, "path": str(relative_to(config_path.expanduser().absolute().parent, path))}
     return spec
 
 
@@ -123,7 +153,10 @@ async def resolve(args: argparse.Namespace, config: dict[str, Any]) -> DsnChoice
     except DsnError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
     except EmbeddedPostgresError as exc:
-        raise CommandError(f"embedded PostgreSQL: {exc}") from exc
+        data_dir, origin = data_dir_and_origin(os.environ)
+        raise CommandError(
+            f"embedded PostgreSQL in {data_dir} ({origin}): {exc}; {WHICH_DATABASE_HINT}"
+        ) from exc
 
 
 @asynccontextmanager
@@ -134,15 +167,27 @@ async def open_pool(choice: DsnChoice, *, max_size: int = 2) -> AsyncIterator[as
         # background to keep its floor, logging a traceback on every failed attempt.
         pool = await connect_pool(choice.dsn, min_size=0, max_size=max_size)
     except DatabaseUnavailable as exc:
-        raise CommandError(str(exc)) from exc
+        raise CommandError(f"{exc} ({origin_of(choice)}); {WHICH_DATABASE_HINT}") from exc
     except DatabaseRejected as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from exc
+        raise CommandError(f"{exc} ({origin_of(choice)})", EXIT_USAGE) from exc
+    except DsnError as exc:
+        raise CommandError(f"{exc} ({origin_of(choice)})", EXIT_USAGE) from exc
     try:
         yield pool
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(POOL_CLOSE_TIMEOUT_S):
             await pool.close()
         pool.terminate()  # no-op when close() finished; cuts stragglers when it did not
+
+
+def origin_of(choice: DsnChoice) -> str:
+    """Where the DSN came from, for messages: the option, variable or data directory."""
+    if choice.source == "embedded":
+        data_dir, origin = data_dir_and_origin(os.environ)
+        return f"the embedded server of data directory {data_dir}, {origin}"
+    return {"cli": "DSN from --dsn", "env": f"DSN from {ENV_DSN}"}.get(
+        choice.source, "DSN from [database] dsn of --config"
+    )
 
 
 def target_of(choice: DsnChoice) -> str:

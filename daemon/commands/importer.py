@@ -227,7 +227,7 @@ class _Importer:
 
         config = load_config(self.args.config)
         try:
-            store = open_object_store(object_store_spec(config))
+            store = open_object_store(object_store_spec(config, self.args.config))
         except ValueError as exc:
             raise CommandError(f"config file: {exc}", EXIT_USAGE) from exc
         choice = await resolve(self.args, config)

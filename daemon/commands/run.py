@@ -3,7 +3,10 @@
 Start-up order: read and validate the whole configuration (any problem → every
 problem printed with file and key, exit 2, nothing started); resolve the DSN
 (embedded PostgreSQL when none is configured); apply the schema (idempotent);
-open the object store; then run the supervisor until SIGTERM/SIGINT, exit 0.
+log the database, data directory and every watched source (`daemon_starting`,
+`source_watched`); open the object store; then run the supervisor until
+SIGTERM/SIGINT, exit 0. A listener address that cannot be bound ends the
+command with one line, ``listener HOST:PORT: address already in use`` (exit 1).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import errno
 import gc
 import os
 import sys
@@ -22,13 +26,19 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    global_options,
     open_pool,
     resolve,
+    target_of,
 )
 from inboxd.daemon.commands.migrate import apply_with_deadline
-from inboxd.daemon.config import ConfigError, load_main, load_tenants
+from inboxd.daemon.config import ConfigError, MainConfig, load_main, load_tenants
+from inboxd.daemon.database import DsnChoice
 from inboxd.daemon.logging import configure_logging
+from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.pg_cluster import data_dir_and_origin
 from inboxd.daemon.supervisor import Daemon
+from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 from inboxd.pipeline.delivery.intake import WRITERS as DELIVERY_WRITERS
 
@@ -49,9 +59,10 @@ POOL_EXTRA_CONNECTIONS = 6 + DELIVERY_WRITERS + 1
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    del parent  # the shared options, but with --config required (and shown so in --help)
     parser = subparsers.add_parser(
         "run",
-        parents=[parent],
+        parents=[global_options(config_required=True)],
         help="run the daemon (sync mailboxes, serve HTTP)",
         description="Run inboxd: sync every configured mailbox, serve /healthz, /readyz, "
         "/metrics and the application API. SIGTERM/SIGINT stop gracefully, "
@@ -117,11 +128,77 @@ async def run(args: argparse.Namespace) -> int:
     async with open_pool(choice, max_size=pool_size) as pool:
         async with pool.acquire() as conn:
             await apply_with_deadline(conn)
+            database = await conn.fetchval("SELECT current_database()")
+        _log_start(main, tenant_set.tenants, choice, database)
+        metrics = Metrics()
+        metrics.set_queue(0, capacity=main.queue_capacity)
         async with open_object_store(main.object_store) as store:
-            daemon = Daemon(main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store)
+            daemon = Daemon(
+                main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store, metrics=metrics
+            )
             tune_gc()  # after everything the daemon keeps for its lifetime is loaded
-            await daemon.run()
+            try:
+                await daemon.run()
+            except BaseException as exc:
+                if (bind := _bind_error(exc)) is not None:
+                    raise CommandError(
+                        f"listener {main.listen_host}:{main.listen_port}: {_bind_reason(bind)}"
+                    ) from exc
+                raise
     return EXIT_OK
+
+
+def _log_start(
+    main: MainConfig, tenants: dict[str, TenantConfig], choice: DsnChoice, database: str
+) -> None:
+    """What an operator checks first: which database, which data directory, which sources."""
+    data_dir, data_dir_origin = data_dir_and_origin(os.environ)
+    log.info(
+        "daemon_starting",
+        config=str(main.config_path),
+        database=database,
+        server=target_of(choice),
+        dsn_source=choice.source,
+        data_dir=str(data_dir),
+        data_dir_origin=data_dir_origin,
+        object_store=main.object_store.get("path") or main.object_store.get("bucket"),
+        listener=f"{main.listen_host}:{main.listen_port}",
+    )
+    for tenant in sorted(tenants.values(), key=lambda t: t.tenant_id):
+        for mailbox in tenant.mailboxes:
+            path = mailbox.settings.get("path")
+            log.info(
+                "source_watched",
+                tenant=mailbox.tenant_id,
+                mailbox=mailbox.mailbox_id,
+                provider=mailbox.provider,
+                sync_mode=mailbox.sync_mode,
+                path=None if path is None else str(path),
+                runnable=mailbox.runnable,
+            )
+
+
+# errno values bind(2) answers for a listener address it cannot take.
+_BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
+def _bind_error(exc: BaseException) -> OSError | None:
+    """The listener's failed bind inside (nested groups of) `exc`, if that is what it is."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _bind_error(inner)) is not None:
+                return found
+        return None
+    # asyncio's create_server words it "error while attempting to bind on address ..."
+    if isinstance(exc, OSError) and exc.errno in _BIND_ERRNOS and "bind" in str(exc):
+        return exc
+    return None
+
+
+def _bind_reason(exc: OSError) -> str:
+    # "[Errno 98] error while attempting to bind on address ('127.0.0.1', 8025): address
+    # already in use" -> "address already in use": the address is already in our line.
+    return str(exc).rpartition("): ")[2] or os.strerror(exc.errno or 0).lower()
 
 
 def _print_problems(error: ConfigError) -> None:
