@@ -31,10 +31,16 @@ so a log line says which object was wrong; messages never quote a value.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+
+from inboxd.pipeline.delivery.intake_rows import (
+    EARLIEST_OCCURRED_AT,
+    LATEST_OCCURRED_AT,
+    storable_time,
+)
 
 from .base import MalformedPayload, VerificationFailed
 
@@ -91,8 +97,9 @@ MAX_FIELD_CHARS = 998
 #: day: an aware time within it stays inside Python's range at any UTC offset
 #: (offsets are under 24 h), so converting it — as asyncpg does to encode a
 #: timestamptz — cannot overflow; PostgreSQL holds years up to 294276.
-EARLIEST_EVENT_TIME = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST_EVENT_TIME = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+#: (One definition, shared with the intake's last check: intake_rows.storable_time.)
+EARLIEST_EVENT_TIME = EARLIEST_OCCURRED_AT
+LATEST_EVENT_TIME = LATEST_OCCURRED_AT
 
 #: Deepest nesting of a provider's JSON object accepted (objects and arrays
 #: count a level each). The documented shapes are at most 6 deep (SES
@@ -197,11 +204,7 @@ def check_event_time(
 ) -> datetime:
     """`value` (tz-aware) when its instant lies between EARLIEST_EVENT_TIME and
     LATEST_EVENT_TIME; `error` naming `what` otherwise."""
-    try:
-        instant = value.astimezone(UTC)  # overflows for 0001-01-01+14:00, 9999-12-31-14:00
-    except (OverflowError, ValueError):
-        raise error(f"{what} out of range") from None
-    if not EARLIEST_EVENT_TIME <= instant <= LATEST_EVENT_TIME:
+    if not storable_time(value):
         raise error(f"{what} out of range")
     return value
 

@@ -31,6 +31,14 @@ placeholder is taken by another message; 422 `{"error": "invalid_request",
 "fields": {name: problem}}` for bad fields; 400 for a body that is not a JSON
 object; 415 for another content type.
 
+Every field is validated before any SQL runs, so content the database cannot
+hold is the caller's 422, never a 503 or 500 (docs/architecture.md §8): text
+without NUL (PostgreSQL text cannot hold it); lengths in UTF-8 bytes where the
+value is a key of a btree index, whose entries PostgreSQL refuses over 2,704
+bytes (Message-ID, esp_message_id, from_address with the normalised subject);
+`sent_at` within the range every reader converts without overflow
+(`storable_time`: 1970 to datetime.max less a day).
+
 `GET /v1/attachments/{id}`: 404 unknown (or another tenant's), 409 when the
 bytes are not stored yet (`attachments.stored` false: a lazy fetch is pending or
 failed), 302 to a presigned URL valid `ATTACHMENT_URL_TTL_S` when the store
@@ -53,7 +61,8 @@ import structlog
 from aiohttp import hdrs, web
 
 from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error, json_response
-from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id
+from inboxd.pipeline.delivery.intake_rows import storable_time
+from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id, normalise_subject
 from inboxd.pipeline.objectstore import ObjectNotFound, ObjectStoreError
 from inboxd.pipeline.outbound import record_outbound
 from inboxd.pipeline.tenancy import validate_id
@@ -71,6 +80,15 @@ STORE_TIMEOUT_S = 120.0
 
 # RFC 5322 §2.1.1: a header line is at most 998 characters.
 _MAX_HEADER_CHARS = 998
+#: The same line limit in UTF-8 bytes, for header values that are btree keys
+#: (messages_mid_key, messages_esp_message_idx, messages_outbound_idx): 998 bytes
+#: plus the tenant id stay far inside PostgreSQL's 2,704-byte index entry.
+_MAX_KEY_BYTES = 998
+#: Longest normalised subject, in UTF-8 bytes: messages_outbound_idx holds
+#: (tenant_id ≤ 63, from_address ≤ 998, subject_norm) in one 2,704-byte btree
+#: entry; 1,536 leaves room for the tuple and column headers. Checked after
+#: normalisation, since case folding can lengthen text (ΐ → 3 code points).
+_MAX_SUBJECT_NORM_BYTES = 1536
 _MAX_ID_CHARS = 255
 _MAX_CLIENT_ID_CHARS = 200
 _MAX_ATTACHMENT_ID = 2**63 - 1
@@ -107,7 +125,12 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
             problems[name] = "unknown field"
 
     def text_field(
-        name: str, *, required: bool, max_chars: int | None = None, nullable: bool = False
+        name: str,
+        *,
+        required: bool,
+        max_chars: int | None = None,
+        max_bytes: int | None = None,
+        nullable: bool = False,
     ) -> str | None:
         value = body.get(name)
         if value is None:
@@ -119,11 +142,23 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str):
             problems[name] = "must be a string"
             return None
+        if "\x00" in value:
+            problems[name] = "must not contain NUL characters"
+            return None
+        if not value.isascii():
+            try:  # orjson.loads never yields a lone surrogate; checked all the same
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                problems[name] = "not valid Unicode text"
+                return None
         if required and not value.strip():
             problems[name] = "must not be empty"
             return None
         if max_chars is not None and len(value) > max_chars:
             problems[name] = f"longer than {max_chars} characters"
+            return None
+        if max_bytes is not None and len(value.encode("utf-8")) > max_bytes:
+            problems[name] = f"longer than {max_bytes} bytes in UTF-8"
             return None
         return value
 
@@ -133,7 +168,9 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
             validate_id("mailbox", mailbox_id)
         except ValueError:
             problems["mailbox_id"] = "not a valid mailbox id"
-    message_id_header = text_field("message_id_header", required=True, max_chars=_MAX_HEADER_CHARS)
+    message_id_header = text_field(
+        "message_id_header", required=True, max_chars=_MAX_HEADER_CHARS, max_bytes=_MAX_KEY_BYTES
+    )
     if message_id_header is not None and not normalise_message_id(message_id_header):
         problems["message_id_header"] = "not a usable Message-ID"
     placeholder = text_field("placeholder_message_id", required=True, max_chars=_MAX_ID_CHARS)
@@ -142,20 +179,28 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
             "must start with pending_, draft_ or new_, or be a UUID"
         )
     thread_id = text_field("thread_id", required=True, max_chars=_MAX_ID_CHARS)
-    from_address = text_field("from_address", required=True, max_chars=_MAX_HEADER_CHARS)
+    from_address = text_field(
+        "from_address", required=True, max_chars=_MAX_HEADER_CHARS, max_bytes=_MAX_KEY_BYTES
+    )
     if from_address is not None and "@" not in from_address:
         problems["from_address"] = "not an email address"
     subject = text_field("subject", required=False, max_chars=_MAX_HEADER_CHARS * 10)
+    if subject and len(normalise_subject(subject).encode("utf-8")) > _MAX_SUBJECT_NORM_BYTES:
+        problems["subject"] = f"longer than {_MAX_SUBJECT_NORM_BYTES} bytes in UTF-8"
     text = text_field("text", required=False, nullable=True)
     html = text_field("html", required=False, nullable=True)
     client_id = text_field(
         "client_id", required=False, max_chars=_MAX_CLIENT_ID_CHARS, nullable=True
     )
     esp_message_id = text_field(
-        "esp_message_id", required=False, max_chars=_MAX_HEADER_CHARS, nullable=True
+        "esp_message_id",
+        required=False,
+        max_chars=_MAX_HEADER_CHARS,
+        max_bytes=_MAX_KEY_BYTES,
+        nullable=True,
     )
     send_status = body.get("send_status", "pending")
-    if send_status not in _SEND_STATUSES:
+    if not isinstance(send_status, str) or send_status not in _SEND_STATUSES:
         problems["send_status"] = "must be pending or sent"
     sent_at: datetime | None = datetime.now(UTC)
     raw_sent_at = body.get("sent_at")
@@ -171,6 +216,8 @@ def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
             else:
                 if sent_at.tzinfo is None:
                     problems["sent_at"] = "needs a UTC offset (e.g. Z or +02:00)"
+                elif not storable_time(sent_at):
+                    problems["sent_at"] = "out of range (1970-01-01 to 9999-12-30 UTC)"
     if problems:
         json_error(422, "invalid_request", fields=problems)
     return {

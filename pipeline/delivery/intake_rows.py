@@ -134,15 +134,23 @@ def prepare_rows(
     return rows
 
 
-def _occurred_at(occurred: datetime | None, received: datetime) -> datetime:
-    """`occurred` when a timestamptz asyncpg can encode, else `received`."""
-    if occurred is None or occurred.tzinfo is None:
-        return received
+def storable_time(value: datetime) -> bool:
+    """True when `value` is tz-aware and its instant lies between
+    EARLIEST_OCCURRED_AT and LATEST_OCCURRED_AT: a timestamptz asyncpg encodes
+    and every reader converts without overflow. The one range check of the
+    delivery intake, the ESP adapters (adapters/esp/fields.py) and the API."""
+    if value.tzinfo is None:
+        return False
     try:
-        instant = occurred.astimezone(UTC)
+        instant = value.astimezone(UTC)  # overflows for 0001-01-01+14:00, 9999-12-31-14:00
     except (OverflowError, ValueError):
-        return received
-    return occurred if EARLIEST_OCCURRED_AT <= instant <= LATEST_OCCURRED_AT else received
+        return False
+    return EARLIEST_OCCURRED_AT <= instant <= LATEST_OCCURRED_AT
+
+
+def _occurred_at(occurred: datetime | None, received: datetime) -> datetime:
+    """`occurred` when storable (`storable_time`), else `received`."""
+    return occurred if occurred is not None and storable_time(occurred) else received
 
 
 def _bounded_key(key: str) -> str:
