@@ -5,7 +5,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Embedded PostgreSQL and the local object store live here unless configured.
+# Embedded PostgreSQL and the local object store live here unless configured. It is
+# also what inboxd itself defaults to in a source checkout, so `inboxd status` typed
+# in a shell (without this variable) reaches the server `make run` started.
 export INBOXD_DATA_DIR ?= $(CURDIR)/var
 # initdb refuses to run as root; the embedded server then runs as this existing
 # unprivileged user (never created by inboxd). See daemon/pg_cluster.py.
@@ -65,5 +67,8 @@ bench-smoke: venv
 	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest -q tests/bench
 
+# Stop the embedded server first: a postmaster whose directory is deleted under it
+# keeps running (and holding its memory and socket) until the machine reboots.
 clean:
+	@if [ -x $(BIN)/inboxd ]; then $(BIN)/inboxd db stop; fi
 	rm -rf $(VENV) var

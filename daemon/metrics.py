@@ -59,6 +59,27 @@ class _CursorLag(Collector):
         yield family
 
 
+class _NeedsAttention(Collector):
+    """`inboxd_mailbox_needs_attention`: 1 for each watched mailbox whose sync_state is
+    needs_attention (an auth or config problem only an operator can fix), else 0, so an
+    alert can name the mailbox and a fixed one returns to 0 instead of vanishing."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "inboxd_mailbox_needs_attention",
+            "1 when the mailbox needs an operator (sync_state needs_attention), else 0.",
+            labels=["tenant", "mailbox"],
+        )
+        flagged = self._metrics.needing_attention
+        watched = set(self._metrics.cursor_lags()) | flagged
+        for tenant, mailbox in sorted(watched):
+            family.add_metric([tenant, mailbox], 1.0 if (tenant, mailbox) in flagged else 0.0)
+        yield family
+
+
 class Metrics:
     """The process's collectors, in a registry of their own.
 
@@ -103,6 +124,9 @@ class Metrics:
         # or when it was first watched if it has not since this process started.
         self._caught_up: dict[tuple[str, str], float] = {}
         r.register(_CursorLag(self))
+        #: (tenant, mailbox) whose sync_state was needs_attention at the last refresh.
+        self.needing_attention: set[tuple[str, str]] = set()
+        r.register(_NeedsAttention(self))
         self.webhook_verification_failures = Counter(
             "inboxd_webhook_verification_failures",
             "Webhook requests rejected because their signature or token did not verify.",
@@ -196,6 +220,10 @@ class Metrics:
         """Seconds since each watched mailbox last caught up, as of now."""
         now = self.clock()
         return {key: max(0.0, now - at) for key, at in self._caught_up.items()}
+
+    def set_needing_attention(self, mailboxes: Iterable[tuple[str, str]]) -> None:
+        """The (tenant, mailbox) pairs whose sync_state is needs_attention, as read now."""
+        self.needing_attention = set(mailboxes)
 
     # webhooks ----------------------------------------------------------------
 
