@@ -9,6 +9,8 @@ nothing sleeps to synchronise.
 from __future__ import annotations
 
 import hashlib
+import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ import anyio
 import asyncpg
 import orjson
 import pytest
+import structlog
+from multidict import CIMultiDict
 
 import inboxd.daemon.http.events as sse_module
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
@@ -726,3 +730,121 @@ def test_content_disposition_encodes_any_name() -> None:
         "attachment; filename=\"attachment-7\"; filename*=UTF-8''attachment-7"
     )
     assert content_disposition("日本.txt\r\nX-Evil: 1", fallback="f").count("\n") == 0
+
+
+# -- ambiguity: oversized, malformed and repeated Authorization ------------------------
+
+
+def leaks(text: bytes | str, secret: str, window: int = 8) -> bool:
+    """True when any `window` consecutive characters of `secret` occur in `text`.
+
+    `secret` is high-entropy (token_urlsafe), so 8 of its characters in a row
+    appearing anywhere means it was quoted, not a coincidence.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    pieces = {secret[i : i + window] for i in range(len(secret) - window + 1)}
+    return any(text[i : i + window] in pieces for i in range(len(text) - window + 1))
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send `request` as is and read the answer until the server closes."""
+    received: list[bytes] = []
+    with anyio.fail_after(DEADLINE_S):
+        stream = await anyio.connect_tcp("127.0.0.1", port)
+        async with stream:
+            try:
+                await stream.send(request)
+            except (anyio.BrokenResourceError, ConnectionError):
+                pass  # it may close before taking all of an oversized request
+            try:
+                while True:
+                    received.append(await stream.receive())
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                pass
+    return b"".join(received)
+
+
+@pytest.mark.parametrize(
+    "size, prefix, expected",
+    [
+        (10 * 1024, "", "line_too_long"),  # aiohttp's LineTooLong quotes its first 100 bytes
+        (100 * 1024, "", "line_too_long"),
+        (64, "\x00", "bad_request"),  # InvalidHeader quotes the whole value
+    ],
+    ids=["10KB", "100KB", "nul-in-value"],
+)
+async def test_a_refused_authorization_header_is_never_echoed_or_logged(
+    pool, db_dsn, store, caplog, capfd, size: int, prefix: str, expected: str
+) -> None:
+    token = secrets.token_urlsafe(size)[:size]
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as events:
+        async with serving(pool, db_dsn, store) as srv:
+            for path in ("/v1/events", "/v1/attachments/1"):
+                answer = await raw_exchange(
+                    srv.port,
+                    f"GET {path} HTTP/1.1\r\nHost: t\r\n"
+                    f"Authorization: Bearer {prefix}{token}\r\n\r\n".encode("latin-1"),
+                )
+                head, _, body = answer.partition(b"\r\n\r\n")
+                assert head.split(b" ", 2)[1] == b"400", head[:60]  # HTTP/1.0: aiohttp's ERROR
+                assert orjson.loads(body) == {"error": expected}
+                assert b"Bearer" not in answer and not leaks(answer, token)
+    refused = [e for e in events if e["event"] == "http_request_unparsable"]
+    assert len(refused) == 2 and refused[0]["status"] == 400  # the capture saw our lines
+    captured = capfd.readouterr()
+    logged = "\n".join([repr(events), caplog.text, captured.out, captured.err])
+    assert "Bearer" not in logged
+    assert not leaks(logged, token)
+
+
+def test_token_leak_check_can_fail() -> None:
+    token = secrets.token_urlsafe(1000)
+    assert leaks(f"x b'Bearer {token[300:320]}...' y", token)
+    assert not leaks("Bearer xxxxxxxx", token)
+
+
+@pytest.mark.parametrize("order", ["right-wrong", "wrong-right", "right-right"])
+async def test_two_authorization_headers_are_400_and_nothing_is_served(
+    pool, db_dsn, store, tenants, order: str
+) -> None:
+    right, wrong = f"Bearer {TOKENS['acme']}", "Bearer wrong-token"
+    first, second = {"right-wrong": (right, wrong), "wrong-right": (wrong, right)}.get(
+        order, (right, right)
+    )
+    data = b"%PDF-1.7 attachment bytes " + secrets.token_bytes(32)
+    attachment = await add_attachment(
+        pool, store, "acme", "inbox", filename="a.pdf", data=data, content_type="application/pdf"
+    )
+    requests = [
+        ("GET", "/v1/events?last_event_id=0", None),
+        ("POST", "/v1/outbound", outbound_body()),
+        ("GET", f"/v1/attachments/{attachment}", None),
+    ]
+    await emit(pool, "acme", "message.created")
+    async with serving(pool, db_dsn, store) as srv:
+        for method, path, body in requests:
+            headers = CIMultiDict([("Authorization", first), ("Authorization", second)])
+            with anyio.fail_after(DEADLINE_S):
+                async with srv.session.request(
+                    method, srv.base + path, headers=headers, json=body
+                ) as r:
+                    answer = await r.read()
+            assert (r.status, orjson.loads(answer)) == (
+                400,
+                {"error": "ambiguous_authorization"},
+            ), path
+            assert data not in answer and b"message.created" not in answer
+            assert r.headers["Content-Type"] == "application/json"
+        # One of them alone is served: the 400s were the pair's doing.
+        async with srv.session.get(f"{srv.base}/v1/attachments/{attachment}", headers=ACME) as r:
+            assert (r.status, await r.read()) == (200, data)
+    async with pool.acquire() as conn:
+        assert (
+            await conn.fetchval("SELECT count(*) FROM messages WHERE external_id = 'pending_abc'")
+            == 0
+        )
+        assert (
+            await conn.fetchval("SELECT count(*) FROM events WHERE kind = 'message.recorded'") == 0
+        )
