@@ -28,8 +28,14 @@ from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.webhooks import Webhooks
-from inboxd.daemon.webhooks.esp import DeliveryHook, EspHooks, HookTable
-from inboxd.daemon.webhooks.ratelimit import RateLimiter
+from inboxd.daemon.webhooks.esp import (
+    FAILED_VERIFICATION_BURST,
+    FAILED_VERIFICATION_RATE_PER_S,
+    DeliveryHook,
+    EspHooks,
+    HookTable,
+)
+from inboxd.daemon.webhooks.ratelimit import PeerBudgets, RateLimiter, peer_key
 from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
 from inboxd.pipeline.delivery.worker import apply_due
 from inboxd.pipeline.objectstore import ObjectStore
@@ -569,3 +575,163 @@ async def test_a_mailgun_token_is_single_use_across_sources_sharing_the_key(
         forged = mailgun_body("ev-forged", "token-shared", kind="failed")
         assert await post(served, "mg2", forged, json_ct) == (401, {"error": "unauthorized"})
     assert len(await stored(pool)) == 1
+
+
+# -- budgets: failed verifications cannot hold signed events back ----------------------
+
+#: The flood's own bounds: loopback only, at most this many requests, for at most
+#: this long, from this many concurrent requests at a time.
+FLOOD_MAX_REQUESTS = 30_000
+FLOOD_MAX_S = 20.0
+FLOOD_CONCURRENCY = 32
+#: Signed events sent one after another while the flood runs.
+SIGNED_DURING_FLOOD = 60
+#: The source's budget in the flood test: small, so a flood that spent it (as
+#: every unsigned request did before per-peer failure budgets) would 429 the
+#: signed events; the signed ones alone stay within it.
+FLOOD_SOURCE_RATE_PER_S = 100.0
+FLOOD_SOURCE_BURST = 100.0
+FLOOD_PEER = "127.0.0.2"  # all of 127.0.0.0/8 is loopback on Linux: a second peer
+
+
+def garbage(n: int) -> tuple[bytes, dict[str, str]]:
+    """An unsigned delivery event with signature headers that do not verify."""
+    body = resend_event(email_id=f"forged_{n}")
+    headers = {
+        "webhook-id": f"forged_{n}",
+        "webhook-timestamp": str(int(time.time())),
+        "webhook-signature": "v1," + base64.b64encode(b"\x00" * 32).decode(),
+        "content-type": "application/json",
+    }
+    return body, headers
+
+
+@pytest.mark.slow
+async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store) -> None:
+    resend = hook(
+        "resend",
+        {"provider": "resend", "secret": SW_SECRET},
+        limiter=RateLimiter(FLOOD_SOURCE_RATE_PER_S, FLOOD_SOURCE_BURST),
+    )
+    flood: dict[int | str, int] = {"sent": 0}
+    signed: list[int] = []
+    async with serving(pool, db_dsn, store, resend=resend) as served:
+        url = f"{served.base}/hooks/esp/acme/resend"
+        connector = aiohttp.TCPConnector(local_addr=(FLOOD_PEER, 0), limit=FLOOD_CONCURRENCY)
+        started = time.monotonic()
+
+        async def flooder(done: anyio.Event) -> None:
+            while not done.is_set() and flood["sent"] < FLOOD_MAX_REQUESTS:
+                if time.monotonic() - started > FLOOD_MAX_S:
+                    return
+                flood["sent"] += 1
+                body, headers = garbage(flood["sent"])
+                async with flooding.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    flood[response.status] = flood.get(response.status, 0) + 1
+
+        async with aiohttp.ClientSession(connector=connector) as flooding:
+            done = anyio.Event()
+            with anyio.fail_after(FLOOD_MAX_S + DEADLINE_S):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(FLOOD_CONCURRENCY):
+                        tg.start_soon(flooder, done)
+                    # The flood is well past the peer's failure budget before the first event.
+                    await eventually(lambda: flood.get(429, 0), DEADLINE_S, what="flood 429s")
+                    for n in range(SIGNED_DURING_FLOOD):
+                        body = resend_event(email_id=f"em_{n}")
+                        status, _ = await post(
+                            served, "resend", body, sign_standard(body, msg_id=f"m{n}")
+                        )
+                        signed.append(status)
+                    flood_running = flood["sent"] < FLOOD_MAX_REQUESTS
+                    done.set()
+        elapsed_s = time.monotonic() - started
+    accepted = signed.count(200)
+    rows = await stored(pool)
+    figures = f"signed {accepted}/{len(signed)}; flood {flood} in {elapsed_s:.1f} s"
+    assert flood_running, figures  # every signed event was sent during the flood
+    assert accepted >= 0.95 * SIGNED_DURING_FLOOD, figures
+    assert sorted(r["dedup_key"] for r in rows) == sorted(
+        f"id:m{n}" for n, s in enumerate(signed) if s == 200
+    )
+    # The flood was far above the source's budget: had it spent that, signed events would 429.
+    assert flood["sent"] / elapsed_s > 2 * FLOOD_SOURCE_RATE_PER_S, figures
+    # CPU protection: bodies were read and verified only within the peer's failure budget
+    # (plus the requests in flight when it ran out); the rest was 429 before the body.
+    verified_at_most = (
+        FAILED_VERIFICATION_BURST + FAILED_VERIFICATION_RATE_PER_S * elapsed_s + FLOOD_CONCURRENCY
+    )
+    assert flood.get(401, 0) <= verified_at_most, figures
+    assert set(flood) <= {"sent", 401, 429}, figures
+    assert failures(served) == flood.get(401, 0)
+    print(figures)  # the figures of record, with -s
+
+
+async def test_a_peer_over_its_failure_budget_gets_429_before_the_body(
+    pool, db_dsn, store, sw
+) -> None:
+    """Only the failing peer is refused: signed events from another peer pass, and
+    the source's budget was not spent by the failures."""
+    sw.limiter = RateLimiter(rate=0.001, burst=2)  # two verified requests, then 429
+    async with serving(pool, db_dsn, store, resend=sw) as served:
+        port = int(served.base.rsplit(":", 1)[1])
+        connector = aiohttp.TCPConnector(local_addr=(FLOOD_PEER, 0))
+        async with aiohttp.ClientSession(connector=connector) as other:
+            for n in range(int(FAILED_VERIFICATION_BURST)):
+                body, headers = garbage(n)
+                async with other.post(
+                    f"{served.base}/hooks/esp/acme/resend", data=body, headers=headers
+                ) as r:
+                    assert r.status == 401
+            body, headers = garbage(99)
+            async with other.post(
+                f"{served.base}/hooks/esp/acme/resend", data=body, headers=headers
+            ) as r:
+                assert (r.status, r.headers["Retry-After"]) == (429, "5")
+            # A correctly signed event from the failing peer is refused too: a peer is an
+            # address (behind a proxy, everyone is the proxy; daemon/webhooks/esp.py).
+            good = resend_event(email_id="em_x")
+            async with other.post(
+                f"{served.base}/hooks/esp/acme/resend",
+                data=good,
+                headers=sign_standard(good, msg_id="mx"),
+            ) as r:
+                assert r.status == 429
+        # The 429 comes before the body: a request whose body never arrives gets it.
+        with anyio.fail_after(DEADLINE_S):
+            stream = await anyio.connect_tcp("127.0.0.1", port, local_host=FLOOD_PEER)
+            async with stream:
+                await stream.send(
+                    b"POST /hooks/esp/acme/resend HTTP/1.1\r\nHost: t\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                )  # and never the body
+                head = await stream.receive()
+        assert head.startswith(b"HTTP/1.1 429"), head[:40]
+        # Another peer's signed events spend the source's budget, untouched by the failures.
+        for n in range(2):
+            body = resend_event(email_id=f"em_{n}")
+            assert (await post(served, "resend", body, sign_standard(body, msg_id=f"m{n}")))[
+                0
+            ] == 200
+        body = resend_event(email_id="em_2")
+        assert (await post(served, "resend", body, sign_standard(body, msg_id="m2")))[0] == 429
+        assert failures(served) == FAILED_VERIFICATION_BURST
+    assert len(await stored(pool)) == 2
+
+
+def test_peer_budgets_are_bounded_and_separate() -> None:
+    budgets = PeerBudgets(rate=0.001, burst=2, max_keys=3)
+    for _ in range(2):
+        budgets.charge(("acme", "resend", "10.0.0.1"))
+    assert not budgets.allows(("acme", "resend", "10.0.0.1"))
+    assert budgets.allows(("acme", "resend", "10.0.0.2"))  # another peer
+    assert budgets.allows(("acme", "other", "10.0.0.1"))  # another source
+    for n in range(2, 6):
+        budgets.charge(("acme", "resend", f"10.0.0.{n}"))
+    assert len(budgets) == 3  # the oldest dropped: its key has a full bucket again
+    assert budgets.allows(("acme", "resend", "10.0.0.1"))
+    assert peer_key("2001:db8::1") == peer_key("2001:db8::ffff") == "2001:db8::/64"
+    assert peer_key("2001:db8:0:1::1") != peer_key("2001:db8::1")
+    assert peer_key("::ffff:192.0.2.7") == peer_key("192.0.2.7") == "192.0.2.7"
+    assert peer_key(None) == ""
