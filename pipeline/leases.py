@@ -64,10 +64,12 @@ A sync run, as the supervisor drives it (`scheduling` writes its health)::
     scheduling.record_success | scheduling.record_failure(error, retry_after_s=…, attention=…)
     release_lease(owner, token)
 
-Cancel flag: `request_cancel` (`inboxd sync cancel`) sets it from any process;
-the running sync checks it between pages and clears it when it stops
-(`take_cancel` does both in one statement). A flag set while no sync runs
-stops the next run at its first check.
+Cancel flag: `cancel_running_sync` (`inboxd sync cancel`) sets it from any
+process while a sync holds the lease, and sets nothing when none does; the
+running sync checks it between pages and clears it when it stops
+(`take_cancel` does both in one statement), and releasing the lease clears it
+too, so a cancel never outlives the run it was meant for. (`request_cancel`
+sets it unconditionally: it then stops the next run at its first check.)
 """
 
 from __future__ import annotations
@@ -160,8 +162,9 @@ UPDATE mailboxes SET lease_expires_at = now() + make_interval(secs => $5)
 RETURNING true
 """
 
+# A cancel meant for this run must not stop the next one: releasing clears it.
 _RELEASE = """
-UPDATE mailboxes SET lease_owner = NULL, lease_expires_at = NULL
+UPDATE mailboxes SET lease_owner = NULL, lease_expires_at = NULL, cancel_requested = false
  WHERE tenant_id = $1 AND mailbox_id = $2 AND lease_owner = $3 AND lease_token = $4
 """
 
@@ -313,6 +316,23 @@ async def request_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> boo
             mailbox_id,
         )
     )
+
+
+async def cancel_running_sync(conn: Executor, tenant_id: str, mailbox_id: str) -> bool | None:
+    """`inboxd sync cancel`: set the cancel flag only while a sync holds the lease.
+
+    True: a sync is running and will stop between pages. False: nothing runs,
+    and nothing is set (a flag left for later would stop an unrelated future
+    run). None: no such mailbox. One statement, judged by the database clock.
+    """
+    running: bool | None = await conn.fetchval(
+        "UPDATE mailboxes SET cancel_requested = "
+        "(lease_owner IS NOT NULL AND lease_expires_at > now()) "
+        "WHERE tenant_id = $1 AND mailbox_id = $2 RETURNING cancel_requested",
+        tenant_id,
+        mailbox_id,
+    )
+    return running
 
 
 async def cancel_requested(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:

@@ -3,10 +3,10 @@
 Both act through the database, so they reach whichever replica syncs the
 mailbox, from any host that can reach the database:
 
-  cancel   sets the mailbox's cancel flag (`pipeline.leases.request_cancel`);
-           the running sync stops between pages, without moving its cursor
-           past unprocessed work, and clears the flag. Set while no sync runs,
-           it stops the next one at its first check.
+  cancel   sets the mailbox's cancel flag while a sync runs
+           (`pipeline.leases.cancel_running_sync`); the running sync stops
+           between pages, without moving its cursor past unprocessed work, and
+           clears the flag. With no sync running it says so and sets nothing.
   now      rings the doorbell (`pipeline.doorbell.ring`, NOTIFY inboxd_doorbell);
            a listening daemon syncs the mailbox at once, or right after the run
            in progress (coalesced). Nothing happens when no daemon listens:
@@ -69,11 +69,11 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 
 async def run_cancel(args: argparse.Namespace) -> int:
     async def act(pool: asyncpg.Pool, tenant: str, mailbox: str) -> None:
-        if not await leases.request_cancel(pool, tenant, mailbox):
+        running = await leases.cancel_running_sync(pool, tenant, mailbox)
+        if running is None:
             raise CommandError(f"no mailbox {mailbox} in tenant {tenant}", EXIT_FAILURE)
-        status = await _status(pool, tenant, mailbox)
-        running = bool(status and status.leased)
-        owner = status.lease_owner if status and running else None
+        status = await _status(pool, tenant, mailbox) if running else None
+        owner = status.lease_owner if status is not None else None
         if args.json:
             emit_json(
                 {
@@ -91,10 +91,7 @@ async def run_cancel(args: argparse.Namespace) -> int:
                 "stops after its current page"
             )
         else:
-            print(
-                f"cancel requested for {tenant}/{mailbox}: no sync is running now; "
-                "the next one stops at its first check"
-            )
+            print(f"no sync is running for {tenant}/{mailbox}: nothing to cancel (nothing set)")
 
     return await _with_mailbox(args, act)
 

@@ -147,11 +147,30 @@ async def test_sync_cancel_sets_the_flag(inboxd, pool, mailboxes) -> None:
     assert await leases.cancel_requested(pool, "acme", "support")
     assert not await leases.cancel_requested(pool, "acme", "inbox")
 
+
+async def test_sync_cancel_with_nothing_running_says_so_and_sets_nothing(
+    inboxd, pool, mailboxes
+) -> None:
     plain = await inboxd("sync", "cancel", "--mailbox", "inbox", "--tenant", "globex")
     assert plain.code == 0, plain.stderr
-    assert "cancel requested for globex/inbox" in plain.stdout
-    assert await leases.cancel_requested(pool, "globex", "inbox")
-    assert not await leases.cancel_requested(pool, "acme", "inbox")
+    assert "no sync is running for globex/inbox: nothing to cancel" in plain.stdout
+    assert not await leases.cancel_requested(pool, "globex", "inbox")
+    as_json = await inboxd("sync", "cancel", "--mailbox", "inbox", "--tenant", "acme", "--json")
+    assert as_json.json["running"] is False and as_json.json["lease_owner"] is None
+    assert not await pool.fetchval("SELECT bool_or(cancel_requested) FROM mailboxes")
+    # and the next run is not stopped by a flag left for it: none was left
+    token = await leases.acquire_lease(pool, "globex", "inbox", "replica-2", LEASE_TTL_S)
+    assert token is not None and not await leases.take_cancel(pool, "globex", "inbox")
+
+
+async def test_a_cancel_never_outlives_the_run_it_was_meant_for(inboxd, pool, mailboxes) -> None:
+    assert (await inboxd("sync", "cancel", "--mailbox", "support")).code == 0
+    assert await leases.cancel_requested(pool, "acme", "support")
+    token = await pool.fetchval(
+        "SELECT lease_token FROM mailboxes WHERE tenant_id = 'acme' AND mailbox_id = 'support'"
+    )
+    await leases.release_lease(pool, "acme", "support", "replica-1", token)  # the run ended
+    assert not await leases.cancel_requested(pool, "acme", "support")
 
 
 async def test_sync_cancel_unknown_and_ambiguous_mailboxes(inboxd, pool, mailboxes) -> None:
