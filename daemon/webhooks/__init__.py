@@ -3,7 +3,8 @@
     esp.py          POST /hooks/esp/{tenant}/{source}: delivery events of sending
                     providers (the served table, the route, its per-source limits)
     esp_config.py   `[[delivery_sources]]` tables → the served table; SNS confirmation
-    ratelimit.py    the token bucket behind each source's 429
+    ratelimit.py    the token buckets behind the 429s: a source's verified requests,
+                    each peer's failed verifications (budgets: esp.py docstring)
 
 Push routes of the mailbox doors (Gmail Pub/Sub, Graph notifications) are the
 next route sets here. Each route set gives the listener its routes, each

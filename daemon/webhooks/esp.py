@@ -6,8 +6,8 @@ the provider half):
     body over the source's limit   413 (the listener's body-limit middleware,
                                    before reading, via `body_limit`)
     unknown tenant/source          404   ┐
-    content type not the provider's 415  │ before the body is read
-    peer's failure budget spent    429   │ (`check_before_body`)
+    content type not the provider's 415  │ before the body is read (`check_before_body`)
+    peer's failure budget spent    429 + Retry-After │ ("Budgets" below)
     source's budget spent          429 + Retry-After ┘
     verification failed            401 {"error": "unauthorized"}, counted; nothing stored
     verified, source budget spent  429 + Retry-After (raced with concurrent requests)
