@@ -7,6 +7,7 @@ that account can reach (pytest's tmp_path lives under a 0700 directory of root's
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
@@ -20,6 +21,7 @@ import pytest
 from inboxd.daemon.database import connect_pool, resolve_dsn
 from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
 from inboxd.daemon.pg_cluster import (
+    CHECKOUT,
     ROOT_REFUSAL,
     EmbeddedPostgresError,
     default_data_dir,
@@ -119,15 +121,27 @@ def test_resolve_dsn_reports_root_refusal(tmp_path: Path) -> None:
 
 def test_default_data_dir_order(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert default_data_dir({"HOME": str(home)}) == home / ".local/share/inboxd"
-    assert default_data_dir({"HOME": str(home), "XDG_DATA_HOME": "relative/ignored"}) == (
+    installed = functools.partial(default_data_dir, checkout=None)  # a wheel, not a checkout
+    assert installed({"HOME": str(home)}) == home / ".local/share/inboxd"
+    assert installed({"HOME": str(home), "XDG_DATA_HOME": "relative/ignored"}) == (
         home / ".local/share/inboxd"
     )
     xdg = tmp_path / "xdg"
-    assert default_data_dir({"HOME": str(home), "XDG_DATA_HOME": str(xdg)}) == xdg / "inboxd"
+    assert installed({"HOME": str(home), "XDG_DATA_HOME": str(xdg)}) == xdg / "inboxd"
+    checkout = tmp_path / "checkout"
+    # In a source checkout: <checkout>/var, the directory `make run` uses.
+    environ = {"HOME": str(home), "XDG_DATA_HOME": str(xdg)}
+    assert default_data_dir(environ, checkout=checkout) == checkout / "var"
     explicit = tmp_path / "explicit"
-    environ = {"HOME": str(home), "XDG_DATA_HOME": str(xdg), "INBOXD_DATA_DIR": str(explicit)}
-    assert default_data_dir(environ) == explicit
+    environ["INBOXD_DATA_DIR"] = str(explicit)
+    assert installed(environ) == explicit
+    assert default_data_dir(environ, checkout=checkout) == explicit
+
+
+def test_this_repository_is_a_checkout_whose_default_is_var() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    assert CHECKOUT == repo
+    assert default_data_dir({"HOME": "/nonexistent"}) == repo / "var"
 
 
 # --- the real server -----------------------------------------------------------------------
