@@ -848,3 +848,24 @@ async def test_two_authorization_headers_are_400_and_nothing_is_served(
         assert (
             await conn.fetchval("SELECT count(*) FROM events WHERE kind = 'message.recorded'") == 0
         )
+
+
+async def test_tokens_of_refused_requests_are_not_logged(
+    pool, db_dsn, store, caplog, capfd
+) -> None:
+    """Our own lines (debug included) carry route, method and status, never a header."""
+    wrong = secrets.token_urlsafe(40)
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as events:
+        async with serving(pool, db_dsn, store) as srv:
+            for headers in (
+                {"Authorization": f"Bearer {wrong}"},
+                CIMultiDict([("Authorization", f"Bearer {wrong}"), *ACME.items()]),
+            ):
+                async with srv.session.get(f"{srv.base}/v1/attachments/1", headers=headers) as r:
+                    assert r.status in (400, 401)
+                    assert wrong not in await r.text()
+    assert [e["status"] for e in events if e["event"] == "http_request"] == [401, 400]
+    captured = capfd.readouterr()
+    logged = "\n".join([repr(events), caplog.text, captured.out, captured.err])
+    assert wrong not in logged and TOKENS["acme"] not in logged
