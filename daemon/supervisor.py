@@ -10,6 +10,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
                              ├─ fleet               presence, runners, poll scanner,
                              │                      doorbell (sync/)
+                             ├─ attachment sweep    re-derives failed attachments
+                             │                      (pipeline/attachment_sweep.py)
                              └─ watchdog            sd_notify WATCHDOG=1
 
 Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
@@ -45,6 +47,7 @@ from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
 from inboxd.pipeline import scheduling
+from inboxd.pipeline.attachment_sweep import AttachmentSweeper
 from inboxd.pipeline.delivery.intake import DeliveryIntake
 from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
 from inboxd.pipeline.errors import DATABASE_ERRORS
@@ -146,6 +149,7 @@ class Daemon:
         with anyio.CancelScope() as self._fleet_scope:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.fleet.run, _mailboxes(self.tenants))
+                tg.start_soon(AttachmentSweeper(self.pool, self.store).run)
                 tg.start_soon(systemd.run_watchdog, self._ready)
                 systemd.notify("READY=1")
                 self._log.info("daemon_ready", port=port, mailboxes=len(self.fleet.runners))

@@ -352,6 +352,8 @@ class MailboxStatus:
     cancel_requested: bool
     poll_interval_s: float
     last_polled_at: datetime | None
+    dead_items: int = 0  # unresolved dead items of the mailbox
+    attachments_pending: int = 0  # attachments whose store failed, not yet re-derived
 
 
 _STATUS = """
@@ -363,8 +365,15 @@ SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
        throttle_backoff_s, sync_state, last_error, last_error_at,
        lease_owner, lease_expires_at,
        coalesce(lease_owner IS NOT NULL AND lease_expires_at > now(), false) AS leased,
-       cancel_requested, poll_interval_s, last_polled_at
-  FROM mailboxes
+       cancel_requested, poll_interval_s, last_polled_at,
+       (SELECT count(*) FROM dead_items d
+         WHERE d.tenant_id = mb.tenant_id AND d.mailbox_id = mb.mailbox_id
+           AND d.resolved_at IS NULL)::int AS dead_items,
+       (SELECT count(*) FROM attachments a
+          JOIN messages m ON m.tenant_id = a.tenant_id AND m.message_id = a.message_id
+         WHERE a.tenant_id = mb.tenant_id AND m.mailbox_id = mb.mailbox_id
+           AND NOT a.stored AND a.store_error IS NOT NULL)::int AS attachments_pending
+  FROM mailboxes mb
  WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR mailbox_id = $2)
  ORDER BY tenant_id, mailbox_id
 """

@@ -53,6 +53,8 @@ COLUMNS = (
     "LAG",
     "THROTTLE UNTIL",
     "STATE",
+    "DEAD",
+    "ATT PENDING",
     "LAST ERROR",
 )
 
@@ -136,6 +138,8 @@ def table_row(s: MailboxStatus) -> tuple[str, ...]:
         format_duration(s.lag_s) if s.lag_s is not None else "-",
         format_time(s.throttle_until) if s.throttled and s.throttle_until else "-",
         state,
+        str(s.dead_items),
+        str(s.attachments_pending),
         shorten_end(s.last_error, ERROR_SHOWN_CHARS) if s.last_error else "-",
     )
 

@@ -41,7 +41,7 @@ from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.errors import DATABASE_ERRORS, Family, RetriableError, describe, family_of
-from inboxd.pipeline.outcomes import page_is_clean
+from inboxd.pipeline.outcomes import ItemResult, Outcome, page_is_clean
 
 log = structlog.get_logger(__name__)
 
@@ -225,6 +225,7 @@ class MailboxRunner:
         pool = self.deps.pool
         async for page in pages:
             results = await self.deps.queue.ingest(batch_of(self.source, page))
+            self._log_dead_items(page, results)
             await self.source.settle(page, results)
             if not page_is_clean(results):
                 raise PageNotClean(
@@ -241,6 +242,16 @@ class MailboxRunner:
                     return False
             self._log.info("sync_page_committed", items=len(page.items))
         return True
+
+    def _log_dead_items(self, page: Page, results: list[ItemResult]) -> None:
+        """Each dead item once, with its reason: /metrics alone hides which one and why."""
+        for result in results:
+            if result.outcome is Outcome.PERMANENT_FAILURE:
+                self._log.warning(
+                    "dead_item",
+                    external_id=page.items[result.index].external_id,
+                    reason=result.detail,
+                )
 
     async def _renew(self, token: int) -> None:
         tenant, mailbox = self.key

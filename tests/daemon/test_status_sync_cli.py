@@ -96,6 +96,9 @@ async def test_status_tenant_filter_and_plain_table(inboxd, mailboxes) -> None:
         "THROTTLE",
         "UNTIL",
         "STATE",
+        "DEAD",
+        "ATT",
+        "PENDING",
         "LAST",
         "ERROR",
     ]
