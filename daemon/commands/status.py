@@ -1,6 +1,6 @@
 """`inboxd status`: each mailbox's cursor, lag, throttle, state and last error.
 
-Read-only: one query (`pipeline.scheduling.mailbox_status`) against the database
+Read-only: one query (`pipeline.mailbox_status.mailbox_status`) against the database
 the other commands use, so it shows what every replica sees, whichever
 process runs it. On a terminal the table is drawn with rich; piped, it is
 plain text in aligned columns (one line per mailbox, greppable); `--json`
@@ -34,7 +34,7 @@ from inboxd.daemon.commands.common import (
 )
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.scheduling import MailboxStatus, mailbox_status
+from inboxd.pipeline.mailbox_status import MailboxStatus, mailbox_status
 from inboxd.pipeline.tenancy import validate_id
 
 # A few small statements; a server that does not answer within this is stuck.

@@ -35,7 +35,7 @@ from inboxd.daemon.commands.common import (
     resolve,
 )
 from inboxd.daemon.commands.status import database_call, format_time, valid_id_option
-from inboxd.pipeline import leases, scheduling
+from inboxd.pipeline import leases, mailbox_status
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, ring
 
 
@@ -142,14 +142,16 @@ async def _with_mailbox(
     return EXIT_OK
 
 
-async def _status(pool: asyncpg.Pool, tenant: str, mailbox: str) -> scheduling.MailboxStatus | None:
-    statuses = await scheduling.mailbox_status(pool, tenant, mailbox_id=mailbox)
+async def _status(
+    pool: asyncpg.Pool, tenant: str, mailbox: str
+) -> mailbox_status.MailboxStatus | None:
+    statuses = await mailbox_status.mailbox_status(pool, tenant, mailbox_id=mailbox)
     return statuses[0] if statuses else None
 
 
 async def find_tenant(pool: asyncpg.Pool, mailbox: str, tenant: str | None) -> str:
     """The tenant owning `mailbox`; CommandError when missing (1) or ambiguous (2)."""
-    tenants = await scheduling.tenants_of_mailbox(pool, mailbox)
+    tenants = await mailbox_status.tenants_of_mailbox(pool, mailbox)
     if tenant is not None:
         if tenant in tenants:
             return tenant

@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 from factories import CountingStore
 
-from inboxd.pipeline import scheduling
+from inboxd.pipeline import mailbox_status
 from inboxd.pipeline.attachment_sweep import AttachmentSweeper
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
@@ -32,7 +32,7 @@ def invoice_mail() -> bytes:
 
 
 async def pending(pool: asyncpg.Pool) -> int:
-    [status] = await scheduling.mailbox_status(pool, "acme", mailbox_id="inbox")
+    [status] = await mailbox_status.mailbox_status(pool, "acme", mailbox_id="inbox")
     return status.attachments_pending
 
 

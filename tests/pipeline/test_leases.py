@@ -12,7 +12,7 @@ import orjson
 import pytest
 from helpers import eventually
 
-from inboxd.pipeline import leases, scheduling
+from inboxd.pipeline import leases, mailbox_status, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
 from inboxd.pipeline.leases import MailboxNotFound
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
@@ -501,7 +501,7 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
     assert await leases.commit_cursor(pool, "acme", "support", token, "h-77")
     await scheduling.record_success(pool, "acme", "support")
     await scheduling.record_failure(pool, "globex", "inbox", "auth failed", attention=True)
-    every = await scheduling.mailbox_status(pool)
+    every = await mailbox_status.mailbox_status(pool)
     assert [(s.tenant_id, s.mailbox_id) for s in every] == [
         ("acme", "support"),
         ("globex", "inbox"),
@@ -516,10 +516,10 @@ async def test_mailbox_status(pool, make_mailbox) -> None:
         "needs_attention",
         "auth failed",
     )
-    only = await scheduling.mailbox_status(pool, "globex")
+    only = await mailbox_status.mailbox_status(pool, "globex")
     assert [s.mailbox_id for s in only] == ["inbox"]
-    assert await scheduling.mailbox_status(pool, "acme", mailbox_id="inbox") == []
-    assert await scheduling.tenants_of_mailbox(pool, "inbox") == ["globex"]
+    assert await mailbox_status.mailbox_status(pool, "acme", mailbox_id="inbox") == []
+    assert await mailbox_status.tenants_of_mailbox(pool, "inbox") == ["globex"]
 
 
 # --- doorbell ----------------------------------------------------------------------------
