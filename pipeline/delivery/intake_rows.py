@@ -29,6 +29,8 @@ prepares a request with these before it queues it for a group commit.
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -198,6 +200,11 @@ def _bounded_json(value: Any, depth_left: int) -> Any:
     return value
 
 
+# A JSON `\u0000` escape: a backslash-u preceded by an even number of backslashes
+# (an odd number means the backslash itself is escaped, and the text is literal).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def _json_for_postgres(payload: dict[str, Any]) -> str:
     # jsonb refuses \u0000 inside strings; the replacement keeps the event storable.
     # A payload too deep for orjson was already copied depth-bounded; what still
@@ -209,4 +216,4 @@ def _json_for_postgres(payload: dict[str, Any]) -> str:
         text = orjson.dumps(
             _bounded_json(payload, MAX_PAYLOAD_DEPTH), default=str, option=orjson.OPT_NON_STR_KEYS
         ).decode()
-    return text.replace("\\u0000", "\\ufffd")
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)

@@ -99,3 +99,12 @@ async def test_hostile_events_are_stored_not_refused(pool) -> None:
     outcome = await store_events(pool, hostile)
     assert (outcome.new, outcome.duplicates) == (6, 0)
     assert (await store_events(pool, hostile)).duplicates == 6
+
+
+def test_only_real_nul_escapes_are_replaced_in_stored_payloads() -> None:
+    from inboxd.pipeline.delivery.intake_rows import _json_for_postgres
+
+    assert orjson.loads(_json_for_postgres({"k": "a\x00b"}))["k"] == "a\ufffdb"
+    # the six characters \u0000 written literally are text, kept as they are
+    assert orjson.loads(_json_for_postgres({"k": r"see \u0000"}))["k"] == r"see \u0000"
+    assert orjson.loads(_json_for_postgres({"k": "x\\\x00"}))["k"] == "x\\\ufffd"
