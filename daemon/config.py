@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from inboxd.daemon.config_reader import ConfigProblem, Options, Reader, describe, relative_to
+from inboxd.daemon.data_dir import default_data_dir
 from inboxd.daemon.database import ENV_DSN, dsn_has_password, mask_dsn
 from inboxd.daemon.logging import LOG_LEVELS
-from inboxd.daemon.pg_cluster import default_data_dir
 from inboxd.daemon.secrets import USE_A_REFERENCE
 from inboxd.daemon.tenant_config import TenantSet, parse_tenant_files
 from inboxd.pipeline import errors

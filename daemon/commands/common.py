@@ -27,6 +27,7 @@ import asyncpg
 import orjson
 
 from inboxd.daemon.config_reader import relative_to
+from inboxd.daemon.data_dir import ENV_DATA_DIR, data_dir_and_origin, default_data_dir
 from inboxd.daemon.database import (
     ENV_DSN,
     DatabaseRejected,
@@ -38,12 +39,7 @@ from inboxd.daemon.database import (
     resolve_dsn,
 )
 from inboxd.daemon.logging import LOG_LEVELS
-from inboxd.daemon.pg_cluster import (
-    ENV_DATA_DIR,
-    EmbeddedPostgresError,
-    data_dir_and_origin,
-    default_data_dir,
-)
+from inboxd.daemon.pg_errors import EmbeddedPostgresError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -36,10 +36,10 @@ from inboxd.daemon.commands.common import (
 )
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.config import ConfigError, MainConfig, load_main, load_tenants
+from inboxd.daemon.data_dir import data_dir_and_origin
 from inboxd.daemon.database import DsnChoice
 from inboxd.daemon.logging import configure_logging
 from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.pg_cluster import data_dir_and_origin
 from inboxd.daemon.supervisor import Daemon
 from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks

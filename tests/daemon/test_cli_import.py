@@ -458,7 +458,7 @@ async def test_migrate_database_down(inboxd) -> None:
 def embedded_pg() -> Iterator[tuple[Path, dict[str, str]]]:
     """A data directory for an embedded server this test may stop and start at will."""
     from inboxd.daemon.embedded_pg import stop_embedded
-    from inboxd.daemon.pg_cluster import find_binaries
+    from inboxd.daemon.pg_binaries import find_binaries
 
     if not find_binaries():
         pytest.skip("no PostgreSQL server binaries for an embedded server")

@@ -18,15 +18,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from inboxd.daemon.data_dir import CHECKOUT, default_data_dir
 from inboxd.daemon.database import connect_pool, resolve_dsn
 from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
-from inboxd.daemon.pg_cluster import (
-    CHECKOUT,
-    ROOT_REFUSAL,
-    EmbeddedPostgresError,
-    default_data_dir,
-    find_binaries,
-)
+from inboxd.daemon.pg_binaries import find_binaries
+from inboxd.daemon.pg_errors import EmbeddedPostgresError
+from inboxd.daemon.pg_run_as import ROOT_REFUSAL
 
 IS_ROOT = os.geteuid() == 0
 needs_binaries = pytest.mark.skipif(

@@ -29,7 +29,7 @@ from helpers import cli_env, eventually, run_cli, run_cli_async
 from inboxd.daemon.commands.run import refresh_attention
 from inboxd.daemon.embedded_pg import stop_embedded
 from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.pg_cluster import find_binaries
+from inboxd.daemon.pg_binaries import find_binaries
 from inboxd.pipeline.tenancy import ensure_tenants
 
 REPO = Path(__file__).resolve().parents[2]
