@@ -29,9 +29,8 @@ prepares a request with these before it queues it for a group commit.
 
 from __future__ import annotations
 
-import re
-
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
