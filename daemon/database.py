@@ -159,7 +159,7 @@ def resolve_dsn(
 
     Raises `DsnError` for an unusable value (missing env variable, unreadable file,
     literal password in the config file, wrong type) and
-    `pg_cluster.EmbeddedPostgresError` when the embedded server cannot be started.
+    `pg_errors.EmbeddedPostgresError` when the embedded server cannot be started.
     """
     if cli_dsn is not None and cli_dsn.strip():
         return DsnChoice(_dereference(cli_dsn.strip(), "--dsn", environ), "cli")
