@@ -343,6 +343,13 @@ COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims t
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS lease_session_key bigint;
 COMMENT ON COLUMN mailboxes.lease_session_key IS 'Key of the advisory lock the lease holder keeps on a connection while it lives; absent from pg_locks means the holder is gone and the lease may be taken before it expires.';
 
+-- Push bookkeeping (pipeline/scheduling.py record_push): auto mode polls a mailbox
+-- only once its pushes have been quiet. Added after the table existed.
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS last_push_at timestamptz;
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS push_hint text;
+COMMENT ON COLUMN mailboxes.last_push_at IS 'When a provider last pushed a change for this mailbox (Pub/Sub, Graph notification); auto mode polls only after [sync] push_quiet_after_s without one.';
+COMMENT ON COLUMN mailboxes.push_hint IS 'What the last push said, as the provider gave it (Gmail: the notification''s historyId); a hint for the next sync, never a cursor.';
+
 -- The sending provider's id of an outbound message, for correlating its delivery
 -- events (Postmark MessageID, Resend email_id, SES messageId …). Added after the
 -- table existed, so applying this file to an older database adds it.

@@ -101,6 +101,7 @@ class Daemon:
             dsn=dsn,
             page_size=main.batch_size,
             poll_scan_interval_s=main.poll_scan_interval_s,
+            push_quiet_after_s=main.push_quiet_after_s,
         )
         self.intake = DeliveryIntake(pool)
         self.hooks = HookTable()

@@ -43,6 +43,7 @@ class MailboxStatus:
     cancel_requested: bool
     poll_interval_s: float
     last_polled_at: datetime | None
+    last_push_at: datetime | None = None  # the provider's last push (push and auto modes)
     dead_items: int = 0  # unresolved dead items of the mailbox
     attachments_pending: int = 0  # attachments whose store failed, not yet re-derived
 
@@ -56,7 +57,7 @@ SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
        throttle_backoff_s, sync_state, last_error, last_error_at,
        lease_owner, lease_expires_at,
        coalesce(lease_owner IS NOT NULL AND lease_expires_at > now(), false) AS leased,
-       cancel_requested, poll_interval_s, last_polled_at,
+       cancel_requested, poll_interval_s, last_polled_at, last_push_at,
        (SELECT count(*) FROM dead_items d
          WHERE d.tenant_id = mb.tenant_id AND d.mailbox_id = mb.mailbox_id
            AND d.resolved_at IS NULL)::int AS dead_items,

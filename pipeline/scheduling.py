@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+import asyncpg
+
+from inboxd.pipeline.doorbell import ring
+
 # Private helpers of leases on purpose: the fence and argument checks of the one
 # row both modules write, kept in one place (leases does not import this module).
 from inboxd.pipeline.leases import (
@@ -187,6 +191,8 @@ WITH due AS (
      WHERE coalesce({_DUE_AT}, '-infinity') <= now()
        AND coalesce(m.next_poll_at, '-infinity') <= now()
        AND coalesce(m.throttle_until, '-infinity') <= now()
+       AND NOT (m.sync_mode = 'auto'
+                AND coalesce(m.last_push_at, '-infinity') > now() - make_interval(secs => $6))
        AND (m.lease_owner IS NULL OR m.lease_owner = $1
             OR coalesce(m.lease_expires_at, '-infinity') <= now())
      ORDER BY {_DUE_AT} NULLS FIRST, m.tenant_id, m.mailbox_id
@@ -208,6 +214,7 @@ async def claim_due(
     mailboxes: Sequence[tuple[str, str]],
     cooldown_s: float,
     limit: int,
+    push_quiet_after_s: float = 0.0,
 ) -> list[tuple[str, str]]:
     """Claim up to `limit` of `mailboxes` that are due for a poll; (tenant, mailbox) pairs.
 
@@ -222,6 +229,8 @@ async def claim_due(
       has been quiet for its interval), or it has neither;
     * its claim cooldown has passed: next_poll_at ≤ now();
     * it is not throttled: throttle_until ≤ now();
+    * in auto mode, push has been quiet: no `record_push` in the last
+      `push_quiet_after_s` seconds (a mailbox whose pushes arrive is not polled);
     * its lease is free, expired or held by `owner`.
 
     Most overdue first. In the same statement the claimed rows get
@@ -234,13 +243,20 @@ async def claim_due(
     """
     _require_owner(owner)
     cooldown_s = _non_negative("cooldown_s", cooldown_s)
+    push_quiet_after_s = _non_negative("push_quiet_after_s", push_quiet_after_s)
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     pairs = list(dict.fromkeys((t, m) for t, m in mailboxes))
     if not pairs:
         return []
     rows = await conn.fetch(
-        _CLAIM_DUE, owner, [t for t, _ in pairs], [m for _, m in pairs], cooldown_s, limit
+        _CLAIM_DUE,
+        owner,
+        [t for t, _ in pairs],
+        [m for _, m in pairs],
+        cooldown_s,
+        limit,
+        push_quiet_after_s,
     )
     return sorted((r[0], r[1]) for r in rows)
 
@@ -318,6 +334,34 @@ async def upsert_configured_mailboxes(conn: Executor, rows: Sequence[MailboxRow]
         await c.execute(_UPSERT_TENANTS, columns[0])
         status = await c.execute(_UPSERT_MAILBOXES, *columns)
     return int(status.rsplit(" ", 1)[-1])
+
+
+# --- push --------------------------------------------------------------------------------
+
+
+async def record_push(
+    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str, hint: str | None = None
+) -> bool:
+    """A provider pushed a change for the mailbox: stamp it and ring its doorbell.
+
+    In one transaction (a savepoint inside the caller's): `last_push_at = now()`
+    (auto mode polls only once push has been quiet, `claim_due`), `push_hint`
+    = what the push said (Gmail's historyId), and the doorbell's NOTIFY, sent at
+    commit. A push handler records and answers; it never syncs inline. False:
+    no such mailbox (nothing written, no ring).
+    """
+    async with conn.transaction():
+        found = await conn.fetchval(
+            "UPDATE mailboxes SET last_push_at = now(), push_hint = $3 "
+            "WHERE tenant_id = $1 AND mailbox_id = $2 RETURNING true",
+            tenant_id,
+            mailbox_id,
+            hint,
+        )
+        if not found:
+            return False
+        await ring(conn, tenant_id, mailbox_id)
+    return True
 
 
 # --- helpers -----------------------------------------------------------------------------

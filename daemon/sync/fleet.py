@@ -41,12 +41,19 @@ class MailboxFleet:
     """Runners by (tenant, mailbox); every one a task of the fleet's task group."""
 
     def __init__(
-        self, deps: RunnerDeps, *, dsn: str, page_size: int, poll_scan_interval_s: float
+        self,
+        deps: RunnerDeps,
+        *,
+        dsn: str,
+        page_size: int,
+        poll_scan_interval_s: float,
+        push_quiet_after_s: float = 0.0,
     ) -> None:
         self.deps = deps
         self.dsn = dsn
         self.page_size = page_size
         self.poll_scan_interval_s = poll_scan_interval_s
+        self.push_quiet_after_s = push_quiet_after_s
         self.runners: dict[Key, MailboxRunner] = {}
         self._tg: TaskGroup | None = None
 
@@ -71,6 +78,7 @@ class MailboxFleet:
                     self.poll_scan_interval_s,
                     self.polled,
                     self.ring,
+                    self.push_quiet_after_s,
                 )
                 await tg.start(listen_doorbell, self.dsn, self.ring)
                 task_status.started()

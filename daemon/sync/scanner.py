@@ -35,8 +35,10 @@ async def run_poll_scanner(
     interval_s: float,
     polled: Callable[[], Sequence[Key]],
     ring: Callable[[Key], None],
+    push_quiet_after_s: float = 0.0,
 ) -> None:
-    """Until cancelled: each `interval_s`, ring the due ones among `polled()`."""
+    """Until cancelled: each `interval_s`, ring the due ones among `polled()`
+    (auto-mode mailboxes only once their pushes have been quiet that long)."""
     failing = False
     while True:
         await anyio.sleep(interval_s)
@@ -52,6 +54,7 @@ async def run_poll_scanner(
                         mailboxes=candidates,
                         cooldown_s=interval_s,
                         limit=POLL_CLAIM_LIMIT,
+                        push_quiet_after_s=push_quiet_after_s,
                     )
         except DATABASE_ERRORS as exc:
             if not failing:  # "unavailable" once, "recovered" once (CONTRIBUTING.md)

@@ -413,6 +413,52 @@ async def test_claim_due_honours_interval_cooldown_and_recent_success(pool, make
     assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
 
 
+async def test_an_auto_mailbox_is_polled_only_once_its_pushes_are_quiet(
+    pool, db_dsn, make_mailbox
+) -> None:
+    await scheduling.upsert_configured_mailboxes(
+        pool,
+        [
+            MailboxRow(T, "auto", "gmail", sync_mode="auto", poll_interval_s=0.01),
+            MailboxRow(T, "poll", "imap", sync_mode="poll", poll_interval_s=0.01),
+        ],
+    )
+    listener = await asyncpg.connect(db_dsn)
+    rung: list[str] = []
+    await listener.add_listener(DOORBELL_CHANNEL, lambda *a: rung.append(a[-1]))
+    try:
+        async with pool.acquire() as conn:
+            assert await scheduling.record_push(conn, T, "auto", hint="4242")
+            assert await scheduling.record_push(conn, T, "poll", hint=None)
+            assert not await scheduling.record_push(conn, T, "missing")
+        await eventually(
+            lambda: len(rung), NOTIFY_DEADLINE_S, what="two rings", until=lambda n: n == 2
+        )
+        assert {parse_doorbell(p) for p in rung} == {(T, "auto"), (T, "poll")}
+        assert (
+            await pool.fetchval("SELECT push_hint FROM mailboxes WHERE mailbox_id = 'auto'")
+            == "4242"
+        )
+        both = [(T, "auto"), (T, "poll")]
+        # pushes arrived just now: the auto mailbox is not polled, the poll one is
+        claimed = await scheduling.claim_due(
+            pool, "me", mailboxes=both, cooldown_s=0, limit=5, push_quiet_after_s=60
+        )
+        assert claimed == [(T, "poll")]
+        # once push has been quiet long enough, auto falls back to polling
+        await wait_for_db(
+            pool,
+            "SELECT last_push_at + interval '0.2 s' <= now() FROM mailboxes "
+            "WHERE mailbox_id = 'auto'",
+        )
+        claimed = await scheduling.claim_due(
+            pool, "me", mailboxes=both, cooldown_s=0, limit=5, push_quiet_after_s=0.2
+        )
+        assert (T, "auto") in claimed
+    finally:
+        await listener.close()
+
+
 async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> None:
     for name in ("a", "b", "c"):
         await make_mailbox(T, name)
