@@ -1,0 +1,493 @@
+"""Contract tests of the fake Gmail itself, through plain aiohttp calls.
+
+They pin the published behaviour the real client relies on (paging, history
+growth, 404 for an expired startHistoryId, batch format, quota 429, token
+flows), so a client test failing against the fake points at the client.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import jwt
+import pytest
+
+from fakes.gmail import DEFAULT_CLIENT_ID, DEFAULT_CLIENT_SECRET, FakeGmail, pkce_s256
+from fakes.gmail.batch import boundary_of, split_parts
+
+ALICE = "alice@example.com"
+BOB = "bob@example.com"
+
+
+class FakeClock:
+    """Quota and token time that tests move by hand (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def fake(clock: FakeClock) -> AsyncIterator[FakeGmail]:
+    async with FakeGmail([ALICE, BOB], clock=clock) as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def corpus_files(corpus: Path, count: int) -> list[Path]:
+    return sorted((corpus / "mime" / "mailgun-flanker").glob("*.eml"))[:count]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def get_json(
+    http: aiohttp.ClientSession, url: str, token: str, params: object = None
+) -> tuple[int, dict]:
+    async with http.get(url, headers=bearer(token), params=params) as resp:  # type: ignore[arg-type]
+        return resp.status, await resp.json()
+
+
+async def refresh(
+    http: aiohttp.ClientSession, fake: FakeGmail, refresh_token: str
+) -> tuple[int, dict]:
+    form = {
+        "grant_type": "refresh_token",
+        "refresh_token": refresh_token,
+        "client_id": DEFAULT_CLIENT_ID,
+        "client_secret": DEFAULT_CLIENT_SECRET,
+    }
+    async with http.post(fake.token_url, data=form) as resp:
+        return resp.status, await resp.json()
+
+
+# -- messages --------------------------------------------------------------------
+async def test_full_sync_pages_every_message_once_with_exact_bytes(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    files = corpus_files(corpus, 7)
+    seeded = fake.seed_files(ALICE, files)
+    status, token_body = await refresh(http, fake, fake.issue_refresh_token(ALICE))
+    assert status == 200 and token_body["token_type"] == "Bearer"
+    token = token_body["access_token"]
+    base = f"{fake.api_url}/users/me"
+
+    status, profile = await get_json(http, f"{base}/profile", token)
+    assert status == 200
+    assert profile["emailAddress"] == ALICE and profile["messagesTotal"] == 7
+    assert int(profile["historyId"]) >= max(m.history_id for m in seeded)
+
+    ids: list[str] = []
+    params: dict[str, str] = {"maxResults": "3"}
+    while True:
+        status, page = await get_json(http, f"{base}/messages", token, params)
+        assert status == 200 and page["resultSizeEstimate"] == 7
+        ids += [m["id"] for m in page["messages"]]
+        if "nextPageToken" not in page:
+            break
+        params["pageToken"] = page["nextPageToken"]
+    assert sorted(ids) == sorted(m.id for m in seeded) and len(ids) == 7
+
+    for message, path in zip(seeded, files, strict=True):
+        status, body = await get_json(
+            http, f"{base}/messages/{message.id}", token, {"format": "raw"}
+        )
+        assert status == 200
+        assert base64.urlsafe_b64decode(body["raw"]) == path.read_bytes()
+        assert body["threadId"] == message.thread_id and body["labelIds"] == ["INBOX", "UNREAD"]
+        assert body["sizeEstimate"] == len(path.read_bytes())
+        assert body["historyId"] == str(message.history_id)
+        assert body["internalDate"].isdigit()
+    assert fake.counters.max_downloads() == 1
+    assert fake.counters.calls_of("users.messages.get", ALICE) == 7
+    assert fake.counters.units[ALICE] == 1 + 3 * 5 + 7 * 5
+
+
+async def test_list_filters_labels_dates_and_spam_trash(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    box = fake.mailbox(ALICE)
+    raw = corpus_files(corpus, 1)[0].read_bytes()
+    old = box.add_message(raw, internal_date_ms=1_600_000_000_000)
+    new = box.add_message(raw, internal_date_ms=1_700_000_000_000, label_ids=["SENT"])
+    spam = box.add_message(raw, internal_date_ms=1_700_000_000_000, label_ids=["SPAM"])
+    token = fake.issue_access_token(ALICE)
+    url = f"{fake.api_url}/users/{ALICE}/messages"
+
+    async def ids(params: object) -> list[str]:
+        status, body = await get_json(http, url, token, params)
+        assert status == 200, body
+        return [m["id"] for m in body.get("messages", [])]
+
+    assert await ids({}) == [new.id, old.id]  # newest first, spam left out
+    assert set(await ids({"includeSpamTrash": "true"})) == {old.id, new.id, spam.id}
+    assert await ids({"labelIds": "SPAM"}) == [spam.id]
+    assert await ids({"labelIds": "INBOX"}) == [old.id]
+    assert await ids({"q": "after:1650000000"}) == [new.id]
+    assert await ids({"q": "before:2021/01/01 -in:spam -in:trash"}) == [old.id]
+    assert set(await ids({"q": "in:anywhere after:1650000000"})) == {spam.id, new.id}
+    status, empty = await get_json(http, url, token, {"q": "after:1800000000"})
+    assert status == 200 and empty == {"resultSizeEstimate": 0}
+    status, bad = await get_json(http, url, token, {"q": "from:someone"})
+    assert status == 400 and bad["error"]["code"] == 400
+
+
+async def test_history_grows_pages_and_filters(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    box = fake.mailbox(ALICE)
+    first, second = box.add_files(corpus_files(corpus, 2))
+    token = fake.issue_access_token(ALICE)
+    base = f"{fake.api_url}/users/me"
+    _, profile = await get_json(http, f"{base}/profile", token)
+    start = profile["historyId"]
+
+    third = box.add_message(corpus_files(corpus, 3)[2].read_bytes())
+    box.modify_labels(first.id, add=["STARRED"], remove=["UNREAD"])
+    box.delete_message(second.id)
+    assert box.history_id > int(start)
+
+    records: list[dict] = []
+    params = {"startHistoryId": start, "maxResults": "1"}
+    while True:
+        status, page = await get_json(http, f"{base}/history", token, params)
+        assert status == 200 and page["historyId"] == str(box.history_id)
+        records += page.get("history", [])
+        if "nextPageToken" not in page:
+            break
+        params["pageToken"] = page["nextPageToken"]
+    assert [int(r["id"]) for r in records] == sorted(int(r["id"]) for r in records)
+    assert all(int(r["id"]) > int(start) for r in records)
+    assert records[0]["messagesAdded"][0]["message"]["id"] == third.id
+    assert records[1]["labelsAdded"][0]["labelIds"] == ["STARRED"]
+    assert records[1]["labelsRemoved"][0]["labelIds"] == ["UNREAD"]
+    assert records[2]["messagesDeleted"][0]["message"]["id"] == second.id
+
+    _, only_added = await get_json(
+        http, f"{base}/history", token, {"startHistoryId": start, "historyTypes": "messageAdded"}
+    )
+    assert [r["messagesAdded"][0]["message"]["id"] for r in only_added["history"]] == [third.id]
+    _, starred = await get_json(
+        http, f"{base}/history", token, {"startHistoryId": start, "labelId": "STARRED"}
+    )
+    assert [r["messages"][0]["id"] for r in starred["history"]] == [first.id]
+    _, nothing_new = await get_json(
+        http, f"{base}/history", token, {"startHistoryId": str(box.history_id)}
+    )
+    assert "history" not in nothing_new and "nextPageToken" not in nothing_new
+    status, gone = await get_json(http, f"{base}/messages/{second.id}", token, {"format": "raw"})
+    assert status == 404 and gone["error"]["errors"][0]["reason"] == "notFound"
+
+
+async def test_history_older_than_the_window_is_404(
+    http: aiohttp.ClientSession, corpus: Path, clock: FakeClock
+) -> None:
+    async with FakeGmail([ALICE], history_retention=2, clock=clock) as fake:
+        box = fake.mailbox(ALICE)
+        token = fake.issue_access_token(ALICE)
+        url = f"{fake.api_url}/users/me/history"
+        start = str(box.history_id)
+        box.add_files(corpus_files(corpus, 2))
+        status, ok = await get_json(http, url, token, {"startHistoryId": start})
+        assert status == 200 and len(ok["history"]) == 2
+        box.add_files(corpus_files(corpus, 1))  # the window keeps 2 records: start fell out
+        status, body = await get_json(http, url, token, {"startHistoryId": start})
+        assert status == 404
+        assert body["error"]["status"] == "NOT_FOUND"
+        assert body["error"]["errors"][0]["reason"] == "notFound"
+        recent = str(box.history_id)
+        box.expire_history()
+        status, _ = await get_json(http, url, token, {"startHistoryId": str(int(recent) - 1)})
+        assert status == 404
+        status, _ = await get_json(http, url, token, {"startHistoryId": recent})
+        assert status == 200
+
+
+# -- batch -----------------------------------------------------------------------
+def batch_body(paths: list[str], boundary: str = "xyz-boundary") -> bytes:
+    parts = [
+        f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: <item{n}>\r\n\r\n"
+        f"GET {path}\r\n\r\n"
+        for n, path in enumerate(paths)
+    ]
+    return ("".join(parts) + f"--{boundary}--\r\n").encode()
+
+
+def parse_answer(body: bytes, content_type: str) -> dict[str, tuple[int, dict[str, str], bytes]]:
+    """Content-ID -> (status, headers, body), read with the batch guide's shape only."""
+    out = {}
+    for part in split_parts(body, boundary_of(content_type)):
+        head, _, http_message = part.partition(b"\r\n\r\n")
+        content_id = next(
+            line.split(b":", 1)[1].strip().decode()
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-id:")
+        )
+        status_head, _, payload = http_message.partition(b"\r\n\r\n")
+        lines = status_head.decode().split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        assert len(payload) == int(headers["Content-Length"])
+        out[content_id] = (int(lines[0].split()[1]), headers, payload)
+    return out
+
+
+async def test_batch_round_trip_with_a_per_part_429(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    messages = fake.seed_files(ALICE, corpus_files(corpus, 3))
+    token = fake.issue_access_token(ALICE)
+    fake.faults.fail_message(messages[1].id, 429, retry_after_s=2)
+    fake.faults.shuffle_batch = True
+    paths = [f"/gmail/v1/users/me/messages/{m.id}?format=raw" for m in messages]
+    headers = bearer(token) | {"Content-Type": "multipart/mixed; boundary=xyz-boundary"}
+    async with http.post(fake.batch_url, data=batch_body(paths), headers=headers) as resp:
+        assert resp.status == 200
+        answers = parse_answer(await resp.read(), resp.headers["Content-Type"])
+    assert set(answers) == {"<response-item0>", "<response-item1>", "<response-item2>"}
+    status, part_headers, payload = answers["<response-item1>"]
+    assert status == 429 and part_headers["Retry-After"] == "2"
+    assert b"rateLimitExceeded" in payload
+    for n in (0, 2):
+        status, _, payload = answers[f"<response-item{n}>"]
+        assert status == 200
+        raw = base64.urlsafe_b64decode(json.loads(payload)["raw"])
+        assert raw == corpus_files(corpus, 3)[n].read_bytes()
+    assert fake.counters.batch_sizes == [3]
+    assert fake.counters.calls_of("users.messages.get") == 3
+
+    # The retried part succeeds; the ones already fetched are not downloaded again.
+    async with http.post(fake.batch_url, data=batch_body(paths[1:2]), headers=headers) as resp:
+        answers = parse_answer(await resp.read(), resp.headers["Content-Type"])
+    assert answers["<response-item0>"][0] == 200
+    assert fake.counters.max_downloads() == 1
+
+    too_many = batch_body([paths[0]] * 101)
+    async with http.post(fake.batch_url, data=too_many, headers=headers) as resp:
+        assert resp.status == 400
+
+
+async def test_batch_parts_need_their_bearer(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    body = batch_body(["/gmail/v1/users/me/profile"])
+    headers = {"Content-Type": "multipart/mixed; boundary=xyz-boundary"}
+    async with http.post(fake.batch_url, data=body, headers=headers) as resp:
+        answers = parse_answer(await resp.read(), resp.headers["Content-Type"])
+    assert answers["<response-item0>"][0] == 401
+
+
+# -- quota and faults ------------------------------------------------------------
+async def test_quota_answers_429_with_retry_after_and_recovers(
+    http: aiohttp.ClientSession, corpus: Path, clock: FakeClock
+) -> None:
+    async with FakeGmail([ALICE], quota_units_per_s=10, clock=clock) as fake:
+        message = fake.seed_files(ALICE, corpus_files(corpus, 1))[0]
+        token = fake.issue_access_token(ALICE)
+        url = f"{fake.api_url}/users/me/messages/{message.id}"
+        for _ in range(2):
+            status, _ = await get_json(http, url, token, {"format": "minimal"})
+            assert status == 200
+        async with http.get(url, headers=bearer(token), params={"format": "minimal"}) as resp:
+            assert resp.status == 429
+            assert int(resp.headers["Retry-After"]) >= 1
+            error = (await resp.json())["error"]
+        assert error["code"] == 429 and error["status"] == "RESOURCE_EXHAUSTED"
+        assert error["errors"][0]["reason"] == "userRateLimitExceeded"
+        clock.now += 0.5  # half a second refills 5 units: one more messages.get
+        status, _ = await get_json(http, url, token, {"format": "minimal"})
+        assert status == 200
+        assert fake.counters.units[ALICE] == 15 and fake.counters.rejected(429) == 1
+
+
+async def test_a_client_pacing_at_the_rate_never_sees_429(
+    http: aiohttp.ClientSession, clock: FakeClock
+) -> None:
+    async with FakeGmail([ALICE], quota_units_per_s=250, clock=clock) as fake:
+        token = fake.issue_access_token(ALICE)
+        url = f"{fake.api_url}/users/me/profile"
+        for _ in range(600):  # 600 units at exactly 250 units/s, after a full burst
+            status, _ = await get_json(http, url, token)
+            assert status == 200
+            clock.now += 1 / 250
+        assert fake.counters.rejected(429) == 0
+
+
+async def test_injected_failures_and_rate_limits(
+    fake: FakeGmail, http: aiohttp.ClientSession
+) -> None:
+    token = fake.issue_access_token(ALICE)
+    url = f"{fake.api_url}/users/me/profile"
+    fake.faults.fail_next_calls(2, 500)
+    statuses = [(await get_json(http, url, token))[0] for _ in range(3)]
+    assert statuses == [500, 500, 200]
+    fake.faults.rate_limit({"users.getProfile"}, times=1, retry_after_s=7)
+    async with http.get(url, headers=bearer(token)) as resp:
+        assert resp.status == 429 and resp.headers["Retry-After"] == "7"
+        assert (await resp.json())["error"]["errors"][0]["reason"] == "rateLimitExceeded"
+    fake.faults.fail_next_batches(1, 503)
+    headers = bearer(token) | {"Content-Type": "multipart/mixed; boundary=xyz-boundary"}
+    body = batch_body(["/gmail/v1/users/me/profile"])
+    async with http.post(fake.batch_url, data=body, headers=headers) as resp:
+        assert resp.status == 503
+    async with http.post(fake.batch_url, data=body, headers=headers) as resp:
+        assert resp.status == 200
+
+
+async def test_watch_and_stop(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    token = fake.issue_access_token(ALICE)
+    body = {"topicName": "projects/p/topics/gmail", "labelIds": ["INBOX"]}
+    async with http.post(f"{fake.api_url}/users/me/watch", json=body, headers=bearer(token)) as r:
+        assert r.status == 200
+        answer = await r.json()
+    box = fake.mailbox(ALICE)
+    assert answer["historyId"] == str(box.history_id)
+    assert int(answer["expiration"]) > time.time() * 1000
+    assert box.watch is not None and box.watch.label_ids == ["INBOX"]
+    async with http.post(f"{fake.api_url}/users/me/stop", headers=bearer(token)) as r:
+        assert r.status == 204
+    assert box.watch is None
+    assert fake.counters.units[ALICE] == 150
+
+
+# -- auth ------------------------------------------------------------------------
+async def test_api_calls_need_a_valid_bearer_for_that_user(
+    fake: FakeGmail, http: aiohttp.ClientSession, clock: FakeClock
+) -> None:
+    url = f"{fake.api_url}/users/me/profile"
+    async with http.get(url) as resp:
+        assert resp.status == 401
+        assert (await resp.json())["error"]["status"] == "UNAUTHENTICATED"
+    assert (await get_json(http, url, "not-a-token"))[0] == 401
+    token = fake.issue_access_token(ALICE)
+    assert (await get_json(http, f"{fake.api_url}/users/{BOB}/profile", token))[0] == 403
+    assert (await get_json(http, f"{fake.api_url}/users/{ALICE}/profile", token))[0] == 200
+    clock.now += 3600  # access tokens live 3599 s
+    assert (await get_json(http, url, token))[0] == 401
+
+
+async def test_refresh_grant_and_revocation(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    refresh_token = fake.issue_refresh_token(ALICE)
+    status, body = await refresh(http, fake, refresh_token)
+    assert status == 200 and body["expires_in"] == 3599 and "refresh_token" not in body
+    url = f"{fake.api_url}/users/me/profile"
+    assert (await get_json(http, url, body["access_token"]))[0] == 200
+    fake.revoke_refresh_token(refresh_token)
+    status, error = await refresh(http, fake, refresh_token)
+    assert status == 400 and error["error"] == "invalid_grant"
+    assert (await get_json(http, url, body["access_token"]))[0] == 401
+    form = {"grant_type": "refresh_token", "refresh_token": "x", "client_id": DEFAULT_CLIENT_ID}
+    async with http.post(fake.token_url, data=form | {"client_secret": "wrong"}) as resp:
+        assert resp.status == 401 and (await resp.json())["error"] == "invalid_client"
+
+
+async def test_authorization_code_with_pkce(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    verifier = "v" * 64
+    redirect = "http://127.0.0.1:9/callback"
+    params = {
+        "client_id": DEFAULT_CLIENT_ID,
+        "redirect_uri": redirect,
+        "response_type": "code",
+        "scope": "https://www.googleapis.com/auth/gmail.readonly",
+        "state": "st-1",
+        "access_type": "offline",
+        "login_hint": BOB,
+        "code_challenge": pkce_s256(verifier),
+        "code_challenge_method": "S256",
+    }
+
+    async def authorize() -> str:
+        async with http.get(fake.authorize_url, params=params, allow_redirects=False) as resp:
+            assert resp.status == 302
+            location = urlsplit(resp.headers["Location"])
+        assert f"{location.scheme}://{location.netloc}{location.path}" == redirect
+        query = parse_qs(location.query)
+        assert query["state"] == ["st-1"]
+        return query["code"][0]
+
+    form = {
+        "grant_type": "authorization_code",
+        "redirect_uri": redirect,
+        "client_id": DEFAULT_CLIENT_ID,
+        "client_secret": DEFAULT_CLIENT_SECRET,
+    }
+    code = await authorize()
+    async with http.post(
+        fake.token_url, data=form | {"code": code, "code_verifier": "w" * 64}
+    ) as r:
+        assert r.status == 400 and (await r.json())["error"] == "invalid_grant"
+    code = await authorize()
+    async with http.post(
+        fake.token_url, data=form | {"code": code, "code_verifier": verifier}
+    ) as r:
+        assert r.status == 200
+        tokens = await r.json()
+    async with http.post(
+        fake.token_url, data=form | {"code": code, "code_verifier": verifier}
+    ) as r:
+        assert r.status == 400  # a code is good once
+    status, profile = await get_json(
+        http, f"{fake.api_url}/users/me/profile", tokens["access_token"]
+    )
+    assert status == 200 and profile["emailAddress"] == BOB
+    assert (await refresh(http, fake, tokens["refresh_token"]))[0] == 200
+
+
+async def test_service_account_jwt_bearer(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    key = fake.add_service_account("sync@fake-project.iam.gserviceaccount.com", subjects=[ALICE])
+    assert key is not None
+    now = int(time.time())
+
+    def assertion(sub: str, signing_key: str = key.private_key_pem) -> str:
+        claims = {
+            "iss": key.client_email,
+            "sub": sub,
+            "scope": "https://www.googleapis.com/auth/gmail.readonly",
+            "aud": fake.token_url,
+            "iat": now,
+            "exp": now + 3600,
+        }
+        return jwt.encode(claims, signing_key, "RS256", headers={"kid": key.private_key_id})
+
+    async def grant(jwt_assertion: str) -> tuple[int, dict]:
+        form = {"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer"}
+        async with http.post(fake.token_url, data=form | {"assertion": jwt_assertion}) as resp:
+            return resp.status, await resp.json()
+
+    status, body = await grant(assertion(ALICE))
+    assert status == 200
+    status, profile = await get_json(http, f"{fake.api_url}/users/me/profile", body["access_token"])
+    assert status == 200 and profile["emailAddress"] == ALICE
+    status, body = await grant(assertion(BOB))
+    assert status == 401 and body["error"] == "unauthorized_client"
+    other = fake.add_service_account("other@fake-project.iam.gserviceaccount.com")
+    assert other is not None
+    status, body = await grant(assertion(ALICE, other.private_key_pem))
+    assert status == 400 and body["error"] == "invalid_grant"
+    assert fake.counters.token_requests["urn:ietf:params:oauth:grant-type:jwt-bearer"] == 3
+
+
+async def test_certs_in_googles_v1_format(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
+    certs = {"kid-1": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}
+    fake.set_certs(certs, max_age_s=1234)
+    async with http.get(fake.certs_url) as resp:
+        assert resp.status == 200
+        assert "max-age=1234" in resp.headers["Cache-Control"]
+        assert await resp.json() == certs
+    assert fake.counters.cert_fetches == 1
