@@ -350,6 +350,13 @@ ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS push_hint text;
 COMMENT ON COLUMN mailboxes.last_push_at IS 'When a provider last pushed a change for this mailbox (Pub/Sub, Graph notification); auto mode polls only after [sync] push_quiet_after_s without one.';
 COMMENT ON COLUMN mailboxes.push_hint IS 'What the last push said, as the provider gave it (Gmail: the notification''s historyId); a hint for the next sync, never a cursor.';
 
+-- A copy that left its mailbox (pipeline/copies.py record_removed): the message row
+-- stays. Added after the table existed.
+ALTER TABLE message_copies ADD COLUMN IF NOT EXISTS removed_at timestamptz;
+ALTER TABLE message_copies ADD COLUMN IF NOT EXISTS removal_reason text;
+COMMENT ON COLUMN message_copies.removed_at IS 'When the copy left its mailbox (deleted at the provider, or in no synced label/folder any more); NULL while it is there.';
+COMMENT ON COLUMN message_copies.removal_reason IS 'Why it left: deleted, unlabelled, expunged.';
+
 -- The sending provider's id of an outbound message, for correlating its delivery
 -- events (Postmark MessageID, Resend email_id, SES messageId …). Added after the
 -- table existed, so applying this file to an older database adds it.

@@ -1,0 +1,62 @@
+"""A mailbox's copies as the provider changes them: known ids, removals, labels."""
+
+from __future__ import annotations
+
+import asyncpg
+import orjson
+from factories import message
+
+from inboxd.pipeline import copies
+from inboxd.pipeline.ingest import IngestBatch, IngestStage
+
+
+async def stored_copy(stage: IngestStage, external_id: str, labels: list[str]) -> None:
+    item = message(external_id=external_id)
+    item.labels = labels
+    [result] = await stage.ingest(IngestBatch("acme", "inbox", [item]))
+    assert result.outcome.value == "new"
+
+
+async def events(pool: asyncpg.Pool, kind: str) -> list[dict]:
+    rows = await pool.fetch("SELECT payload FROM events WHERE kind = $1 ORDER BY event_id", kind)
+    return [orjson.loads(r[0]) if isinstance(r[0], str) else r[0] for r in rows]
+
+
+async def test_known_copies_answers_once_per_page(pool, stage, make_mailbox) -> None:
+    await make_mailbox("acme", "inbox")
+    await stored_copy(stage, "g-1", ["INBOX"])
+    assert await copies.known_copies(pool, "acme", "inbox", ["g-1", "g-2", "g-1"]) == {"g-1"}
+    assert await copies.known_copies(pool, "acme", "other", ["g-1"]) == set()
+    assert await copies.known_copies(pool, "acme", "inbox", []) == set()
+
+
+async def test_a_removed_copy_keeps_its_message_and_is_announced_once(
+    pool, stage, make_mailbox
+) -> None:
+    await make_mailbox("acme", "inbox")
+    await stored_copy(stage, "g-1", ["INBOX"])
+    async with pool.acquire() as conn:
+        assert await copies.record_removed(conn, "acme", "inbox", ["g-1", "never"], "deleted") == 1
+        assert await copies.record_removed(conn, "acme", "inbox", ["g-1"], "deleted") == 0
+    row = await pool.fetchrow("SELECT removed_at, removal_reason FROM message_copies")
+    assert row["removed_at"] is not None and row["removal_reason"] == "deleted"
+    assert await pool.fetchval("SELECT count(*) FROM messages") == 1  # the data stays
+    assert await events(pool, copies.REMOVED_EVENT) == [{"external_id": "g-1", "reason": "deleted"}]
+
+
+async def test_label_changes_are_stored_announced_and_restore_a_removed_copy(
+    pool, stage, make_mailbox
+) -> None:
+    await make_mailbox("acme", "inbox")
+    await stored_copy(stage, "g-1", ["INBOX"])
+    async with pool.acquire() as conn:
+        assert await copies.update_labels(conn, "acme", "inbox", {"g-1": ["INBOX", "IMPORTANT"]})
+        assert not await copies.update_labels(
+            conn, "acme", "inbox", {"g-1": ["IMPORTANT", "INBOX"]}
+        )
+        await copies.record_removed(conn, "acme", "inbox", ["g-1"], "unlabelled")
+        assert await copies.update_labels(conn, "acme", "inbox", {"g-1": ["INBOX", "IMPORTANT"]})
+    row = await pool.fetchrow("SELECT labels, removed_at FROM message_copies")
+    assert list(row["labels"]) == ["IMPORTANT", "INBOX"] and row["removed_at"] is None
+    changed = await events(pool, copies.LABELS_EVENT)
+    assert [e["labels"] for e in changed] == [["IMPORTANT", "INBOX"]] * 2
