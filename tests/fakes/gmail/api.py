@@ -211,7 +211,8 @@ class GmailApi:
 
     def _stop(self, box: Mailbox, call: Call, params: dict[str, str]) -> Answer:
         box.watch = None
-        return Answer(204)  # users.stop: "the response body is empty"
+        # users.stop reference: "If successful, the response body is an empty JSON object."
+        return json_answer({})
 
 
 def _message_resource(message: Message) -> dict[str, object]:

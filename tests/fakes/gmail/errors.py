@@ -79,6 +79,11 @@ def google_error(
         {"error": {"code": status, "message": message, "errors": [detail], "status": rpc_status}},
         status,
     )
+    if status == 401:
+        # RFC 6750 §3: a bearer-protected resource names the scheme and the error.
+        answer.headers["WWW-Authenticate"] = (
+            'Bearer realm="https://accounts.google.com/", error="invalid_token"'
+        )
     if retry_after_s is not None:
         answer.headers["Retry-After"] = str(retry_after_s)
     return answer

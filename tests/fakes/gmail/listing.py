@@ -16,6 +16,7 @@ boundary survives messages arriving between pages (new mail sorts first).
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -108,30 +109,48 @@ def list_messages(
             raise BadRequest(f"fake Gmail does not implement the search term {term!r}")
     if not include_spam_trash:
         excluded |= {"SPAM", "TRASH"} - required
-    matches = [
-        m
-        for m in mailbox.messages.values()
-        if required.issubset(m.label_ids)
-        and excluded.isdisjoint(m.label_ids)
-        and (after_ms is None or m.internal_date_ms >= after_ms)
-        and (before_ms is None or m.internal_date_ms < before_ms)
-    ]
-    matches.sort(key=_newest_first)
+    query = (frozenset(required), frozenset(excluded), after_ms, before_ms)
+    matches, keys = _matching(mailbox, query)
+    first = 0
     if page_token:
         last = decode_token(page_token)
         if not (isinstance(last, list) and len(last) == 2):
             raise BadRequest("Invalid pageToken")
-        last_key = (-int(last[0]), -int(str(last[1]), 16))
-        matches_after = [m for m in matches if _newest_first(m) > last_key]
-    else:
-        matches_after = matches
-    page = matches_after[:size]
+        first = bisect.bisect_right(keys, (-int(last[0]), -int(str(last[1]), 16)))
+    page = matches[first : first + size]
     out: dict[str, object] = {"resultSizeEstimate": len(matches)}
     if page:
         out["messages"] = [{"id": m.id, "threadId": m.thread_id} for m in page]
-    if len(matches_after) > size:
+    if first + size < len(matches):
         out["nextPageToken"] = encode_token([page[-1].internal_date_ms, page[-1].id])
     return out
+
+
+_Query = tuple[frozenset[str], frozenset[str], int | None, int | None]
+
+
+def _matching(mailbox: Mailbox, query: _Query) -> tuple[list[Message], list[tuple[int, int]]]:
+    # Sorted matches are kept per (history_id, query): a benchmark pages through a
+    # large mailbox without re-filtering it per page, and every change moves history_id.
+    cache = mailbox.list_cache
+    cache_key = (mailbox.history_id, query)
+    if cache_key not in cache:
+        required, excluded, after_ms, before_ms = query
+        matches = sorted(
+            (
+                m
+                for m in mailbox.messages.values()
+                if required.issubset(m.label_ids)
+                and excluded.isdisjoint(m.label_ids)
+                and (after_ms is None or m.internal_date_ms >= after_ms)
+                and (before_ms is None or m.internal_date_ms < before_ms)
+            ),
+            key=_newest_first,
+        )
+        if len(cache) > 16:
+            cache.clear()
+        cache[cache_key] = (matches, [_newest_first(m) for m in matches])
+    return cache[cache_key]
 
 
 def _newest_first(message: Message) -> tuple[int, int]:

@@ -18,6 +18,7 @@ https://developers.google.com/gmail/api/reference/rest/v1/users.history/list):
 
 from __future__ import annotations
 
+import bisect
 import email.utils
 import random
 import zlib
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import Any
 
 # System label ids (https://developers.google.com/gmail/api/guides/labels).
 SYSTEM_LABELS = (
@@ -108,6 +110,10 @@ class Mailbox:
     history_id: int = 0
     # startHistoryId values below this answer 404 (records at or below it are gone).
     history_floor: int = 0
+    # listing.py's sorted messages.list results, keyed by (history_id, query).
+    list_cache: dict[tuple[int, Any], tuple[list[Message], list[tuple[int, int]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._rng = random.Random(zlib.crc32(self.email.encode()) ^ self.seed)
@@ -206,7 +212,8 @@ class Mailbox:
 
     # -- reading ---------------------------------------------------------------
     def history_after(self, start: int) -> list[HistoryRecord]:
-        return [r for r in self.history if r.id > start]
+        """Records with id > start, oldest first (the log is kept in id order)."""
+        return self.history[bisect.bisect_right(self.history, start, key=lambda r: r.id) :]
 
     # -- internals -------------------------------------------------------------
     def _record(

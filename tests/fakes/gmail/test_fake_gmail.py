@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
+import anyio.to_thread
 import jwt
 import pytest
 
@@ -361,7 +362,7 @@ async def test_watch_and_stop(fake: FakeGmail, http: aiohttp.ClientSession) -> N
     assert int(answer["expiration"]) > time.time() * 1000
     assert box.watch is not None and box.watch.label_ids == ["INBOX"]
     async with http.post(f"{fake.api_url}/users/me/stop", headers=bearer(token)) as r:
-        assert r.status == 204
+        assert r.status == 200 and await r.json() == {}
     assert box.watch is None
     assert fake.counters.units[ALICE] == 150
 
@@ -491,3 +492,33 @@ async def test_certs_in_googles_v1_format(fake: FakeGmail, http: aiohttp.ClientS
         assert "max-age=1234" in resp.headers["Cache-Control"]
         assert await resp.json() == certs
     assert fake.counters.cert_fetches == 1
+
+
+async def test_google_auth_library_speaks_to_the_token_endpoint(fake: FakeGmail) -> None:
+    """google-auth's own refresh and service-account requests are what /token accepts."""
+    transport = pytest.importorskip("google.auth.transport.requests")
+    from google.auth.exceptions import RefreshError
+    from google.oauth2 import credentials, service_account
+
+    refresh_token = fake.issue_refresh_token(ALICE)
+    user = credentials.Credentials(
+        None,
+        refresh_token=refresh_token,
+        token_uri=fake.token_url,
+        client_id=fake.client_id,
+        client_secret=fake.client_secret,
+    )
+    await anyio.to_thread.run_sync(user.refresh, transport.Request())
+    assert fake.oauth.access_grant(user.token).user == ALICE  # type: ignore[union-attr]
+
+    key = fake.add_service_account("sa@fake-project.iam.gserviceaccount.com")
+    assert key is not None
+    robot = service_account.Credentials.from_service_account_info(
+        key.info(), scopes=["https://www.googleapis.com/auth/gmail.readonly"], subject=BOB
+    )
+    await anyio.to_thread.run_sync(robot.refresh, transport.Request())
+    assert fake.oauth.access_grant(robot.token).user == BOB  # type: ignore[union-attr]
+
+    fake.revoke_refresh_token(refresh_token)
+    with pytest.raises(RefreshError, match="invalid_grant"):
+        await anyio.to_thread.run_sync(user.refresh, transport.Request())
