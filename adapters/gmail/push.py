@@ -22,8 +22,9 @@ within the clock skew. `str(exc)` names the failed check for logs; it never
 holds the token or a claim's value.
 
 Google's signing certificates (`GoogleCerts`) come from the v1 certs endpoint, a
-JSON object {kid: PEM X.509 certificate}, and are cached for the response's
-Cache-Control max-age. The cache is what bounds the requests a sender can make
+JSON object {kid: PEM X.509 certificate}; Google rotates them and says to cache
+them for the response's Cache-Control max-age (the ID-token guide cited at
+GOOGLE_ISSUERS). The cache is what bounds the requests a sender can make
 us send to Google:
 
     set fresh, kid known              → the key, no request
@@ -97,9 +98,9 @@ log = structlog.get_logger(__name__)
 #: Google's signing certificates in the v1 format, {kid: PEM certificate}. The
 #: Pub/Sub push token is a Google ID token, signed by these keys.
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
-#: The two spellings of Google's issuer an ID token may carry (both appear in
-#: Google's "Authenticate with a backend server" guide; the Pub/Sub page's example
-#: uses the https form).
+#: The two spellings of Google's issuer an ID token may carry ("Verify the Google
+#: ID token on your server side", developers.google.com/identity/gsi/web/guides/
+#: verify-google-id-token; the Pub/Sub page's example uses the https form).
 GOOGLE_ISSUERS = frozenset({"accounts.google.com", "https://accounts.google.com"})
 
 #: Deadline for one certificate fetch, seconds. The document is a few KB from
@@ -585,14 +586,17 @@ def _history_id(value: Any) -> int:
     at most MAX_HISTORY_ID. Floats (1.0, or integers orjson could only read as
     floats) and booleans are refused."""
     if isinstance(value, str):
-        if not _DIGITS.fullmatch(value) or len(value) > _MAX_HISTORY_ID_DIGITS:
+        # Length first: int() of an attacker-sized digit string is wasted work.
+        if len(value) > _MAX_HISTORY_ID_DIGITS or not _DIGITS.fullmatch(value):
             raise MalformedPush("message.data.historyId: not a decimal integer")
-        value = int(value)
-    elif isinstance(value, bool) or not isinstance(value, int):
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
         raise MalformedPush("message.data.historyId: missing or not an integer")
-    if not 0 < value <= MAX_HISTORY_ID:
+    if not 0 < number <= MAX_HISTORY_ID:
         raise MalformedPush("message.data.historyId: out of range")
-    return value
+    return number
 
 
 def _rfc3339(value: str, what: str) -> datetime:

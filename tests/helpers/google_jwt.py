@@ -19,7 +19,9 @@ it, the bytes are an RS256 signature), and `headers={...}` to add or override
 header fields. Tokens are assembled here with `cryptography` and `hmac`, not
 pyjwt, so a mistake in how the adapter uses pyjwt is not mirrored by the tests.
 
-The Gmail fake (tests/fakes/gmail) serves `certs_json()` at its certs endpoint.
+The Gmail fake (tests/fakes/gmail) serves these certificates at its certs
+endpoint: `certs()` is a copy, {kid: PEM}, so after `add_key`/`remove_key` hand
+the fake the new `certs()` (or serve `certs_json()` on each request).
 """
 
 from __future__ import annotations
