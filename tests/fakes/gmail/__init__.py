@@ -4,15 +4,17 @@
         box = fake.mailbox("alice@example.com")
         box.add_files(sorted(corpus.glob("mime/mailgun-flanker/*.eml")))
         refresh = fake.issue_refresh_token("alice@example.com")
-        # the real client: token_uri=fake.token_url, API root fake.api_url,
-        # batch fake.batch_url, client fake.client_id / fake.client_secret
+        # the real client: api_url=fake.base_url (the host; paths are /gmail/v1/…
+        # and /batch/gmail/v1), token_url=fake.token_url, certs_url=fake.certs_url,
+        # OAuth client fake.client_id / fake.client_secret
         fake.faults.fail_message(message_id, 429)      # per-part 429 inside a batch
         box.expire_history()                            # next history.list → 404
         assert fake.counters.max_downloads() <= 1       # no body downloaded twice
 
 Modules: server (FakeGmail, routes), state (mailboxes, history), listing
 (messages.list / history.list), api (method dispatcher), batch (multipart),
-oauth (token endpoint), quota (units per user per second), faults, counters.
+oauth (token endpoint), quota (units per user per second), faults, counters,
+testkit (ManualClock for quota/token time without sleeping, request helpers).
 """
 
 from .counters import Counters
@@ -22,6 +24,7 @@ from .oauth import GMAIL_SCOPE, ServiceAccountKey, pkce_s256
 from .quota import METHOD_UNITS, Quota
 from .server import DEFAULT_CLIENT_ID, DEFAULT_CLIENT_SECRET, FakeGmail
 from .state import Mailbox, Message
+from .testkit import ManualClock
 
 __all__ = [
     "DEFAULT_CLIENT_ID",
@@ -33,6 +36,7 @@ __all__ = [
     "FakeGmail",
     "Faults",
     "Mailbox",
+    "ManualClock",
     "Message",
     "Quota",
     "ServiceAccountKey",

@@ -160,6 +160,11 @@ class FakeGmail:
         """A bearer token for `email` without a /token round trip (test setup)."""
         return self.oauth.issue_access_token(email)
 
+    def user_of_token(self, access_token: str | None) -> str | None:
+        """Whose mailbox a currently valid access token opens (None: none)."""
+        grant = self.oauth.access_grant(access_token or "")
+        return None if grant is None else grant.user
+
     def revoke_refresh_token(self, token: str) -> None:
         """The user revoked access: /token answers invalid_grant, its access tokens 401."""
         self.oauth.refresh_tokens[token].revoked = True

@@ -1,8 +1,8 @@
-"""Contract tests of the fake Gmail itself, through plain aiohttp calls.
+"""Contract tests of the fake Gmail's API side, through plain aiohttp calls.
 
 They pin the published behaviour the real client relies on (paging, history
-growth, 404 for an expired startHistoryId, batch format, quota 429, token
-flows), so a client test failing against the fake points at the client.
+growth, 404 for an expired startHistoryId, batch format, quota 429, injected
+faults), so a client test failing against the fake points at the client.
 """
 
 from __future__ import annotations
@@ -10,75 +10,22 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
-import anyio.to_thread
-import jwt
-import pytest
 
-from fakes.gmail import DEFAULT_CLIENT_ID, DEFAULT_CLIENT_SECRET, FakeGmail, pkce_s256
-from fakes.gmail.batch import boundary_of, split_parts
-
-ALICE = "alice@example.com"
-BOB = "bob@example.com"
-
-
-class FakeClock:
-    """Quota and token time that tests move by hand (no sleeps)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def fake(clock: FakeClock) -> AsyncIterator[FakeGmail]:
-    async with FakeGmail([ALICE, BOB], clock=clock) as server:
-        yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-def corpus_files(corpus: Path, count: int) -> list[Path]:
-    return sorted((corpus / "mime" / "mailgun-flanker").glob("*.eml"))[:count]
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-async def get_json(
-    http: aiohttp.ClientSession, url: str, token: str, params: object = None
-) -> tuple[int, dict]:
-    async with http.get(url, headers=bearer(token), params=params) as resp:  # type: ignore[arg-type]
-        return resp.status, await resp.json()
-
-
-async def refresh(
-    http: aiohttp.ClientSession, fake: FakeGmail, refresh_token: str
-) -> tuple[int, dict]:
-    form = {
-        "grant_type": "refresh_token",
-        "refresh_token": refresh_token,
-        "client_id": DEFAULT_CLIENT_ID,
-        "client_secret": DEFAULT_CLIENT_SECRET,
-    }
-    async with http.post(fake.token_url, data=form) as resp:
-        return resp.status, await resp.json()
+from fakes.gmail import FakeGmail
+from fakes.gmail.testkit import (
+    ALICE,
+    BOB,
+    ManualClock,
+    batch_body,
+    bearer,
+    corpus_files,
+    get_json,
+    parse_answer,
+    refresh,
+)
 
 
 # -- messages --------------------------------------------------------------------
@@ -200,7 +147,7 @@ async def test_history_grows_pages_and_filters(
 
 
 async def test_history_older_than_the_window_is_404(
-    http: aiohttp.ClientSession, corpus: Path, clock: FakeClock
+    http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
     async with FakeGmail([ALICE], history_retention=2, clock=clock) as fake:
         box = fake.mailbox(ALICE)
@@ -224,33 +171,6 @@ async def test_history_older_than_the_window_is_404(
 
 
 # -- batch -----------------------------------------------------------------------
-def batch_body(paths: list[str], boundary: str = "xyz-boundary") -> bytes:
-    parts = [
-        f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: <item{n}>\r\n\r\n"
-        f"GET {path}\r\n\r\n"
-        for n, path in enumerate(paths)
-    ]
-    return ("".join(parts) + f"--{boundary}--\r\n").encode()
-
-
-def parse_answer(body: bytes, content_type: str) -> dict[str, tuple[int, dict[str, str], bytes]]:
-    """Content-ID -> (status, headers, body), read with the batch guide's shape only."""
-    out = {}
-    for part in split_parts(body, boundary_of(content_type)):
-        head, _, http_message = part.partition(b"\r\n\r\n")
-        content_id = next(
-            line.split(b":", 1)[1].strip().decode()
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-id:")
-        )
-        status_head, _, payload = http_message.partition(b"\r\n\r\n")
-        lines = status_head.decode().split("\r\n")
-        headers = dict(line.split(": ", 1) for line in lines[1:])
-        assert len(payload) == int(headers["Content-Length"])
-        out[content_id] = (int(lines[0].split()[1]), headers, payload)
-    return out
-
-
 async def test_batch_round_trip_with_a_per_part_429(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
@@ -296,7 +216,7 @@ async def test_batch_parts_need_their_bearer(fake: FakeGmail, http: aiohttp.Clie
 
 # -- quota and faults ------------------------------------------------------------
 async def test_quota_answers_429_with_retry_after_and_recovers(
-    http: aiohttp.ClientSession, corpus: Path, clock: FakeClock
+    http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
     async with FakeGmail([ALICE], quota_units_per_s=10, clock=clock) as fake:
         message = fake.seed_files(ALICE, corpus_files(corpus, 1))[0]
@@ -318,7 +238,7 @@ async def test_quota_answers_429_with_retry_after_and_recovers(
 
 
 async def test_a_client_pacing_at_the_rate_never_sees_429(
-    http: aiohttp.ClientSession, clock: FakeClock
+    http: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
     async with FakeGmail([ALICE], quota_units_per_s=250, clock=clock) as fake:
         token = fake.issue_access_token(ALICE)
@@ -367,158 +287,24 @@ async def test_watch_and_stop(fake: FakeGmail, http: aiohttp.ClientSession) -> N
     assert fake.counters.units[ALICE] == 150
 
 
-# -- auth ------------------------------------------------------------------------
-async def test_api_calls_need_a_valid_bearer_for_that_user(
-    fake: FakeGmail, http: aiohttp.ClientSession, clock: FakeClock
+async def test_batch_is_charged_per_call_and_quota_is_per_user(
+    http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
-    url = f"{fake.api_url}/users/me/profile"
-    async with http.get(url) as resp:
-        assert resp.status == 401
-        assert (await resp.json())["error"]["status"] == "UNAUTHENTICATED"
-    assert (await get_json(http, url, "not-a-token"))[0] == 401
-    token = fake.issue_access_token(ALICE)
-    assert (await get_json(http, f"{fake.api_url}/users/{BOB}/profile", token))[0] == 403
-    assert (await get_json(http, f"{fake.api_url}/users/{ALICE}/profile", token))[0] == 200
-    clock.now += 3600  # access tokens live 3599 s
-    assert (await get_json(http, url, token))[0] == 401
-
-
-async def test_refresh_grant_and_revocation(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
-    refresh_token = fake.issue_refresh_token(ALICE)
-    status, body = await refresh(http, fake, refresh_token)
-    assert status == 200 and body["expires_in"] == 3599 and "refresh_token" not in body
-    url = f"{fake.api_url}/users/me/profile"
-    assert (await get_json(http, url, body["access_token"]))[0] == 200
-    fake.revoke_refresh_token(refresh_token)
-    status, error = await refresh(http, fake, refresh_token)
-    assert status == 400 and error["error"] == "invalid_grant"
-    assert (await get_json(http, url, body["access_token"]))[0] == 401
-    form = {"grant_type": "refresh_token", "refresh_token": "x", "client_id": DEFAULT_CLIENT_ID}
-    async with http.post(fake.token_url, data=form | {"client_secret": "wrong"}) as resp:
-        assert resp.status == 401 and (await resp.json())["error"] == "invalid_client"
-
-
-async def test_authorization_code_with_pkce(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
-    verifier = "v" * 64
-    redirect = "http://127.0.0.1:9/callback"
-    params = {
-        "client_id": DEFAULT_CLIENT_ID,
-        "redirect_uri": redirect,
-        "response_type": "code",
-        "scope": "https://www.googleapis.com/auth/gmail.readonly",
-        "state": "st-1",
-        "access_type": "offline",
-        "login_hint": BOB,
-        "code_challenge": pkce_s256(verifier),
-        "code_challenge_method": "S256",
-    }
-
-    async def authorize() -> str:
-        async with http.get(fake.authorize_url, params=params, allow_redirects=False) as resp:
-            assert resp.status == 302
-            location = urlsplit(resp.headers["Location"])
-        assert f"{location.scheme}://{location.netloc}{location.path}" == redirect
-        query = parse_qs(location.query)
-        assert query["state"] == ["st-1"]
-        return query["code"][0]
-
-    form = {
-        "grant_type": "authorization_code",
-        "redirect_uri": redirect,
-        "client_id": DEFAULT_CLIENT_ID,
-        "client_secret": DEFAULT_CLIENT_SECRET,
-    }
-    code = await authorize()
-    async with http.post(
-        fake.token_url, data=form | {"code": code, "code_verifier": "w" * 64}
-    ) as r:
-        assert r.status == 400 and (await r.json())["error"] == "invalid_grant"
-    code = await authorize()
-    async with http.post(
-        fake.token_url, data=form | {"code": code, "code_verifier": verifier}
-    ) as r:
-        assert r.status == 200
-        tokens = await r.json()
-    async with http.post(
-        fake.token_url, data=form | {"code": code, "code_verifier": verifier}
-    ) as r:
-        assert r.status == 400  # a code is good once
-    status, profile = await get_json(
-        http, f"{fake.api_url}/users/me/profile", tokens["access_token"]
-    )
-    assert status == 200 and profile["emailAddress"] == BOB
-    assert (await refresh(http, fake, tokens["refresh_token"]))[0] == 200
-
-
-async def test_service_account_jwt_bearer(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
-    key = fake.add_service_account("sync@fake-project.iam.gserviceaccount.com", subjects=[ALICE])
-    assert key is not None
-    now = int(time.time())
-
-    def assertion(sub: str, signing_key: str = key.private_key_pem) -> str:
-        claims = {
-            "iss": key.client_email,
-            "sub": sub,
-            "scope": "https://www.googleapis.com/auth/gmail.readonly",
-            "aud": fake.token_url,
-            "iat": now,
-            "exp": now + 3600,
-        }
-        return jwt.encode(claims, signing_key, "RS256", headers={"kid": key.private_key_id})
-
-    async def grant(jwt_assertion: str) -> tuple[int, dict]:
-        form = {"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer"}
-        async with http.post(fake.token_url, data=form | {"assertion": jwt_assertion}) as resp:
-            return resp.status, await resp.json()
-
-    status, body = await grant(assertion(ALICE))
-    assert status == 200
-    status, profile = await get_json(http, f"{fake.api_url}/users/me/profile", body["access_token"])
-    assert status == 200 and profile["emailAddress"] == ALICE
-    status, body = await grant(assertion(BOB))
-    assert status == 401 and body["error"] == "unauthorized_client"
-    other = fake.add_service_account("other@fake-project.iam.gserviceaccount.com")
-    assert other is not None
-    status, body = await grant(assertion(ALICE, other.private_key_pem))
-    assert status == 400 and body["error"] == "invalid_grant"
-    assert fake.counters.token_requests["urn:ietf:params:oauth:grant-type:jwt-bearer"] == 3
-
-
-async def test_certs_in_googles_v1_format(fake: FakeGmail, http: aiohttp.ClientSession) -> None:
-    certs = {"kid-1": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}
-    fake.set_certs(certs, max_age_s=1234)
-    async with http.get(fake.certs_url) as resp:
-        assert resp.status == 200
-        assert "max-age=1234" in resp.headers["Cache-Control"]
-        assert await resp.json() == certs
-    assert fake.counters.cert_fetches == 1
-
-
-async def test_google_auth_library_speaks_to_the_token_endpoint(fake: FakeGmail) -> None:
-    """google-auth's own refresh and service-account requests are what /token accepts."""
-    transport = pytest.importorskip("google.auth.transport.requests")
-    from google.auth.exceptions import RefreshError
-    from google.oauth2 import credentials, service_account
-
-    refresh_token = fake.issue_refresh_token(ALICE)
-    user = credentials.Credentials(
-        None,
-        refresh_token=refresh_token,
-        token_uri=fake.token_url,
-        client_id=fake.client_id,
-        client_secret=fake.client_secret,
-    )
-    await anyio.to_thread.run_sync(user.refresh, transport.Request())
-    assert fake.oauth.access_grant(user.token).user == ALICE  # type: ignore[union-attr]
-
-    key = fake.add_service_account("sa@fake-project.iam.gserviceaccount.com")
-    assert key is not None
-    robot = service_account.Credentials.from_service_account_info(
-        key.info(), scopes=["https://www.googleapis.com/auth/gmail.readonly"], subject=BOB
-    )
-    await anyio.to_thread.run_sync(robot.refresh, transport.Request())
-    assert fake.oauth.access_grant(robot.token).user == BOB  # type: ignore[union-attr]
-
-    fake.revoke_refresh_token(refresh_token)
-    with pytest.raises(RefreshError, match="invalid_grant"):
-        await anyio.to_thread.run_sync(user.refresh, transport.Request())
+    async with FakeGmail([ALICE, BOB], quota_units_per_s=10, clock=clock) as fake:
+        messages = fake.seed_files(ALICE, corpus_files(corpus, 3))
+        alice, bob = fake.issue_access_token(ALICE), fake.issue_access_token(BOB)
+        paths = [f"/gmail/v1/users/me/messages/{m.id}?format=metadata" for m in messages]
+        headers = bearer(alice) | {"Content-Type": "multipart/mixed; boundary=xyz-boundary"}
+        async with http.post(fake.batch_url, data=batch_body(paths), headers=headers) as resp:
+            assert resp.status == 200
+            answers = parse_answer(await resp.read(), resp.headers["Content-Type"])
+        statuses = [answers[f"<response-item{n}>"][0] for n in range(3)]
+        assert statuses == [200, 200, 429]  # 5 + 5 units fit in 10, the third does not
+        error = json.loads(answers["<response-item2>"][2])["error"]
+        assert error["errors"][0]["reason"] == "userRateLimitExceeded"
+        first = json.loads(answers["<response-item0>"][2])
+        assert "raw" not in first and first["payload"]["headers"]
+        assert fake.counters.max_downloads() == 0  # metadata is not a body download
+        # Bob's bucket is his own.
+        assert (await get_json(http, f"{fake.api_url}/users/me/profile", bob))[0] == 200
+        assert fake.counters.units == {ALICE: 10, BOB: 1}
