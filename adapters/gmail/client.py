@@ -1,0 +1,694 @@
+"""The Gmail REST client of the Gmail door: the only module that speaks Gmail's HTTP.
+
+One `GmailClient` per mailbox (CONTRIBUTING.md rule 1), over the daemon's
+aiohttp session, the mailbox's `QuotaPacer` (pacer.py) and `AccessTokens`
+(auth.py). Calls are made as `users/me`: the token names the user (refresh
+token of that user, or a service account's delegation with `sub` = address).
+
+    get_profile()                               users.getProfile        1 unit
+    list_messages(label_ids, query, page_token) users.messages.list     5 units
+    list_history(start, types, page_token)      users.history.list      2 units
+    get_raw_batch(ids)                          messages.get format=raw 5 units per id,
+                                                in batches of GMAIL_BATCH_SIZE
+    watch(topic, label_ids)                     users.watch           100 units
+    stop()                                      users.stop             50 units
+
+Every call pays its units to the pacer before it leaves, runs under a
+deadline (rule 7), and is translated at this boundary (rule 4, errors.py):
+
+    2xx                                   the answer
+    401                                   the token is dropped and the call sent once
+                                          more with a fresh one; a second 401 is
+                                          GmailAuthError
+    429, 403 rateLimitExceeded /          pacer.hold(Retry-After), retried (tenacity:
+      userRateLimitExceeded               bounded, exponential backoff with jitter),
+                                          then GmailRateLimited(retry_after_s)
+    5xx, connection error, deadline,      retried likewise, then GmailUnavailable
+      an answer that is not Gmail's JSON
+    403 (any other reason)                GmailAuthError (scope, delegation, policy)
+    400 failedPrecondition                GmailConfigError (no Gmail for this user)
+    404 of history.list                   HistoryExpired: the source resets the cursor
+    other 4xx                             GmailRequestRejected (permanent)
+
+Batches (batch.py, "Batching requests" guide): at most GMAIL_BATCH_SIZE calls
+each. Parts answer on their own: 200 → the raw bytes; 404 → the message is
+gone (deleted between list and get: permanent, reported, never retried);
+other 4xx → rejected for that id; 429 / 5xx / a missing part → retried, only
+those ids, in groups half as large each round, with backoff and jitter; ids
+still failing after BATCH_ATTEMPTS make the whole call raise the retriable
+error, so the page is read again next run. `get_raw_batch` takes any number of
+ids: nothing is silently capped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+import anyio
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from inboxd.adapters.gmail.auth import TokenSource
+from inboxd.adapters.gmail.batch import (
+    BATCH_PATH,
+    BatchCall,
+    BatchFormatError,
+    BatchPart,
+    decode_batch,
+    encode_batch,
+)
+from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
+from inboxd.adapters.gmail.errors import (
+    GmailAuthError,
+    GmailConfigError,
+    GmailRateLimited,
+    GmailRequestRejected,
+    GmailRetriable,
+    GmailUnavailable,
+    HistoryExpired,
+)
+from inboxd.adapters.gmail.pacer import (
+    BATCH_UNITS_PER_CALL,
+    GET_PROFILE_UNITS,
+    HISTORY_LIST_UNITS,
+    MESSAGES_LIST_UNITS,
+    STOP_UNITS,
+    WATCH_UNITS,
+    QuotaPacer,
+)
+
+__all__ = [
+    "GMAIL_BATCH_SIZE",
+    "GmailClient",
+    "HistoryPage",
+    "MessagePage",
+    "MessageRef",
+    "Profile",
+    "RawBatch",
+    "WatchResult",
+]
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+#: Calls per batch: larger batches draw per-part 429s (the Gmail door's issue, measured
+#: against Gmail); the batch guide allows 100 and advises at most 50.
+GMAIL_BATCH_SIZE = 20
+#: messages.list / history.list page size: "The maximum allowed value for this field is
+#: 500" (reference pages). A list costs the same units whatever its size.
+LIST_PAGE_SIZE = 500
+#: Deadline of one JSON call (profile, lists, watch, stop), seconds.
+CALL_TIMEOUT_S = 30.0
+#: Deadline of one batch of raw messages, seconds: 20 messages of up to ~35 MB base64 each.
+BATCH_TIMEOUT_S = 180.0
+#: Attempts of one JSON call before its retriable error goes to the runner.
+CALL_ATTEMPTS = 4
+#: Rounds of a batch group (each round retries only the failed ids, in halved groups).
+BATCH_ATTEMPTS = 6
+#: Exponential backoff between attempts, with full jitter (tenacity), seconds.
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 32.0
+#: Pacer hold after a rate-limit answer without Retry-After: the per-second window
+#: of the per-user limit (Usage limits page).
+RATE_LIMIT_HOLD_S = 1.0
+#: Longest Retry-After honoured, seconds; longer ones are the runner's backoff's business.
+MAX_RETRY_AFTER_S = 3600.0
+#: Largest JSON answer read from a non-batch call (a 500-record history page is far less).
+MAX_JSON_ANSWER_BYTES = 32 * 1024 * 1024
+#: Batch answers at least this large are decoded in a worker thread, off the event loop.
+THREAD_DECODE_MIN_BYTES = 4 * 1024 * 1024
+#: 403 reasons that mean "too fast", not "forbidden" (handle-errors guide, Usage limits).
+RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+#: Longest Google error message kept in an exception text.
+ERROR_MESSAGE_MAX_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """users.getProfile: the mailbox's address and current historyId."""
+
+    email_address: str
+    history_id: str
+    messages_total: int
+    threads_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRef:
+    """One messages.list entry: the message id and its thread id."""
+
+    id: str
+    thread_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    """One messages.list page; `next_page_token` None on the last page."""
+
+    messages: list[MessageRef]
+    next_page_token: str | None
+    result_size_estimate: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    """One history.list page: the records as Gmail sends them (id, messages,
+    messagesAdded, messagesDeleted, labelsAdded, labelsRemoved), the mailbox's
+    current `history_id`, and `next_page_token` (None on the last page)."""
+
+    records: list[dict[str, Any]]
+    history_id: str
+    next_page_token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchResult:
+    """users.watch: the mailbox's historyId now, and when the watch lapses."""
+
+    history_id: str
+    expiration_ms: int
+
+    @property
+    def expiration(self) -> datetime:
+        return datetime.fromtimestamp(self.expiration_ms / 1000, tz=UTC)
+
+
+@dataclass(slots=True)
+class RawBatch:
+    """What get_raw_batch fetched: `raw` bytes by id (byte-exact), the ids that are
+    `gone` (404: deleted since they were listed; permanent), and ids Gmail
+    `rejected` with another 4xx (permanent for that id)."""
+
+    raw: dict[str, bytes] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+    rejected: dict[str, GmailRequestRejected] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class GmailClient:
+    """Gmail calls for one mailbox (module docstring). `session` is shared and
+    owned by the caller; `pacer` and `tokens` belong to this mailbox."""
+
+    def __init__(
+        self,
+        settings: GmailSettings,
+        mailbox: GmailMailbox,
+        session: aiohttp.ClientSession,
+        pacer: QuotaPacer,
+        tokens: TokenSource,
+        *,
+        call_attempts: int = CALL_ATTEMPTS,
+        batch_attempts: int = BATCH_ATTEMPTS,
+        backoff_initial_s: float = BACKOFF_INITIAL_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        rate_limit_hold_s: float = RATE_LIMIT_HOLD_S,
+    ) -> None:
+        self.settings = settings
+        self.mailbox = mailbox
+        self._session = session
+        self._pacer = pacer
+        self._tokens = tokens
+        self._call_attempts = call_attempts
+        self._batch_attempts = batch_attempts
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._rate_limit_hold_s = rate_limit_hold_s
+        self._users_url = f"{settings.api_url}/gmail/v1/users/me"
+        self._batch_url = f"{settings.api_url}{BATCH_PATH}"
+        self._log = log.bind(mailbox=mailbox.address)
+
+    # --- the methods ----------------------------------------------------------------------
+
+    async def get_profile(self) -> Profile:
+        """users.getProfile: address, current historyId, totals."""
+        answer = await self._json_call("getProfile", GET_PROFILE_UNITS, "GET", "/profile")
+        return Profile(
+            email_address=_text(answer, "emailAddress"),
+            history_id=_text(answer, "historyId"),
+            messages_total=_int(answer.get("messagesTotal")),
+            threads_total=_int(answer.get("threadsTotal")),
+        )
+
+    async def list_messages(
+        self,
+        label_ids: Sequence[str] = (),
+        query: str | None = None,
+        page_token: str | None = None,
+    ) -> MessagePage:
+        """One messages.list page, newest first. Every label of `label_ids` must be
+        on a message (Gmail ANDs them: list one label per call to get their union);
+        `query` is Gmail search syntax (e.g. `newer_than:30d`)."""
+        params: list[tuple[str, str]] = [("maxResults", str(LIST_PAGE_SIZE))]
+        params += [("labelIds", label) for label in label_ids]
+        if query:
+            params.append(("q", query))
+        if page_token:
+            params.append(("pageToken", page_token))
+        answer = await self._json_call(
+            "messages.list", MESSAGES_LIST_UNITS, "GET", "/messages", params=params
+        )
+        refs = [
+            MessageRef(_text(m, "id"), _text(m, "threadId"))
+            for m in _list_of_objects(answer, "messages")
+        ]
+        return MessagePage(
+            refs, _optional_text(answer, "nextPageToken"), _int(answer.get("resultSizeEstimate"))
+        )
+
+    async def list_history(
+        self,
+        start_history_id: str,
+        history_types: Iterable[str] = ("messageAdded",),
+        page_token: str | None = None,
+        *,
+        label_id: str | None = None,
+    ) -> HistoryPage:
+        """One history.list page of records after `start_history_id`, oldest first.
+        HistoryExpired when Gmail no longer has that history (404)."""
+        params: list[tuple[str, str]] = [
+            ("startHistoryId", start_history_id),
+            ("maxResults", str(LIST_PAGE_SIZE)),
+        ]
+        params += [("historyTypes", kind) for kind in history_types]
+        if label_id:
+            params.append(("labelId", label_id))
+        if page_token:
+            params.append(("pageToken", page_token))
+        answer = await self._json_call(
+            "history.list",
+            HISTORY_LIST_UNITS,
+            "GET",
+            "/history",
+            params=params,
+            on_404=lambda: HistoryExpired(
+                f"history.list: startHistoryId {start_history_id} is no longer available"
+            ),
+        )
+        return HistoryPage(
+            records=_list_of_objects(answer, "history"),
+            history_id=_text(answer, "historyId"),
+            next_page_token=_optional_text(answer, "nextPageToken"),
+        )
+
+    async def watch(self, topic: str, label_ids: Sequence[str] = ()) -> WatchResult:
+        """users.watch: publish this mailbox's changes (restricted to `label_ids`
+        when given) to the Pub/Sub `topic`. Renew before `expiration` (Gmail push
+        guide: at least every 7 days); renewing never moves the cursor."""
+        body: dict[str, Any] = {"topicName": topic}
+        if label_ids:
+            body["labelIds"] = list(label_ids)
+            body["labelFilterBehavior"] = "include"  # LabelFilterAction enum, users.watch
+        answer = await self._json_call("watch", WATCH_UNITS, "POST", "/watch", json_body=body)
+        return WatchResult(_text(answer, "historyId"), _int(answer.get("expiration")))
+
+    async def stop(self) -> None:
+        """users.stop: no more push notifications for this mailbox."""
+        await self._json_call("stop", STOP_UNITS, "POST", "/stop", expect_json=False)
+
+    async def get_raw_batch(self, ids: Iterable[str]) -> RawBatch:
+        """The raw RFC 822 bytes of every message in `ids` (messages.get format=raw,
+        batched by GMAIL_BATCH_SIZE; duplicates fetched once). Ids Gmail answers
+        404 for are in `gone`, other 4xx in `rejected`; a retriable failure that
+        outlasts BATCH_ATTEMPTS raises GmailRateLimited / GmailUnavailable."""
+        wanted = list(dict.fromkeys(ids))
+        out = RawBatch()
+        for start in range(0, len(wanted), GMAIL_BATCH_SIZE):
+            await self._fetch_group(wanted[start : start + GMAIL_BATCH_SIZE], out)
+        return out
+
+    # --- JSON calls -----------------------------------------------------------------------
+
+    async def _json_call(
+        self,
+        what: str,
+        units: int,
+        verb: str,
+        path: str,
+        *,
+        params: list[tuple[str, str]] | None = None,
+        json_body: Mapping[str, Any] | None = None,
+        on_404: Callable[[], Exception] | None = None,
+        expect_json: bool = True,
+    ) -> dict[str, Any]:
+        url = self._users_url + path
+
+        async def attempt() -> dict[str, Any]:
+            answer = await self._authorised(
+                units, lambda token: self._send(verb, url, token, params, json_body)
+            )
+            if 200 <= answer.status < 300:
+                if not expect_json:
+                    return {}
+                return _json_object(answer.body, what)
+            if answer.status == 404 and on_404 is not None:
+                raise on_404()
+            raise self._error(what, answer.status, answer.headers, answer.body)
+
+        return await self._retrying(what, self._call_attempts, attempt)
+
+    async def _authorised(self, units: int, send: Callable[[str], Awaitable[_Answer]]) -> _Answer:
+        """Pay `units`, send with the current token; on 401 drop the token and send
+        once more with a fresh one (paying again); a second 401 is GmailAuthError."""
+        for first in (True, False):
+            await self._pacer.spend(units)
+            token = await self._tokens.token()
+            answer = await send(token)
+            if answer.status != 401:
+                return answer
+            self._tokens.invalidate(token)
+            if not first:
+                break
+        raise GmailAuthError("Gmail answered 401 to a freshly issued access token")
+
+    async def _send(
+        self,
+        verb: str,
+        url: str,
+        token: str,
+        params: list[tuple[str, str]] | None,
+        json_body: Mapping[str, Any] | None,
+    ) -> _Answer:
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        try:
+            with anyio.fail_after(CALL_TIMEOUT_S):
+                async with self._session.request(
+                    verb,
+                    url,
+                    params=params,
+                    json=json_body,
+                    headers=headers,
+                    allow_redirects=False,
+                ) as response:
+                    body = await response.content.read(MAX_JSON_ANSWER_BYTES)
+                    return _Answer(response.status, dict(response.headers), body)
+        except TimeoutError as exc:
+            raise GmailUnavailable(f"{verb} {url}: no answer within {CALL_TIMEOUT_S:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise GmailUnavailable(f"{verb} {url}: {type(exc).__name__}") from exc
+
+    # --- batches --------------------------------------------------------------------------
+
+    async def _fetch_group(self, ids: list[str], out: RawBatch) -> None:
+        """Fetch `ids` (≤ GMAIL_BATCH_SIZE) into `out`; retriable failures are retried
+        in halved groups for BATCH_ATTEMPTS rounds, then raised."""
+        pending = list(ids)
+        group_size = len(pending)
+
+        async def attempt() -> None:
+            nonlocal pending, group_size
+            failures: dict[str, GmailRetriable] = {}
+            for start in range(0, len(pending), group_size):
+                failures |= await self._batch_once(pending[start : start + group_size], out)
+            if not failures:
+                return
+            pending = [i for i in pending if i in failures]
+            group_size = max(1, group_size // 2)
+            raise _worst(failures, len(ids))
+
+        await self._retrying("messages.get batch", self._batch_attempts, attempt)
+
+    async def _batch_once(self, ids: list[str], out: RawBatch) -> dict[str, GmailRetriable]:
+        """One batch request for `ids`; fills `out`, answers the retriable failures by id.
+        A per-part or whole 401 re-sends those ids once with a fresh token."""
+        todo, refreshed = list(ids), False
+        failures: dict[str, GmailRetriable] = {}
+        while True:
+            await self._pacer.spend(BATCH_UNITS_PER_CALL * len(todo))
+            token = await self._tokens.token()
+            try:
+                answer = await self._send_batch(todo, token)
+            except GmailUnavailable as exc:
+                return failures | dict.fromkeys(todo, exc)
+            if answer.status == 401:
+                unauthorized = todo
+            elif answer.status != 200:
+                error = self._error("batch", answer.status, answer.headers, answer.body)
+                if isinstance(error, GmailRetriable):
+                    return failures | dict.fromkeys(todo, error)
+                raise error
+            else:
+                try:
+                    parts = await _decode_answer(answer)
+                except BatchFormatError as exc:
+                    return failures | dict.fromkeys(todo, exc)
+                unauthorized = []
+                for index, message_id in enumerate(todo):
+                    part = parts.get(_content_id(index))
+                    if part is not None and part.status == 401:
+                        unauthorized.append(message_id)
+                    else:
+                        self._settle_part(message_id, part, out, failures)
+            if not unauthorized:
+                return failures
+            self._tokens.invalidate(token)
+            if refreshed:
+                raise GmailAuthError("Gmail answered 401 to a freshly issued access token")
+            todo, refreshed = unauthorized, True
+
+    def _settle_part(
+        self,
+        message_id: str,
+        part: BatchPart | None,
+        out: RawBatch,
+        failures: dict[str, GmailRetriable],
+    ) -> None:
+        what = f"messages.get {message_id}"
+        if part is None:
+            failures[message_id] = GmailUnavailable(f"{what}: no part in the batch answer")
+        elif part.status == 200:
+            raw = _raw_of(part.body, message_id)
+            if raw is None:
+                failures[message_id] = GmailUnavailable(f"{what}: answer without raw bytes")
+            else:
+                out.raw[message_id] = raw
+        elif part.status in (404, 410):
+            out.gone.add(message_id)  # deleted between list and get (sync guide)
+        else:
+            error = self._error(what, part.status, part.headers, part.body)
+            if isinstance(error, GmailRetriable):
+                failures[message_id] = error
+            elif isinstance(error, GmailRequestRejected):
+                out.rejected[message_id] = error
+            else:
+                raise error
+
+    async def _send_batch(self, ids: list[str], token: str) -> _Answer:
+        calls = [
+            BatchCall(
+                _content_id(index),
+                f"/gmail/v1/users/me/messages/{quote(message_id, safe='')}?format=raw",
+            )
+            for index, message_id in enumerate(ids)
+        ]
+        content_type, body = encode_batch(calls)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
+        try:
+            with anyio.fail_after(BATCH_TIMEOUT_S):
+                async with self._session.post(
+                    self._batch_url, data=body, headers=headers, allow_redirects=False
+                ) as response:
+                    payload = await response.read()
+                    return _Answer(response.status, dict(response.headers), payload)
+        except TimeoutError as exc:
+            raise GmailUnavailable(f"batch: no answer within {BATCH_TIMEOUT_S:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise GmailUnavailable(f"batch: {type(exc).__name__}") from exc
+
+    # --- errors and retries ---------------------------------------------------------------
+
+    def _error(self, what: str, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
+        """The exception for a non-2xx answer (module docstring's table). A rate
+        limit also holds the pacer, so no call of this mailbox leaves before
+        Gmail's Retry-After."""
+        reason, message = _google_error(body)
+        text = f"{what}: HTTP {status}" + (f" {reason}" if reason else "")
+        if message:
+            text += f" ({message})"
+        retry_after_s = _retry_after_s(headers)
+        if status == 429 or (status == 403 and reason in RATE_LIMIT_REASONS):
+            self._pacer.hold(
+                retry_after_s if retry_after_s is not None else self._rate_limit_hold_s
+            )
+            return GmailRateLimited(text, retry_after_s=retry_after_s)
+        if status >= 500:
+            return GmailUnavailable(text, retry_after_s=retry_after_s)
+        if status in (401, 403):
+            return GmailAuthError(text)
+        if status == 400 and reason == "failedPrecondition":
+            return GmailConfigError(f"address: {text}: is Gmail enabled for this user?")
+        return GmailRequestRejected(text, status=status, reason=reason)
+
+    async def _retrying(self, what: str, attempts: int, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` with tenacity: GmailRetriable is retried `attempts` times with
+        exponential backoff and jitter, then re-raised; "unavailable" and "recovered"
+        are logged once each (rule 8)."""
+        failed = 0
+
+        def note(state: RetryCallState) -> None:
+            nonlocal failed
+            failed += 1
+            if failed == 1:
+                exc = state.outcome.exception() if state.outcome else None
+                self._log.warning("gmail_call_retrying", call=what, error=str(exc))
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential_jitter(initial=self._backoff_initial_s, max=self._backoff_max_s),
+            retry=retry_if_exception_type(GmailRetriable),
+            before_sleep=note,
+            reraise=True,
+        )
+        result: T = await retrying(attempt)
+        if failed:
+            self._log.info("gmail_call_recovered", call=what, retries=failed)
+        return result
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _content_id(index: int) -> str:
+    return f"m{index}"
+
+
+def _worst(failures: Mapping[str, GmailRetriable], total: int) -> GmailRetriable:
+    """One error for a round's failures: rate limited wins (it needs the longest
+    wait), with the largest Retry-After seen."""
+    errors = list(failures.values())
+    retry_after = max((e.retry_after_s for e in errors if e.retry_after_s), default=None)
+    kind = GmailRateLimited if any(isinstance(e, GmailRateLimited) for e in errors) else None
+    sample = next((e for e in errors if isinstance(e, GmailRateLimited)), errors[0])
+    text = f"messages.get: {len(failures)} of {total} calls failed, e.g. {sample}"
+    if kind is not None:
+        return GmailRateLimited(text, retry_after_s=retry_after)
+    return GmailUnavailable(text, retry_after_s=retry_after)
+
+
+async def _decode_answer(answer: _Answer) -> dict[str, BatchPart]:
+    content_type = answer.headers.get("Content-Type") or answer.headers.get("content-type") or ""
+    if len(answer.body) >= THREAD_DECODE_MIN_BYTES:
+        return await anyio.to_thread.run_sync(decode_batch, content_type, answer.body)
+    return decode_batch(content_type, answer.body)
+
+
+def _raw_of(body: bytes, message_id: str) -> bytes | None:
+    """The message bytes of a messages.get format=raw answer: `raw` is base64url
+    (users.messages resource), padding optional. None when absent or not base64."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    raw = message.get("raw") if isinstance(message, dict) else None
+    if not isinstance(raw, str) or message.get("id", message_id) != message_id:
+        return None
+    try:
+        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _google_error(body: bytes) -> tuple[str | None, str]:
+    """(first errors[].reason, message) of Google's error body (handle-errors guide)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None, ""
+    error = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(error, dict):
+        return None, ""
+    reason = None
+    details = error.get("errors")
+    if isinstance(details, list):
+        for detail in details:
+            if isinstance(detail, dict) and isinstance(detail.get("reason"), str):
+                reason = detail["reason"]
+                break
+    if reason is None and isinstance(error.get("status"), str):
+        reason = error["status"]
+    message = error.get("message")
+    return reason, (message if isinstance(message, str) else "")[:ERROR_MESSAGE_MAX_CHARS]
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Retry-After in seconds (RFC 9110 §10.2.3: delay-seconds or an HTTP-date)."""
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        raise GmailUnavailable(f"{what}: answer is not JSON") from exc
+    if not isinstance(value, dict):
+        raise GmailUnavailable(f"{what}: answer is not a JSON object")
+    return value
+
+
+def _text(document: Mapping[str, Any], key: str) -> str:
+    value = document.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # int64 fields are JSON strings, but accept numbers
+    if not isinstance(value, str) or not value:
+        raise GmailUnavailable(f"Gmail answer without {key}")
+    return value
+
+
+def _optional_text(document: Mapping[str, Any], key: str) -> str | None:
+    value = document.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
+
+
+def _list_of_objects(document: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    """A list field of objects; absent means empty (an empty list page has no key)."""
+    value = document.get(key, [])
+    if not isinstance(value, list):
+        raise GmailUnavailable(f"Gmail answer's {key} is not a list")
+    return [item for item in value if isinstance(item, dict)]
