@@ -21,45 +21,45 @@ subscription's service account with email_verified true, iat and exp present and
 within the clock skew. `str(exc)` names the failed check for logs; it never
 holds the token or a claim's value.
 
-Google's signing certificates (`GoogleCerts`) come from the v1 certs endpoint, a
-JSON object {kid: PEM X.509 certificate}; Google rotates them and says to cache
-them for the response's Cache-Control max-age (the ID-token guide cited at
-GOOGLE_ISSUERS). The cache is what bounds the requests a sender can make
-us send to Google:
-
-    set fresh, kid known              → the key, no request
-    set fresh, kid unknown            → one refetch, but at most one per
-                                        CERTS_REFETCH_INTERVAL_S; else "kid: unknown"
-    set stale or never fetched        → fetch, unless the last fetch failed less than
-                                        CERTS_FAILURE_RETRY_S ago (CertsUnavailable)
-    any fetch                         → single flight: concurrent callers wait for it
-
-The fetch is aiohttp with a deadline and a size cap, never a blocking call:
-google-auth's `verify_oauth2_token` fetches the certificates synchronously and
-would stall the event loop, so it is not used here.
+Google's signing certificates (`GoogleCerts`, adapters/gmail/google_certs.py)
+are cached by the response's max-age and refetched at most once a minute for an
+unknown kid, single flight, never with a blocking call.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-import anyio
 import jwt
 import orjson
 import structlog
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
-from inboxd.pipeline.errors import RetriableError
+from inboxd.adapters.gmail.google_certs import (
+    CERTS_DEFAULT_TTL_S,
+    CERTS_FAILURE_RETRY_S,
+    CERTS_FETCH_TIMEOUT_S,
+    CERTS_MAX_BYTES,
+    CERTS_MAX_KEYS,
+    CERTS_MAX_TTL_S,
+    CERTS_MIN_TTL_S,
+    CERTS_REFETCH_INTERVAL_S,
+    GOOGLE_CERTS_URL,
+    MAX_KID_CHARS,
+    CertsUnavailable,
+    FetchedCerts,
+    GoogleCerts,
+    UnknownSigningKey,
+    fetch_google_certs,
+    freshness_s,
+    parse_certs,
+)
 
 __all__ = [
     "CERTS_DEFAULT_TTL_S",
@@ -95,50 +95,15 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: Google's signing certificates in the v1 format, {kid: PEM certificate}. The
-#: Pub/Sub push token is a Google ID token, signed by these keys.
-GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 #: The two spellings of Google's issuer an ID token may carry ("Verify the Google
 #: ID token on your server side", developers.google.com/identity/gsi/web/guides/
 #: verify-google-id-token; the Pub/Sub page's example uses the https form).
 GOOGLE_ISSUERS = frozenset({"accounts.google.com", "https://accounts.google.com"})
 
-#: Deadline for one certificate fetch, seconds. The document is a few KB from
-#: Google's front end; a fetch still running after this is failing, and a prompt
-#: 503 lets Pub/Sub redeliver rather than hold its connection open.
-CERTS_FETCH_TIMEOUT_S = 5.0
-#: Largest certificate document read, bytes. Google publishes two or three
-#: certificates of ~1.2 KB PEM each (~4 KB); anything near this cap is not it.
-CERTS_MAX_BYTES = 64 * 1024
-#: Most certificates taken from one document (Google publishes 2-3 at a time:
-#: the current key and the ones rotating in and out).
-CERTS_MAX_KEYS = 16
-#: At most one refetch per this many seconds because of a kid the fresh set does
-#: not hold. Google publishes a key before it signs with it, so an unknown kid is
-#: rare for real pushes; a flood of made-up kids must not make us hammer Google.
-CERTS_REFETCH_INTERVAL_S = 60.0
-#: After a failed fetch, this many seconds of CertsUnavailable (503) without a
-#: request: Pub/Sub's redeliveries (and a forger's repeats) do not turn into a
-#: request each while Google's endpoint or our network is down.
-CERTS_FAILURE_RETRY_S = 10.0
-#: Shortest life given to a fetched set, seconds, whatever its max-age says
-#: (max-age=0 would otherwise mean one fetch per push). Equal to the refetch
-#: interval, so every path fetches at most once per interval once the set is fresh.
-CERTS_MIN_TTL_S = CERTS_REFETCH_INTERVAL_S
-#: Longest life given to a fetched set, seconds: bounds how long a certificate
-#: Google has withdrawn can still be trusted should the header ever promise days.
-#: Google's own max-age is a few hours, so this rarely binds.
-CERTS_MAX_TTL_S = 6 * 3600.0
-#: Life of a set whose response has no Cache-Control max-age, seconds.
-CERTS_DEFAULT_TTL_S = 300.0
-#: Read size while streaming the certificate document, bytes.
-_READ_CHUNK_BYTES = 8192
 
 #: Longest Authorization header looked at. A Google ID token is ~1 KB (an RS256
 #: signature is 342 base64url characters, header and claims a few hundred more).
 MAX_AUTHORIZATION_CHARS = 4096
-#: Longest kid accepted (Google's are 40 hex digits).
-MAX_KID_CHARS = 128
 #: Default tolerance for iat/exp against our clock, seconds.
 DEFAULT_CLOCK_SKEW_S = 60.0
 #: Largest clock skew a verifier may be configured with, seconds: more than this
@@ -175,183 +140,9 @@ class PushUnauthorized(Exception):
     401). `str()` names the failed check, for logs only; never the token."""
 
 
-class CertsUnavailable(RetriableError):
-    """Google's certificates could not be fetched, so the push could not be
-    verified either way: the route answers 503 and Pub/Sub redelivers."""
-
-
 class MalformedPush(Exception):
     """A verified push whose body is not a Gmail notification (the route answers
     400). `str()` names the field, never its value."""
-
-
-# --- Google's certificates ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FetchedCerts:
-    """One certificate response: its body and how long it may be used, seconds
-    (None when the response said nothing)."""
-
-    body: bytes
-    max_age_s: float | None
-
-
-#: Fetches the certificate URL; raises CertsUnavailable when it cannot.
-Fetch = Callable[[str], Awaitable[FetchedCerts]]
-
-
-async def fetch_google_certs(url: str) -> FetchedCerts:
-    """Default `Fetch`: GET `url` with no redirects, a deadline and a size cap.
-    Any failure (network, timeout, status other than 200, body over
-    CERTS_MAX_BYTES) is CertsUnavailable; no retry here, Pub/Sub redelivers."""
-    try:
-        with anyio.fail_after(CERTS_FETCH_TIMEOUT_S):
-            timeout = aiohttp.ClientTimeout(total=CERTS_FETCH_TIMEOUT_S)
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url, allow_redirects=False) as response,
-            ):
-                if response.status != 200:
-                    raise CertsUnavailable(f"google certs: HTTP {response.status}")
-                if (response.content_length or 0) > CERTS_MAX_BYTES:
-                    raise CertsUnavailable("google certs: response too large")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
-                    body += chunk
-                    if len(body) > CERTS_MAX_BYTES:
-                        raise CertsUnavailable("google certs: response too large")
-                return FetchedCerts(bytes(body), freshness_s(response.headers))
-    except TimeoutError as exc:
-        raise CertsUnavailable("google certs: fetch timed out") from exc
-    except aiohttp.ClientError as exc:
-        raise CertsUnavailable(f"google certs: {type(exc).__name__}") from exc
-
-
-def freshness_s(headers: Mapping[str, str]) -> float | None:
-    """Seconds a response stays fresh: Cache-Control max-age minus Age (RFC 9111
-    §4.2.1, §4.2.3); 0 for no-store/no-cache; None without max-age."""
-    max_age: int | None = None
-    for directive in headers.get("Cache-Control", "").split(","):
-        name, _, value = directive.strip().partition("=")
-        name = name.lower()
-        if name in ("no-store", "no-cache"):
-            return 0.0
-        value = value.strip('"')
-        if name == "max-age" and _DIGITS.fullmatch(value) and len(value) <= 10:
-            max_age = int(value)
-    if max_age is None:
-        return None
-    age = headers.get("Age", "")
-    if _DIGITS.fullmatch(age) and len(age) <= 10:
-        return float(max(0, max_age - int(age)))
-    return float(max_age)
-
-
-def parse_certs(body: bytes) -> dict[str, RSAPublicKey]:
-    """The RSA public keys of a v1 certs document, by kid. A document that is not
-    a JSON object of PEM certificates is CertsUnavailable (Google's answer is
-    wrong, not the push); a certificate whose key is not RSA is skipped, since
-    only RS256 tokens are accepted."""
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise CertsUnavailable("google certs: not JSON") from None
-    if not isinstance(document, dict) or not document:
-        raise CertsUnavailable("google certs: not a non-empty JSON object")
-    if len(document) > CERTS_MAX_KEYS:
-        raise CertsUnavailable("google certs: too many certificates")
-    keys: dict[str, RSAPublicKey] = {}
-    for kid, pem in document.items():
-        if not kid or len(kid) > MAX_KID_CHARS or not isinstance(pem, str):
-            raise CertsUnavailable("google certs: not {kid: PEM certificate}")
-        try:
-            certificate = x509.load_pem_x509_certificate(pem.encode("utf-8"))
-        except ValueError:
-            raise CertsUnavailable("google certs: a certificate does not parse") from None
-        key = certificate.public_key()
-        if isinstance(key, RSAPublicKey):
-            keys[kid] = key
-    if not keys:
-        raise CertsUnavailable("google certs: no RSA certificate")
-    return keys
-
-
-class GoogleCerts:
-    """Google's signing keys by kid: cached for the response's max-age (clamped
-    to CERTS_MIN_TTL_S..CERTS_MAX_TTL_S), refetched at most once per
-    CERTS_REFETCH_INTERVAL_S for an unknown kid, single flight (module
-    docstring). `clock` is monotonic seconds, injectable for tests."""
-
-    def __init__(
-        self,
-        certs_url: str = GOOGLE_CERTS_URL,
-        fetch: Fetch | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._url = certs_url
-        self._fetch = fetch or fetch_google_certs
-        self._clock = clock
-        self._keys: dict[str, RSAPublicKey] = {}
-        self._expires_at = -math.inf
-        self._last_fetch_at = -math.inf  # when the last fetch ended, either way
-        self._last_failed = False
-        self._lock = anyio.Lock()
-
-    async def public_key(self, kid: str) -> RSAPublicKey:
-        """The RSA key Google signs with under `kid`.
-
-        Raises PushUnauthorized("kid: unknown") when Google does not publish it
-        (after the one refetch the rate limit allows) and CertsUnavailable when
-        the certificates cannot be fetched.
-        """
-        key = self._fresh_key(kid)
-        if key is not None:
-            return key
-        async with self._lock:  # single flight: whoever waited here finds the result
-            key = self._fresh_key(kid)
-            if key is not None:
-                return key
-            now = self._clock()
-            if now < self._expires_at:
-                # A fresh set without this kid: a rotation we have not seen yet, or
-                # a made-up kid. Only one refetch per interval either way.
-                if now < self._last_fetch_at + CERTS_REFETCH_INTERVAL_S:
-                    raise PushUnauthorized("kid: unknown")
-            elif self._last_failed and now < self._last_fetch_at + CERTS_FAILURE_RETRY_S:
-                raise CertsUnavailable("google certs: failed recently, not fetched again yet")
-            await self._refresh()
-            key = self._keys.get(kid)
-            if key is None:
-                raise PushUnauthorized("kid: unknown")
-            return key
-
-    def _fresh_key(self, kid: str) -> RSAPublicKey | None:
-        if self._clock() >= self._expires_at:
-            return None
-        return self._keys.get(kid)
-
-    async def _refresh(self) -> None:
-        """Fetch and replace the whole set (Google drops retired keys from it).
-        A cancelled fetch records nothing, so the next caller fetches."""
-        try:
-            fetched = await self._fetch(self._url)
-            keys = parse_certs(fetched.body)
-        except CertsUnavailable as exc:
-            self._last_fetch_at = self._clock()
-            if not self._last_failed:  # CONTRIBUTING.md rule 8: once, not every attempt
-                log.warning("google_certs_unavailable", reason=str(exc))
-            self._last_failed = True
-            raise
-        now = self._clock()
-        ttl_s = CERTS_DEFAULT_TTL_S if fetched.max_age_s is None else fetched.max_age_s
-        self._keys = keys
-        self._expires_at = now + min(max(ttl_s, CERTS_MIN_TTL_S), CERTS_MAX_TTL_S)
-        self._last_fetch_at = now
-        if self._last_failed:
-            log.info("google_certs_recovered", keys=len(keys))
-        self._last_failed = False
 
 
 # --- the push token --------------------------------------------------------------------
@@ -408,7 +199,10 @@ class PushVerifier:
         """
         token = _bearer_token(authorization_header)
         kid = _checked_header(token)
-        key = await self._certs.public_key(kid)
+        try:
+            key = await self._certs.public_key(kid)
+        except UnknownSigningKey as exc:
+            raise PushUnauthorized(str(exc)) from None
         try:
             decoded = jwt.PyJWS().decode_complete(token, key, algorithms=["RS256"])
         except jwt.InvalidSignatureError:
