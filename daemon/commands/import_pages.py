@@ -19,7 +19,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 from tenacity.stop import stop_base
 
@@ -91,9 +92,8 @@ class PageSettler:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(BATCH_ATTEMPTS) | _StopRequested(self.stop),
-            wait=wait_exponential_jitter(
-                initial=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S, jitter=RETRY_JITTER_S
-            ),
+            wait=wait_exponential(multiplier=RETRY_INITIAL_WAIT_S, max=RETRY_MAX_WAIT_S)
+            + wait_random(0, RETRY_JITTER_S),
             retry=retry_if_exception_type(Unsettled),
             sleep=self._sleep,
             before_sleep=log_retry,
