@@ -19,8 +19,9 @@ When may the cursor move?
     is `UPDATE mailboxes SET cursor = … WHERE lease_token = $token`, so a stale
     owner's write changes no row and the source must stop.
   * An expired cursor (Gmail 404, Graph 410/syncStateNotFound, IMAP
-    UIDVALIDITY change) restarts a full resync from no cursor; the cascade
-    makes the replay idempotent. Renewing a watch never moves the cursor.
+    UIDVALIDITY change): `pages` raises `CursorExpired` (pipeline/errors.py);
+    the runner resets the cursor and calls `pages(None)`, a full resync that
+    the cascade makes idempotent. Renewing a watch never moves the cursor.
 
 Raw-MIME doors pass `raw` bytes (kept byte-exact in the object store) and no
 thread id; provider doors pass the provider's thread id and message id, and
@@ -32,7 +33,7 @@ messages whose outcome is new.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
@@ -44,13 +45,19 @@ class Page:
     """Items of one provider page and the cursor reached once all are settled.
 
     `context` is the source's own bookkeeping for `settle` (the Maildir door
-    keeps the file paths of the page there).
+    keeps the file paths of the page there). Doors that report changes to mail
+    already stored put them in `removed` (provider id → reason: deleted,
+    unlabelled, expunged) and `labels` (provider id → the copy's labels now);
+    the runner records both (pipeline/copies.py) after the page's items are
+    settled and before its cursor moves.
     """
 
     items: list[MessageData | DeadItem]
     cursor_after: str | None = None
     backfill: bool = False
     context: object = None
+    removed: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Source(Protocol):

@@ -5,7 +5,8 @@
     │   └── UnparseableMessage
     ├── RetriableError        may succeed later: back off and retry, never advance a cursor
     │   ├── DatabaseUnavailableError
-    │   └── StoreUnavailableError
+    │   ├── StoreUnavailableError
+    │   └── CursorExpired     the provider forgot the cursor: full resync (the runner)
     └── AttentionError        a human must act (credentials revoked, config wrong):
         ├── AuthError             mark the mailbox needs_attention, stop syncing it
         └── ConfigError
@@ -49,6 +50,13 @@ class DatabaseUnavailableError(RetriableError):
 
 class StoreUnavailableError(RetriableError):
     """The object store did not take or give bytes."""
+
+
+class CursorExpired(RetriableError):
+    """The provider no longer knows the cursor (Gmail history 404, Graph 410,
+    IMAP UIDVALIDITY change). Raised by a source's `pages`; the runner resets the
+    cursor with the lease's token (a `mailbox.cursor_reset` event) and resyncs
+    from the beginning in the same run — idempotent through the cascade."""
 
 
 class AttentionError(InboxdError):

@@ -52,7 +52,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
@@ -194,7 +195,8 @@ class AccessTokens:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=self._backoff_initial_s, max=self._backoff_max_s),
+            wait=wait_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s)
+            + wait_random(0, self._backoff_initial_s),
             retry=retry_if_exception_type(_TransientTokenFailure),
             before_sleep=note_failure,
             reraise=True,

@@ -61,7 +61,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from inboxd.adapters.gmail.auth import TokenSource
@@ -555,7 +556,8 @@ class GmailClient:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts),
-            wait=wait_exponential_jitter(initial=self._backoff_initial_s, max=self._backoff_max_s),
+            wait=wait_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s)
+            + wait_random(0, self._backoff_initial_s),
             retry=retry_if_exception_type(GmailRetriable),
             before_sleep=note,
             reraise=True,

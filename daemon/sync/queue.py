@@ -67,6 +67,7 @@ class IngestQueue:
     def close(self) -> None:
         """No more pages: workers finish what is queued, then return."""
         self._send.close()
+        self._receive.close()  # the workers read through clones of their own
 
     async def run_worker(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED

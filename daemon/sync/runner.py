@@ -39,8 +39,15 @@ from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import MailboxConfig
-from inboxd.pipeline import leases, scheduling
-from inboxd.pipeline.errors import DATABASE_ERRORS, Family, RetriableError, describe, family_of
+from inboxd.pipeline import copies, leases, scheduling
+from inboxd.pipeline.errors import (
+    DATABASE_ERRORS,
+    CursorExpired,
+    Family,
+    RetriableError,
+    describe,
+    family_of,
+)
 from inboxd.pipeline.outcomes import ItemResult, Outcome, page_is_clean
 
 log = structlog.get_logger(__name__)
@@ -116,6 +123,18 @@ class MailboxRunner:
                             return
         finally:
             self._finished = True
+            await self._close_source()
+
+    async def _close_source(self) -> None:
+        """A source holding connections (provider doors) releases them with the runner."""
+        aclose = getattr(self.source, "aclose", None)
+        if aclose is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
+            try:
+                await aclose()
+            except Exception as exc:  # closing must not mask how the runner ended
+                self._log.warning("source_close_failed", error=describe(exc))
 
     async def _one_run(self) -> bool:
         """One guarded sync run; returns True when the mailbox needs an operator."""
@@ -217,6 +236,18 @@ class MailboxRunner:
                 tenant,
                 mailbox,
             )
+        try:
+            return await unwrap_single(self._read_from(token, cursor))
+        except CursorExpired as exc:
+            if cursor is None:
+                raise  # a source must not expire a cursor it was not given
+            self._log.warning("sync_cursor_expired", error=describe(exc))
+            async with pool.acquire() as conn:
+                if not await leases.reset_cursor(conn, tenant, mailbox, token, describe(exc)):
+                    raise LeaseLost("the mailbox lease moved to another process") from exc
+            return await unwrap_single(self._read_from(token, None))
+
+    async def _read_from(self, token: int, cursor: str | None) -> bool:
         async with read_ahead(self.source, cursor) as pages:
             return await self._each_page(token, pages)
 
@@ -233,6 +264,7 @@ class MailboxRunner:
                     "items failed retriably; the page will be read again"
                 )
             async with pool.acquire() as conn:
+                await _record_changes(conn, tenant, mailbox, page)
                 if page.cursor_after is not None and not await leases.commit_cursor(
                     conn, tenant, mailbox, token, page.cursor_after
                 ):
@@ -284,3 +316,14 @@ class MailboxRunner:
                     )
             except DATABASE_ERRORS as exc:
                 self._log.warning("failure_not_recorded", error=describe(exc))
+
+
+async def _record_changes(conn: asyncpg.Connection, tenant: str, mailbox: str, page: Page) -> None:
+    """What the page says changed on copies already stored (adapters/base.py Page)."""
+    if page.labels:
+        await copies.update_labels(conn, tenant, mailbox, page.labels)
+    by_reason: dict[str, list[str]] = {}
+    for external_id, reason in page.removed.items():
+        by_reason.setdefault(reason, []).append(external_id)
+    for reason, external_ids in by_reason.items():
+        await copies.record_removed(conn, tenant, mailbox, external_ids, reason)

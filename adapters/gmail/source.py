@@ -1,0 +1,319 @@
+"""The Gmail sync loop: `pages(cursor)` of the source contract (adapters/base.py).
+
+The cursor is a Gmail historyId (opaque to the daemon). One run:
+
+    cursor None (first sync, or after CursorExpired)
+      getProfile → H0                       read BEFORE listing, so nothing that
+                                            arrives during a long backfill is missed
+      per synced label: messages.list (backfill window, newest first, pages of
+        ≤ 500 ids) → Page(backfill=True)    ids already stored are never fetched
+      Page([], cursor_after=H0)             history from H0 covers the rest
+    cursor H
+      history.list(startHistoryId=H, messageAdded/Deleted, labelAdded/Removed),
+      following pageToken with the same H → one Page per history page:
+        items      messages added to (or labelled into) a synced label, not stored
+                   yet, fetched raw
+        removed    deleted, or in no synced label any more (the copy leaves the
+                   mailbox; its row stays)
+        labels     the current labels of every stored copy a record touched
+        cursor_after  the last record's id on an intermediate page (a crash
+                   resumes after it, never past a record not yet settled), the
+                   response's historyId on the last page
+      404 → CursorExpired: the runner resets the cursor and calls pages(None)
+
+Bodies: `format=raw` through the batch endpoint (GmailClient.get_raw_batch, ≤ 20
+calls a batch), so the fingerprint agrees with every other door's view of the
+same message; a message deleted before we fetched it (404) is a dead item
+(settled: it never pins the cursor). Before any download, `known` asks the
+database once per page which ids this mailbox already stores. External id =
+Gmail id, thread key = threadId, labels kept; SENT copies are outbound.
+
+Quota: every call goes through the mailbox's QuotaPacer (pacer.py); 429s and
+rateLimitExceeded come back as GmailRateLimited after the client's retries, which
+the runner records as the mailbox's throttle. Credentials refused → GmailAuthError
+(needs attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from inboxd.adapters.base import Page
+from inboxd.adapters.gmail.auth import AccessTokens
+from inboxd.adapters.gmail.client import GmailClient, HistoryPage
+from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
+from inboxd.adapters.gmail.errors import HistoryExpired
+from inboxd.adapters.gmail.pacer import GMAIL_USER_UNITS_PER_S, QuotaPacer
+from inboxd.pipeline.errors import CursorExpired
+from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+from inboxd.pipeline.outcomes import ItemResult
+from inboxd.pipeline.parsing import parse_in_workers
+
+__all__ = ["GmailSource", "KnownCopies"]
+
+PROVIDER = "gmail"
+HISTORY_TYPES = ("messageAdded", "messageDeleted", "labelAdded", "labelRemoved")
+SENT_LABEL = "SENT"
+# A watch lapses after 7 days (Gmail push guide); renewing when less than this is
+# left means a daily renewal with days to spare if one is missed.
+WATCH_RENEW_BEFORE_S = 6 * 24 * 3600.0
+# One HTTP client session per source: connections are reused across runs.
+HTTP_TIMEOUT_S = 60.0
+
+KnownCopies = Callable[[Sequence[str]], Awaitable[set[str]]]
+WatchRecorder = Callable[[datetime], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Wanted:
+    thread_id: str
+    labels: list[str]
+
+
+class GmailSource:
+    """One Gmail mailbox's sync (module docstring)."""
+
+    provider = PROVIDER
+    lazy_attachments = False  # raw MIME carries the attachments
+
+    def __init__(
+        self,
+        tenant_id: str,
+        mailbox_id: str,
+        settings: GmailSettings,
+        mailbox: GmailMailbox,
+        known: KnownCopies,
+        *,
+        record_watch: WatchRecorder | None = None,
+        units_per_s: float = GMAIL_USER_UNITS_PER_S,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.mailbox_id = mailbox_id
+        self.settings = settings
+        self.mailbox = mailbox
+        self.synced = frozenset(mailbox.labels)
+        self._known = known
+        self._record_watch = record_watch
+        self._pacer = QuotaPacer(units_per_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._client: GmailClient | None = None
+        self._watch_expires_at: float | None = None  # unix seconds
+        # GmailClient's retry tunables (attempts, backoff), for tests and benchmarks
+        self._client_options = dict(client_options or {})
+
+    # --- the contract ----------------------------------------------------------------------
+
+    async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
+        client = self._ensure_client()
+        await self._renew_watch_if_due(client)
+        if cursor is None:
+            async for page in self._full_sync(client):
+                yield page
+            return
+        try:
+            async for page in self._incremental(client, cursor):
+                yield page
+        except HistoryExpired as exc:
+            raise CursorExpired(f"gmail history from {cursor} expired: {exc}") from exc
+
+    async def settle(self, page: Page, results: list[ItemResult]) -> None:
+        """Nothing to do at Gmail: we never modify the mailbox."""
+
+    async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
+        raise NotImplementedError("format=raw carries every attachment")
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (the runner calls this when it ends)."""
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
+        self._client = None
+
+    # --- first sync ------------------------------------------------------------------------
+
+    async def _full_sync(self, client: GmailClient) -> AsyncGenerator[Page, None]:
+        profile = await client.get_profile()
+        if self.mailbox.backfill != "none":
+            seen: set[str] = set()
+            for label in self.mailbox.labels:
+                token: str | None = None
+                while True:
+                    listed = await client.list_messages(
+                        [label], query=self.mailbox.backfill_query, page_token=token
+                    )
+                    wanted = {
+                        ref.id: _Wanted(ref.thread_id, [label])
+                        for ref in listed.messages
+                        if ref.id not in seen
+                    }
+                    seen.update(wanted)
+                    yield Page(items=await self._fetch(client, wanted), backfill=True)
+                    token = listed.next_page_token
+                    if token is None:
+                        break
+        yield Page(items=[], cursor_after=profile.history_id, backfill=True)
+
+    # --- incremental -----------------------------------------------------------------------
+
+    async def _incremental(self, client: GmailClient, cursor: str) -> AsyncGenerator[Page, None]:
+        token: str | None = None
+        while True:
+            history = await client.list_history(cursor, HISTORY_TYPES, token)
+            token = history.next_page_token
+            yield await self._history_page(client, history, last=token is None)
+            if token is None:
+                return
+
+    async def _history_page(self, client: GmailClient, history: HistoryPage, *, last: bool) -> Page:
+        added: dict[str, _Wanted] = {}
+        labels: dict[str, list[str]] = {}
+        deleted: set[str] = set()
+        for record in history.records:
+            for entry in record.get("messagesAdded", ()):
+                message = _message(entry)
+                if message is None:
+                    continue
+                gid, thread_id, current = message
+                labels[gid] = current
+                deleted.discard(gid)
+                added[gid] = _Wanted(thread_id, current)
+            for key in ("labelsAdded", "labelsRemoved"):
+                for entry in record.get(key, ()):
+                    message = _message(entry)
+                    if message is None:
+                        continue
+                    gid, thread_id, current = message
+                    labels[gid] = current
+                    if gid not in added:
+                        # labelled into a synced label: new to us if not stored
+                        added[gid] = _Wanted(thread_id, current)
+            for entry in record.get("messagesDeleted", ()):
+                message = _message(entry)
+                if message is not None:
+                    deleted.add(message[0])
+                    added.pop(message[0], None)
+                    labels.pop(message[0], None)
+        wanted = {gid: w for gid, w in added.items() if self.synced & set(w.labels)}
+        removed = dict.fromkeys(deleted, "deleted")
+        for gid, current in labels.items():
+            if not self.synced & set(current):
+                removed[gid] = "unlabelled"
+        kept_labels = {gid: v for gid, v in labels.items() if gid not in removed}
+        cursor_after = history.history_id if last else _last_record_id(history)
+        return Page(
+            items=await self._fetch(client, wanted),
+            cursor_after=cursor_after,
+            removed=removed,
+            labels=kept_labels,
+        )
+
+    # --- bodies ----------------------------------------------------------------------------
+
+    async def _fetch(
+        self, client: GmailClient, wanted: Mapping[str, _Wanted]
+    ) -> list[MessageData | DeadItem]:
+        """Raw bodies of the `wanted` ids this mailbox does not store yet, parsed."""
+        if not wanted:
+            return []
+        stored = await self._known(list(wanted))
+        todo = [gid for gid in wanted if gid not in stored]
+        if not todo:
+            return []
+        batch = await client.get_raw_batch(todo)
+        fetched = [gid for gid in todo if gid in batch.raw]
+        parsed = await parse_in_workers(
+            [batch.raw[gid] for gid in fetched], self.tenant_id, self.mailbox_id, PROVIDER
+        )
+        items: list[MessageData | DeadItem] = []
+        for gid, item in zip(fetched, parsed, strict=True):
+            items.append(self._as_gmail_copy(gid, wanted[gid], item))
+        for gid in todo:
+            if gid in batch.gone:
+                items.append(
+                    DeadItem(
+                        self.tenant_id,
+                        self.mailbox_id,
+                        gid,
+                        "deleted_before_fetch",
+                        "Gmail answered 404: the message was deleted before it was fetched",
+                    )
+                )
+            elif gid in batch.rejected:
+                items.append(
+                    DeadItem(
+                        self.tenant_id, self.mailbox_id, gid, "rejected", str(batch.rejected[gid])
+                    )
+                )
+        return items
+
+    def _as_gmail_copy(
+        self, gid: str, wanted: _Wanted, item: MessageData | DeadItem
+    ) -> MessageData | DeadItem:
+        if isinstance(item, DeadItem):
+            return dataclasses.replace(item, external_id=gid)
+        item.external_id = gid
+        item.external_thread_id = wanted.thread_id
+        item.labels = sorted(set(wanted.labels))
+        if SENT_LABEL in wanted.labels:
+            item.direction = "outbound"
+        return item
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _ensure_client(self) -> GmailClient:
+        if self._client is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+            )
+            tokens = AccessTokens(self.settings, self.mailbox, self._session)
+            self._client = GmailClient(
+                self.settings,
+                self.mailbox,
+                self._session,
+                self._pacer,
+                tokens,
+                **self._client_options,
+            )
+        return self._client
+
+    async def _renew_watch_if_due(self, client: GmailClient) -> None:
+        """users.watch at the first run and whenever less than WATCH_RENEW_BEFORE_S is
+        left; it never touches the cursor (Gmail push guide: re-call watch daily)."""
+        if self.settings.topic is None:
+            return
+        now = time.time()
+        if self._watch_expires_at is not None and self._watch_expires_at - now > (
+            WATCH_RENEW_BEFORE_S
+        ):
+            return
+        watch = await client.watch(self.settings.topic, list(self.mailbox.labels))
+        self._watch_expires_at = watch.expiration.timestamp()
+        if self._record_watch is not None:
+            await self._record_watch(watch.expiration)
+
+
+def _message(entry: object) -> tuple[str, str, list[str]] | None:
+    """(id, threadId, labelIds) of a history entry's `message`, or None if malformed."""
+    if not isinstance(entry, dict):
+        return None
+    message = entry.get("message")
+    if not isinstance(message, dict):
+        return None
+    gid, thread_id = message.get("id"), message.get("threadId")
+    if not isinstance(gid, str) or not isinstance(thread_id, str):
+        return None
+    label_ids = message.get("labelIds") or []
+    return gid, thread_id, [x for x in label_ids if isinstance(x, str)]
+
+
+def _last_record_id(history: HistoryPage) -> str | None:
+    ids = [int(r["id"]) for r in history.records if str(r.get("id", "")).isdigit()]
+    return str(max(ids)) if ids else None
