@@ -33,6 +33,7 @@ import anyio
 import asyncpg
 
 from inboxd.daemon.secrets import Secret, SecretError
+from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault
 
 DsnOrigin = Literal["cli", "env", "config", "embedded"]
 
@@ -186,6 +187,14 @@ def resolve_dsn(
     return DsnChoice(embedded(), "embedded")
 
 
+# Longest one statement may run on a pooled connection before the call fails
+# (asyncpg command_timeout). A connection that died without a FIN (a partition,
+# a failover) otherwise hangs its caller for good; every loop then backs off and
+# retries. Far above any healthy statement here (an ingest batch's are ~1 s), and
+# above the schema migration's own 120 s deadline (commands/migrate.py).
+COMMAND_TIMEOUT_S = 300.0
+
+
 async def connect_pool(
     dsn: str,
     *,
@@ -212,7 +221,7 @@ async def connect_pool(
                 min_size=min_size,
                 max_size=max_size,
                 timeout=connect_timeout_s,
-                **pool_kwargs,
+                **{"command_timeout": COMMAND_TIMEOUT_S, **pool_kwargs},
             )
             await pool.fetchval("select 1")
     except TimeoutError as exc:
@@ -228,16 +237,19 @@ async def connect_pool(
         raise DatabaseRejected(
             f"database at {target} refused the connection: {_cause(exc, dsn)}"
         ) from exc
-    except (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError) as exc:
+    except ValueError as exc:
+        # asyncpg parses the DSN before connecting (ClientConfigurationError is a
+        # ValueError, and an InterfaceError: so before the clause below): a malformed
+        # DSN is the operator's to fix, not a retriable outage.
+        _terminate(pool)
+        raise DsnError(f"invalid DSN {mask_dsn(dsn)}: {_cause(exc, dsn)}") from exc
+    except DATABASE_ERRORS as exc:
+        if db_fault(exc) is not DbFault.UNAVAILABLE:
+            raise
         _terminate(pool)
         raise DatabaseUnavailable(
             f"database at {target} did not answer: {_cause(exc, dsn)}"
         ) from exc
-    except ValueError as exc:
-        # asyncpg parses the DSN before connecting (ClientConfigurationError is a
-        # ValueError): a malformed DSN is the operator's to fix, not a retriable outage.
-        _terminate(pool)
-        raise DsnError(f"invalid DSN {mask_dsn(dsn)}: {_cause(exc, dsn)}") from exc
     except BaseException:
         _terminate(pool)
         raise

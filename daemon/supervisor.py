@@ -12,6 +12,7 @@ Task tree (every task belongs to one of these groups; nothing is detached):
                              │                      doorbell (sync/)
                              ├─ attachment sweep    re-derives failed attachments
                              │                      (pipeline/attachment_sweep.py)
+                             ├─ attention gauge     (daemon/attention_metric.py)
                              └─ watchdog            sd_notify WATCHDOG=1
 
 Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
@@ -35,6 +36,7 @@ import asyncpg
 import structlog
 
 from inboxd.daemon import systemd
+from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.config import MainConfig, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
@@ -151,6 +153,7 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.fleet.run, _mailboxes(self.tenants))
                 tg.start_soon(AttachmentSweeper(self.pool, self.store).run)
+                await tg.start(refresh_attention, self.pool, self.metrics)
                 tg.start_soon(systemd.run_watchdog, self._ready)
                 systemd.notify("READY=1")
                 self._log.info("daemon_ready", port=port, mailboxes=len(self.fleet.runners))

@@ -46,9 +46,6 @@ SWEEP_BATCH = 200
 # scanning an empty set every few seconds.
 SWEEP_INTERVAL_S = 300.0
 
-# What ends a pass early (the next pass tries again): the database or the store away.
-_PASS_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, ObjectStoreError)
-
 _CANDIDATES = """
 SELECT a.attachment_id, a.position, a.sha256, a.content_type, m.raw_key
   FROM attachments a
@@ -88,8 +85,12 @@ class AttachmentSweeper:
                 result = await self.sweep()
                 if result.stored or result.skipped:
                     log.info("attachments_swept", stored=result.stored, skipped=result.skipped)
-            except _PASS_ERRORS as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("attachment_sweep_failed", error=describe(exc))
+            except ObjectStoreError as exc:
+                log.warning("attachment_sweep_failed", error=describe(exc))
+            except Exception:  # a defect in one pass must not end the daemon
+                log.exception("attachment_sweep_crashed")
             await anyio.sleep(interval_s)
 
     async def sweep(self) -> SweepResult:

@@ -114,6 +114,10 @@ def new_owner_id(name: str = "inboxd") -> str:
     return f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class PresenceTaken(RuntimeError):
+    """Another session holds this owner's presence lock (two processes, one owner id)."""
+
+
 def presence_key(owner: str) -> int:
     """The advisory-lock key of `owner`'s presence: 64 bits of its sha256, signed."""
     return int.from_bytes(hashlib.sha256(owner.encode()).digest()[:8], "big", signed=True)
@@ -124,7 +128,7 @@ async def hold_presence(conn: asyncpg.Connection, key: int) -> None:
     it alone); it lasts until the connection ends. Raises RuntimeError when
     another session holds it (two processes sharing an owner id)."""
     if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
-        raise RuntimeError("presence lock held by another session: owner ids must be unique")
+        raise PresenceTaken("presence lock held by another session: owner ids must be unique")
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -137,7 +141,10 @@ WITH target AS (
        SET lease_owner = $3,
            lease_expires_at = now() + make_interval(secs => $4),
            lease_token = lease_token + 1,
-           lease_session_key = $5
+           lease_session_key = $5,
+           -- a cancel meant for an earlier holder's run (one that died before
+           -- seeing it) must not stop this one
+           cancel_requested = false
      WHERE tenant_id = $1 AND mailbox_id = $2
        AND (lease_owner IS NULL OR lease_owner = $3
             OR lease_expires_at IS NULL OR lease_expires_at <= now()

@@ -64,7 +64,7 @@ FOLDERS = {folder: package for package, folder in PACKAGE_DIRS.items()}
 
 
 @dataclass(frozen=True)
-class Source:
+class PyModule:
     path: Path
     module: str  # dotted name, e.g. inboxd.adapters.esp.ses
     is_package: bool  # an __init__.py: relative imports start from the module itself
@@ -93,7 +93,7 @@ def _py_files(folder: Path) -> Iterator[Path]:
         yield path
 
 
-def sources(folder: str) -> list[Source]:
+def sources(folder: str) -> list[PyModule]:
     """Every module under the repository folder `folder` (a key of package-dir)."""
     root = REPO / folder
     found = []
@@ -102,11 +102,11 @@ def sources(folder: str) -> list[Source]:
         is_package = parts[-1] == "__init__"
         if is_package:
             parts.pop()
-        found.append(Source(path, ".".join([FOLDERS[folder], *parts]), is_package))
+        found.append(PyModule(path, ".".join([FOLDERS[folder], *parts]), is_package))
     return found
 
 
-def imports(source: Source) -> list[Import]:
+def imports(source: PyModule) -> list[Import]:
     """Every import statement of the module, at any depth (functions, TYPE_CHECKING)."""
     tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
     found = []
@@ -124,7 +124,7 @@ def imports(source: Source) -> list[Import]:
     return sorted(found, key=lambda i: i.line)
 
 
-def _resolve_from(source: Source, node: ast.ImportFrom) -> str:
+def _resolve_from(source: PyModule, node: ast.ImportFrom) -> str:
     if node.level == 0:
         return node.module or ""
     package = source.package.split(".")
@@ -140,7 +140,7 @@ def _is_within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def _where(source: Source, imp: Import) -> str:
+def _where(source: PyModule, imp: Import) -> str:
     return f"{source.rel}:{imp.line}: {imp.statement}"
 
 

@@ -19,9 +19,6 @@ import gc
 import os
 import sys
 
-import anyio
-import anyio.abc
-import asyncpg
 import structlog
 
 from inboxd.adapters.objectstore import open_object_store
@@ -44,7 +41,6 @@ from inboxd.daemon.supervisor import Daemon
 from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 from inboxd.pipeline.delivery.intake import WRITERS as DELIVERY_WRITERS
-from inboxd.pipeline.errors import DATABASE_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -56,11 +52,6 @@ _M_ARENA_MAX = -8  # mallopt(3) parameter number, glibc malloc.h
 # see tune_gc.
 GC_THRESHOLDS = (50_000, 50, 100)
 
-# inboxd_mailbox_needs_attention is re-read this often: Prometheus scrapes every
-# 15-60 s, so a fresher reading would go unseen; one indexed-size query per interval.
-ATTENTION_REFRESH_INTERVAL_S = 15.0
-# The query reads a few rows; past this the database is in trouble and /readyz says so.
-ATTENTION_QUERY_TIMEOUT_S = 5.0
 
 # Connections: one per ingest worker, one per concurrently syncing mailbox's
 # bookkeeping, a few for the listener's requests, the delivery intake's writers
@@ -148,10 +139,7 @@ async def run(args: argparse.Namespace) -> int:
             )
             tune_gc()  # after everything the daemon keeps for its lifetime is loaded
             try:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(refresh_attention, pool, metrics)
-                    await daemon.run()
-                    tg.cancel_scope.cancel()
+                await daemon.run()
             except BaseException as exc:
                 if (bind := _bind_error(exc)) is not None:
                     raise CommandError(
@@ -189,41 +177,6 @@ def _log_start(
                 path=None if path is None else str(path),
                 runnable=mailbox.runnable,
             )
-
-
-_NEEDS_ATTENTION = (
-    "SELECT tenant_id, mailbox_id FROM mailboxes WHERE sync_state = 'needs_attention'"
-)
-
-
-async def refresh_attention(
-    pool: asyncpg.Pool,
-    metrics: Metrics,
-    *,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Keep `inboxd_mailbox_needs_attention` current from the mailboxes table.
-
-    The table is the truth for every replica (a replica marks a mailbox another one
-    then reports), so it is read, not tracked in this process. Outlives database
-    errors: the last reading stays, "unavailable" and "recovered" are logged once each.
-    """
-    task_status.started()
-    failing = False
-    while True:
-        try:
-            with anyio.fail_after(ATTENTION_QUERY_TIMEOUT_S):
-                rows = await pool.fetch(_NEEDS_ATTENTION)
-        except DATABASE_ERRORS as exc:
-            if not failing:
-                log.warning("attention_refresh_unavailable", error=type(exc).__name__)
-            failing = True
-        else:
-            if failing:
-                log.info("attention_refresh_recovered")
-            failing = False
-            metrics.set_needing_attention((r["tenant_id"], r["mailbox_id"]) for r in rows)
-        await anyio.sleep(ATTENTION_REFRESH_INTERVAL_S)
 
 
 # errno values bind(2) answers for a listener address it cannot take.

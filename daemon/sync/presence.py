@@ -23,7 +23,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
-from inboxd.pipeline.leases import hold_presence, presence_key
+from inboxd.pipeline.leases import PresenceTaken, hold_presence, presence_key
 
 log = structlog.get_logger(__name__)
 
@@ -34,11 +34,6 @@ PRESENCE_CONNECT_TIMEOUT_S = 10.0
 # Pause before taking the lock again after the connection was lost.
 PRESENCE_RECONNECT_S = 2.0
 PRESENCE_CLOSE_TIMEOUT_S = 2.0
-
-
-# A database error, or our key held by another session (owner ids must be unique):
-# either way this attempt failed, and the next one may not.
-_PRESENCE_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, RuntimeError)
 
 
 class Presence:
@@ -68,8 +63,10 @@ class Presence:
         while True:
             try:
                 await self._hold_once(report_started)
-            except _PRESENCE_ERRORS as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("presence_lost", error=describe(exc))
+            except PresenceTaken as exc:  # another session has our key: retried, logged
+                log.error("presence_taken", error=str(exc))
             report_started()
             await anyio.sleep(PRESENCE_RECONNECT_S)
 

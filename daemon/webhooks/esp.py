@@ -251,8 +251,14 @@ def hook_routes(table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> l
         webhook = WebhookRequest(body=body, headers=request.headers, received_at=time.time())
         try:
             accepted = await _accept(request, hook, webhook)
-        except ApiError:
-            table.spend_failed(request, hook)  # 401, 400, 503: nothing verified
+        except ApiError as exc:
+            # Only a failed verification is the peer's failure: a 400 came from a
+            # verified sender (it spends the source's budget), and a 503 (SNS
+            # certificates unreachable) is our outage, not the peer's fault.
+            if exc.status == 401:
+                table.spend_failed(request, hook)
+            elif exc.status == 400:
+                table.spend_verified(hook)
             raise
         table.spend_verified(hook)
         try:

@@ -312,7 +312,7 @@ async def _listen(dsn: str, on_notify: Callable[..., None]) -> asyncpg.Connectio
         await listener.add_listener(DELIVERY_CHANNEL, on_notify)
     except DATABASE_ERRORS as exc:
         log.warning("delivery_listen_failed", error=describe(exc))
-        await listener.close()
+        listener.terminate()  # a close could raise too, before the worker reported started
         return None
     return listener
 

@@ -26,7 +26,7 @@ import pytest
 from harness import DaemonProcess, write_config
 from helpers import cli_env, eventually, run_cli, run_cli_async
 
-from inboxd.daemon.commands.run import refresh_attention
+from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.embedded_pg import stop_embedded
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.pg_binaries import find_binaries
