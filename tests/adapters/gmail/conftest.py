@@ -17,7 +17,10 @@ import pytest
 from inboxd.adapters.gmail import AccessTokens, GmailClient, GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.pacer import QuotaPacer
 
-HAVE_FAKE = importlib.util.find_spec("fakes.gmail") is not None
+HAVE_FAKE = (
+    importlib.util.find_spec("fakes") is not None
+    and importlib.util.find_spec("fakes.gmail") is not None
+)
 needs_fake = pytest.mark.skipif(
     not HAVE_FAKE, reason="tests/fakes/gmail (the fake Gmail server) is not in this checkout"
 )
