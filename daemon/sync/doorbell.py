@@ -19,8 +19,9 @@ import asyncpg
 import structlog
 from anyio.abc import TaskStatus
 
+from inboxd.daemon.sync.reconnect import keep_connected
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
-from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.errors import DATABASE_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -42,21 +43,11 @@ async def listen_doorbell(
     Reports started after the first attempt, listening or not, so a database
     that is down at start does not hold the daemon's start-up.
     """
-    started = False
 
-    def report_started() -> None:
-        nonlocal started
-        if not started:
-            started = True
-            task_status.started()
+    async def serve(ready: Callable[[], None]) -> None:
+        await _listen_once(dsn, ring, ready)
 
-    while True:
-        try:
-            await _listen_once(dsn, ring, report_started)
-        except DATABASE_ERRORS as exc:
-            log.warning("doorbell_unavailable", error=describe(exc))
-        report_started()
-        await anyio.sleep(DOORBELL_RECONNECT_S)
+    await keep_connected("doorbell", serve, DOORBELL_RECONNECT_S, task_status=task_status)
 
 
 async def _listen_once(dsn: str, ring: Ring, listening: Callable[[], None]) -> None:

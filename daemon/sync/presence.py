@@ -22,7 +22,8 @@ import asyncpg
 import structlog
 from anyio.abc import TaskStatus
 
-from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.daemon.sync.reconnect import keep_connected
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.leases import PresenceTaken, hold_presence, presence_key
 
 log = structlog.get_logger(__name__)
@@ -52,23 +53,14 @@ class Presence:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Hold the lock until cancelled; reports started after the first attempt,
         held or not, so a database that is down does not hold up the start."""
-        started = False
 
-        def report_started() -> None:
-            nonlocal started
-            if not started:
-                started = True
-                task_status.started()
-
-        while True:
+        async def serve(ready: Callable[[], None]) -> None:
             try:
-                await self._hold_once(report_started)
-            except DATABASE_ERRORS as exc:
-                log.warning("presence_lost", error=describe(exc))
+                await self._hold_once(ready)
             except PresenceTaken as exc:  # another session has our key: retried, logged
                 log.error("presence_taken", error=str(exc))
-            report_started()
-            await anyio.sleep(PRESENCE_RECONNECT_S)
+
+        await keep_connected("presence", serve, PRESENCE_RECONNECT_S, task_status=task_status)
 
     async def _hold_once(self, held: Callable[[], None]) -> None:
         with anyio.fail_after(PRESENCE_CONNECT_TIMEOUT_S):
