@@ -58,6 +58,7 @@ from tenacity import (
 
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import GmailAuthError, GmailConfigError, GmailUnavailable
+from inboxd.adapters.gmail.http_body import read_capped
 
 __all__ = [
     "GMAIL_READ_SCOPES",
@@ -223,13 +224,15 @@ class AccessTokens:
                     allow_redirects=False,
                 ) as response:
                     status = response.status
-                    body = await response.content.read(TOKEN_ANSWER_MAX_BYTES)
+                    body = await read_capped(response, TOKEN_ANSWER_MAX_BYTES)
         except TimeoutError as exc:
             raise _TransientTokenFailure("token request timed out") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise _TransientTokenFailure(f"token request failed: {type(exc).__name__}") from exc
         if status == 429 or status >= 500:
             raise _TransientTokenFailure(f"token endpoint answered {status}")
+        if body is None:
+            raise _TransientTokenFailure(f"token answer larger than {TOKEN_ANSWER_MAX_BYTES} bytes")
         answer = _json_object(body)
         if status != 200:
             code = str(answer.get("error") or f"HTTP {status}")

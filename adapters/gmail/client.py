@@ -20,8 +20,8 @@ deadline (rule 7), and is translated at this boundary (rule 4, errors.py):
     401                                   the token is dropped and the call sent once
                                           more with a fresh one; a second 401 is
                                           GmailAuthError
-    429, 403 rateLimitExceeded /          pacer.hold(Retry-After), retried (tenacity:
-      userRateLimitExceeded               bounded, exponential backoff with jitter),
+    429, 403 with a usage-limit reason    pacer.hold(Retry-After), retried (tenacity:
+      (RATE_LIMIT_REASONS)                bounded, exponential backoff with jitter),
                                           then GmailRateLimited(retry_after_s)
     5xx, connection error, deadline,      retried likewise, then GmailUnavailable
       an answer that is not Gmail's JSON
@@ -84,6 +84,7 @@ from inboxd.adapters.gmail.errors import (
     GmailUnavailable,
     HistoryExpired,
 )
+from inboxd.adapters.gmail.http_body import read_capped
 from inboxd.adapters.gmail.pacer import (
     BATCH_UNITS_PER_CALL,
     GET_PROFILE_UNITS,
@@ -134,8 +135,11 @@ MAX_RETRY_AFTER_S = 3600.0
 MAX_JSON_ANSWER_BYTES = 32 * 1024 * 1024
 #: Batch answers at least this large are decoded in a worker thread, off the event loop.
 THREAD_DECODE_MIN_BYTES = 4 * 1024 * 1024
-#: 403 reasons that mean "too fast", not "forbidden" (handle-errors guide, Usage limits).
-RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+#: 403 reasons that mean "too much", not "forbidden" (handle-errors guide, "Resolve a 403
+#: error: Usage limit exceeded"; the Usage limits page names the per-user/project ones).
+RATE_LIMIT_REASONS = frozenset(
+    {"rateLimitExceeded", "userRateLimitExceeded", "dailyLimitExceeded", "quotaExceeded"}
+)
 #: Longest Google error message kept in an exception text.
 ERROR_MESSAGE_MAX_CHARS = 200
 
@@ -203,6 +207,8 @@ class RawBatch:
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
+    """One HTTP answer; header names lowercased."""
+
     status: int
     headers: Mapping[str, str]
     body: bytes
@@ -402,12 +408,17 @@ class GmailClient:
                     headers=headers,
                     allow_redirects=False,
                 ) as response:
-                    body = await response.content.read(MAX_JSON_ANSWER_BYTES)
-                    return _Answer(response.status, dict(response.headers), body)
+                    body = await read_capped(response, MAX_JSON_ANSWER_BYTES)
+                    status, answer_headers = response.status, _lowercased(response.headers)
         except TimeoutError as exc:
             raise GmailUnavailable(f"{verb} {url}: no answer within {CALL_TIMEOUT_S:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise GmailUnavailable(f"{verb} {url}: {type(exc).__name__}") from exc
+        if body is None:
+            raise GmailUnavailable(
+                f"{verb} {url}: answer larger than {MAX_JSON_ANSWER_BYTES} bytes"
+            )
+        return _Answer(status, answer_headers, body)
 
     # --- batches --------------------------------------------------------------------------
 
@@ -511,7 +522,7 @@ class GmailClient:
                     self._batch_url, data=body, headers=headers, allow_redirects=False
                 ) as response:
                     payload = await response.read()
-                    return _Answer(response.status, dict(response.headers), payload)
+                    return _Answer(response.status, _lowercased(response.headers), payload)
         except TimeoutError as exc:
             raise GmailUnavailable(f"batch: no answer within {BATCH_TIMEOUT_S:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -571,6 +582,11 @@ class GmailClient:
 # --- helpers -----------------------------------------------------------------------------
 
 
+def _lowercased(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header fields by lowercased name, like BatchPart.headers."""
+    return {name.lower(): value for name, value in headers.items()}
+
+
 def _content_id(index: int) -> str:
     return f"m{index}"
 
@@ -589,7 +605,7 @@ def _worst(failures: Mapping[str, GmailRetriable], total: int) -> GmailRetriable
 
 
 async def _decode_answer(answer: _Answer) -> dict[str, BatchPart]:
-    content_type = answer.headers.get("Content-Type") or answer.headers.get("content-type") or ""
+    content_type = answer.headers.get("content-type", "")
     if len(answer.body) >= THREAD_DECODE_MIN_BYTES:
         return await anyio.to_thread.run_sync(decode_batch, content_type, answer.body)
     return decode_batch(content_type, answer.body)
@@ -635,7 +651,7 @@ def _google_error(body: bytes) -> tuple[str | None, str]:
 
 def _retry_after_s(headers: Mapping[str, str]) -> float | None:
     """Retry-After in seconds (RFC 9110 §10.2.3: delay-seconds or an HTTP-date)."""
-    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    value = headers.get("retry-after")
     if value is None:
         return None
     value = value.strip()

@@ -8,6 +8,7 @@ error, and quota: our own pacing never draws a 429.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -252,3 +253,57 @@ async def test_our_pacing_never_draws_a_429(http, units_per_s: float) -> None:
         unpaced = make_client(fake, http, pacer=QuotaPacer(1e9, 1e9))
         await unpaced.get_raw_batch(ids)
         assert fake.counters.rejected(429) > 0  # the test can fail
+
+
+@pytest.fixture
+async def trickling_gmail() -> AsyncIterator[str]:
+    """A stub Gmail whose getProfile answer arrives in three pieces (chunked)."""
+    import anyio
+    from aiohttp import web
+
+    async def profile(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        body = json.dumps(
+            {"emailAddress": ALICE, "historyId": "77", "padding": "x" * 200_000}
+        ).encode()
+        for start in range(0, len(body), 70_000):
+            await response.write(body[start : start + 70_000])
+            await anyio.sleep(0.01)
+        await response.write_eof()
+        return response
+
+    async def token(request: web.Request) -> web.Response:
+        return web.json_response({"access_token": "t", "expires_in": 3599})
+
+    app = web.Application()
+    app.router.add_get("/gmail/v1/users/me/profile", profile)
+    app.router.add_post("/token", token)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_answer_arriving_in_pieces_is_read_whole(trickling_gmail: str, http) -> None:
+    from inboxd.adapters.gmail import AccessTokens, GmailMailbox, GmailSettings
+
+    from .conftest import Ref
+
+    settings = GmailSettings.from_settings(
+        {
+            "client_id": "c",
+            "client_secret": Ref("s"),
+            "api_url": trickling_gmail,
+            "token_url": trickling_gmail + "/token",
+        }
+    )
+    mailbox = GmailMailbox.from_settings({"refresh_token": Ref("r")}, address=ALICE)
+    client = GmailClient(
+        settings, mailbox, http, QuotaPacer(), AccessTokens(settings, mailbox, http)
+    )
+    assert (await client.get_profile()).history_id == "77"
