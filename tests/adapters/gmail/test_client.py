@@ -307,3 +307,25 @@ async def test_an_answer_arriving_in_pieces_is_read_whole(trickling_gmail: str, 
         settings, mailbox, http, QuotaPacer(), AccessTokens(settings, mailbox, http)
     )
     assert (await client.get_profile()).history_id == "77"
+
+
+async def test_403_translation(fake, client: GmailClient) -> None:
+    """403 is "too much" for the usage-limit reasons (retried) and "forbidden" otherwise."""
+    fake.faults.fail_next_calls(1, 403, methods={"users.getProfile"}, reason="rateLimitExceeded")
+    await client.get_profile()  # retried after the hold
+    fake.faults.fail_next_calls(
+        1, 403, methods={"users.getProfile"}, reason="insufficientPermissions"
+    )
+    with pytest.raises(GmailAuthError, match="insufficientPermissions") as caught:
+        await client.get_profile()
+    assert family_of(caught.value) is Family.ATTENTION
+
+
+async def test_per_part_400_is_rejected_for_that_id_only(fake, client: GmailClient) -> None:
+    messages = fake.mailbox(ALICE).add_generated(3)
+    fake.faults.fail_message(messages[0].id, 400, reason="invalidArgument")
+    result = await client.get_raw_batch([m.id for m in messages])
+    assert set(result.rejected) == {messages[0].id}
+    assert family_of(result.rejected[messages[0].id]) is Family.PERMANENT
+    assert set(result.raw) == {m.id for m in messages[1:]}
+    assert fake.counters.batch_sizes == [3]  # permanent: not sent again
