@@ -42,10 +42,13 @@ _PREFIXES = ("env:", "file:")
 
 # Config keys whose value is a credential and so must be a reference. Exact names,
 # plus any key ending in one of the suffixes (`client_secret`, `refresh_token`,
-# `smtp_password`, `service_account_credentials`, ...).
+# `smtp_password`, `service_account_credentials`, ...). `service_account` is a
+# Gmail mailbox's service-account key JSON (a private key); matched exactly, so
+# `push_service_account` (an email address) stays a plain value.
 SECRET_KEY_NAMES = frozenset(
     {
         "password",
+        "service_account",
         "token",
         "secret",
         "credentials",

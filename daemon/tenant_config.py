@@ -1,26 +1,31 @@
 """Tenant files: one TOML file per tenant in `[tenants] dir`, parsed into `TenantConfig`.
 
 A tenant file holds the tenant's `id`, `name` and `api_token`, its `[[mailboxes]]`
-(`MailboxConfig`), and its `[[delivery_sources]]` and `[[processors]]`, kept as
+(`MailboxConfig`), its `[gmail]` table (the OAuth client and push settings its
+Gmail mailboxes share), and its `[[delivery_sources]]` and `[[processors]]`, kept as
 written for the modules that implement them. `parse_tenant_files` reads a list of
 files, then checks ids across them: tenant ids are unique across files, mailbox ids
 across all tenants; the first file (by name) keeps an id.
 
-Mailbox providers: only `maildir` can run today, and its keys are checked
-strictly; `gmail`, `outlook`, `imap` and `ses` get their generic keys checked,
-their secrets checked, and their other keys kept as they are (`settings`) for
-their adapter's own config.py to parse.
+Mailbox providers: `maildir` and `gmail` can run today, and their keys are checked
+strictly (gmail's by adapters/gmail/config.py, called here so that check-config
+names the file and key); `outlook`, `imap` and `ses` get their
+generic keys checked, their secrets checked, and their other keys kept as they are
+(`settings`) for their adapter's own config.py to parse.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
+from inboxd.adapters.gmail.errors import GmailConfigError
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
@@ -43,7 +48,7 @@ __all__ = [
 ]
 
 PROVIDERS = ("maildir", "gmail", "outlook", "imap", "ses")
-RUNNABLE_PROVIDERS = frozenset({"maildir"})
+RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail"})
 SYNC_MODES = ("push", "poll", "auto")
 # A Maildir has no push channel of its own: "auto" watches new/ and also rescans
 # every poll_interval_s (a missed inotify event or an NFS mount costs one interval).
@@ -53,9 +58,13 @@ DEFAULT_POLL_INTERVAL_S = 60.0
 # Local directory: a rescan is a readdir, cheap enough to do every 2 s.
 _PROVIDER_POLL_INTERVAL_S: dict[str, float] = {"maildir": 2.0}
 
-_TENANT_KEYS = ("id", "name", "api_token", "mailboxes", "delivery_sources", "processors")
+_TENANT_KEYS = ("id", "name", "api_token", "gmail", "mailboxes", "delivery_sources", "processors")
 _MAILBOX_KEYS = ("id", "provider", "address", "sync_mode", "poll_interval_s")
 _MAILDIR_KEYS = ("path",)
+# The keys adapters/gmail/config.py reads are its dataclasses' fields; checked here
+# first so that an unknown key gets a "did you mean" hint like every other table.
+_GMAIL_KEYS = tuple(f.name for f in fields(GmailSettings))
+_GMAIL_MAILBOX_KEYS = tuple(f.name for f in fields(GmailMailbox) if f.name != "address")
 # A provider key this close to a generic mailbox key is taken for a typo of it
 # ("sync_mdoe", "poll_interval"): provider keys are free-form until their adapter
 # parses them, but a misspelt generic key would otherwise be silently ignored.
@@ -68,7 +77,9 @@ class MailboxConfig:
 
     `settings` holds the provider's own keys, read-only: for `maildir` exactly
     `{"path": Path}` (absolute); for other providers the keys as written, with every
-    credential turned into a `Secret`.
+    credential turned into a `Secret`. `tenant_settings` is the tenant's table of
+    the provider (gmail: `[gmail]`, as written, secrets wrapped; else empty): part
+    of the mailbox's identity, so a SIGHUP that changes it restarts the runner.
     """
 
     tenant_id: str
@@ -78,6 +89,9 @@ class MailboxConfig:
     sync_mode: SyncMode = DEFAULT_SYNC_MODE
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    tenant_settings: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
 
     @property
     def runnable(self) -> bool:
@@ -90,12 +104,14 @@ class TenantConfig:
     """One tenant file. `api_token` is the bearer token of the tenant's HTTP API
     (`/v1/…`); None disables that API for the tenant. `delivery_sources` and
     `processors` are kept as written (read-only, secrets as `Secret`) for the
-    modules that implement them; only `id` and `provider` are checked here."""
+    modules that implement them; only `id` and `provider` are checked here.
+    `gmail` is the `[gmail]` table (validated, secrets as `Secret`), None when absent."""
 
     tenant_id: str
     name: str
     source_file: Path
     api_token: Secret | None = None
+    gmail: Mapping[str, Any] | None = field(default=None, hash=False)
     mailboxes: tuple[MailboxConfig, ...] = ()
     delivery_sources: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
     processors: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
@@ -166,9 +182,10 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
     result.tenant_id = tenant_id
     name = r.string(raw, "name", "", default=tenant_id or "") or ""
     api_token = r.secret(raw["api_token"], "api_token") if "api_token" in raw else None
+    gmail = _parse_gmail(r, raw)
     mailboxes = []
     for key, table in r.tables(raw, "mailboxes"):
-        mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent)
+        mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent, gmail)
         if mailbox_id is not None:
             result.mailbox_ids.append((f"{key}.id", mailbox_id))
         if mailbox is not None:
@@ -181,6 +198,7 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
             name=name,
             source_file=path,
             api_token=api_token,
+            gmail=gmail,
             mailboxes=tuple(mailboxes),
             delivery_sources=delivery_sources,
             processors=processors,
@@ -194,6 +212,7 @@ def _parse_mailbox(
     prefix: str,
     tenant_id: str,
     base: Path,
+    gmail: Mapping[str, Any] | None,
 ) -> tuple[str | None, MailboxConfig | None]:
     """The mailbox id (None if invalid) and the mailbox (None when its id or provider
     is unusable); problems recorded."""
@@ -221,11 +240,15 @@ def _parse_mailbox(
     )
     extra = {k: v for k, v in table.items() if k not in _MAILBOX_KEYS}
     settings: Mapping[str, Any]
+    tenant_settings: Mapping[str, Any] = MappingProxyType({})
     if provider == "maildir":
         r.unknown_keys(
             extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
         )
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
+    elif provider == "gmail":
+        settings = _gmail_mailbox(r, extra, prefix, address, gmail)
+        tenant_settings = gmail if gmail is not None else tenant_settings
     else:
         for key in extra:
             typo = difflib.get_close_matches(key, _MAILBOX_KEYS, n=1, cutoff=_TYPO_CUTOFF)
@@ -242,6 +265,7 @@ def _parse_mailbox(
         sync_mode=cast(SyncMode, sync_mode or DEFAULT_SYNC_MODE),  # one of SYNC_MODES
         poll_interval_s=poll_interval_s,
         settings=settings,
+        tenant_settings=tenant_settings,
     )
 
 
@@ -255,6 +279,70 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path)
     if path.exists() and not path.is_dir():
         r.problem(join_key(prefix, "path"), f"{path} exists and is not a directory")
     return {"path": path}
+
+
+# --- gmail -----------------------------------------------------------------------------
+
+# Stands in, while validating, for a credential whose reference was already reported
+# (freeze keeps None there): the adapter then checks the table's other keys instead
+# of reporting that credential a second time as missing.
+_REPORTED = Secret("env:INBOXD_REPORTED_ABOVE")
+
+
+def _parse_gmail(r: Reader, raw: dict[str, Any]) -> Mapping[str, Any] | None:
+    """The `[gmail]` table frozen (secrets as `Secret`), checked by GmailSettings."""
+    table = r.table(raw["gmail"], "gmail") if "gmail" in raw else None
+    if table is None:
+        return None
+    r.unknown_keys(table, _GMAIL_KEYS, "gmail")
+    frozen = r.freeze({k: v for k, v in table.items() if k in _GMAIL_KEYS}, "gmail")
+    try:
+        GmailSettings.from_settings(_for_check(frozen))
+    except GmailConfigError as exc:
+        _gmail_problem(r, "gmail", exc)
+    return frozen
+
+
+def _gmail_mailbox(
+    r: Reader, extra: Mapping[str, Any], prefix: str, address: str, gmail: Mapping[str, Any] | None
+) -> Mapping[str, Any]:
+    """A gmail mailbox's own keys frozen, checked by GmailMailbox against `[gmail]`."""
+    known = _MAILBOX_KEYS + _GMAIL_MAILBOX_KEYS
+    r.unknown_keys(extra, known, prefix, what='key for provider "gmail"')
+    frozen = r.freeze({k: v for k, v in extra.items() if k in _GMAIL_MAILBOX_KEYS}, prefix)
+    settings = None
+    if gmail is None:
+        r.problem(join_key(prefix, "provider"), "a gmail mailbox needs a [gmail] table in its file")
+    else:
+        with suppress(GmailConfigError):  # a bad [gmail] is reported with the table
+            settings = GmailSettings.from_settings(_for_check(gmail))
+    # An address without "@" is reported by the generic check already.
+    checked_address = (address if "@" in address else "reported@invalid") if address else None
+    try:
+        mailbox = GmailMailbox.from_settings(_for_check(frozen), address=checked_address)
+    except GmailConfigError as exc:
+        _gmail_problem(r, prefix, exc)
+        return frozen
+    try:
+        if settings is not None:
+            mailbox.check_against(settings)
+    except GmailConfigError as exc:
+        # The fix is in [gmail], but this mailbox is what cannot run: name it.
+        r.problem(join_key(prefix, "refresh_token"), str(exc).partition(": ")[2])
+    return frozen
+
+
+def _for_check(frozen: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _REPORTED if v is None else v for k, v in frozen.items()}
+
+
+def _gmail_problem(r: Reader, prefix: str, exc: GmailConfigError) -> None:
+    """A GmailConfigError ("key: message") as a problem at `prefix`.key."""
+    key, sep, message = str(exc).partition(": ")
+    if sep and key.isidentifier():
+        r.problem(join_key(prefix, key), message)
+    else:
+        r.problem(prefix, str(exc))
 
 
 def _parse_raw_tables(

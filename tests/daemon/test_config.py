@@ -211,16 +211,16 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
         id = "acme"
         api_token = "env:ACME_TOKEN"
         [[mailboxes]]
-        id = "support-gmail"
-        provider = "gmail"
+        id = "support-outlook"
+        provider = "outlook"
         address = "support@acme.example"
         sync_mode = "push"
-        topic = "projects/acme/topics/gmail"
-        label_ids = ["INBOX"]
-        credentials = "file:/run/secrets/gmail.json"
+        subscription = "inbox-changes"
+        folder_ids = ["INBOX"]
+        credentials = "file:/run/secrets/graph.json"
         [mailboxes.oauth]
-        client_id = "abc.apps.googleusercontent.com"
-        client_secret = "env:GMAIL_CLIENT_SECRET"
+        client_id = "abc"
+        client_secret = "env:GRAPH_CLIENT_SECRET"
         [[delivery_sources]]
         id = "postmark"
         provider = "postmark"
@@ -236,17 +236,60 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
     assert tenants.problems == []
     acme = tenants.tenants["acme"]
     assert acme.api_token == Secret("env:ACME_TOKEN")
-    (gmail,) = acme.mailboxes
-    assert not gmail.runnable
-    assert (gmail.sync_mode, gmail.poll_interval_s) == ("push", 60.0)
-    assert gmail.settings["topic"] == "projects/acme/topics/gmail"
-    assert gmail.settings["label_ids"] == ("INBOX",)
-    assert gmail.settings["credentials"] == Secret("file:/run/secrets/gmail.json")
-    assert gmail.settings["oauth"]["client_secret"] == Secret("env:GMAIL_CLIENT_SECRET")
+    (outlook,) = acme.mailboxes
+    assert not outlook.runnable
+    assert (outlook.sync_mode, outlook.poll_interval_s) == ("push", 60.0)
+    assert outlook.settings["subscription"] == "inbox-changes"
+    assert outlook.settings["folder_ids"] == ("INBOX",)
+    assert outlook.settings["credentials"] == Secret("file:/run/secrets/graph.json")
+    assert outlook.settings["oauth"]["client_secret"] == Secret("env:GRAPH_CLIENT_SECRET")
     assert acme.delivery_sources[0]["webhook_secret"] == Secret("env:POSTMARK_SECRET")
     assert acme.processors[0]["provider"] == "invoice_extractor"
     with pytest.raises(TypeError):
-        gmail.settings["topic"] = "x"  # type: ignore[index]
+        outlook.settings["subscription"] = "x"  # type: ignore[index]
+
+
+def test_gmail_table_and_mailboxes_are_runnable_with_secrets_wrapped(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        acme="""
+        id = "acme"
+        [gmail]
+        client_id = "abc.apps.googleusercontent.com"
+        client_secret = "env:GMAIL_CLIENT_SECRET"
+        topic = "projects/acme-mail/topics/gmail"
+        push_audience = "https://inboxd.acme.example/push/gmail/acme"
+        push_service_account = "push@acme-mail.iam.gserviceaccount.com"
+        [[mailboxes]]
+        id = "support"
+        provider = "gmail"
+        address = "support@acme.example"
+        refresh_token = "file:/run/secrets/support"
+        labels = ["INBOX"]
+        [[mailboxes]]
+        id = "ops"
+        provider = "gmail"
+        address = "ops@acme.example"
+        service_account = "file:/run/secrets/sa.json"
+        backfill = "all"
+        """,
+    )
+
+    tenants = load_tenants(load_main(config))
+
+    assert tenants.problems == []
+    acme = tenants.tenants["acme"]
+    assert acme.gmail is not None
+    assert acme.gmail["client_secret"] == Secret("env:GMAIL_CLIENT_SECRET")
+    # an email address, not a credential
+    assert acme.gmail["push_service_account"] == "push@acme-mail.iam.gserviceaccount.com"
+    support, ops = acme.mailboxes
+    assert support.runnable and ops.runnable
+    assert support.settings["refresh_token"] == Secret("file:/run/secrets/support")
+    assert support.settings["labels"] == ("INBOX",)
+    assert ops.settings["service_account"] == Secret("file:/run/secrets/sa.json")
+    # the tenant's table travels with each mailbox: changing it restarts their runners
+    assert support.tenant_settings == acme.gmail
 
 
 # --- every problem names its file and key ------------------------------------------------
@@ -442,6 +485,75 @@ PROBLEM_CASES = [
         "tenant",
         "mailboxes[1].id",
         'duplicate mailbox id "m": already used by mailboxes[0].id',
+    ),
+    (
+        "gmail-without-table",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "gmail"\naddress = "a@acme.example"\n'
+        'service_account = "file:/run/secrets/sa.json"\n',
+        "tenant",
+        "mailboxes[0].provider",
+        "a gmail mailbox needs a [gmail] table",
+    ),
+    (
+        "gmail-unknown-mailbox-key",
+        "",
+        'id = "acme"\n[gmail]\n[[mailboxes]]\nid = "m"\nprovider = "gmail"\n'
+        'address = "a@acme.example"\nservice_account = "file:/sa.json"\nlabel_ids = ["INBOX"]\n',
+        "tenant",
+        "mailboxes[0].label_ids",
+        'did you mean "labels"?',
+    ),
+    (
+        "gmail-bad-backfill",
+        "",
+        'id = "acme"\n[gmail]\n[[mailboxes]]\nid = "m"\nprovider = "gmail"\n'
+        'address = "a@acme.example"\nservice_account = "file:/sa.json"\nbackfill = 0\n',
+        "tenant",
+        "mailboxes[0].backfill",
+        'expected "all", "none" or a number of days',
+    ),
+    (
+        "gmail-no-credential",
+        "",
+        'id = "acme"\n[gmail]\n[[mailboxes]]\nid = "m"\nprovider = "gmail"\n'
+        'address = "a@acme.example"\n',
+        "tenant",
+        "mailboxes[0].refresh_token",
+        "set exactly one of refresh_token and service_account",
+    ),
+    (
+        "gmail-refresh-token-without-client",
+        "",
+        'id = "acme"\n[gmail]\n[[mailboxes]]\nid = "m"\nprovider = "gmail"\n'
+        'address = "a@acme.example"\nrefresh_token = "env:HOME"\n',
+        "tenant",
+        "mailboxes[0].refresh_token",
+        "a refresh_token mailbox needs [gmail] client_id and client_secret",
+    ),
+    (
+        "gmail-table-bad-topic",
+        "",
+        'id = "acme"\n[gmail]\ntopic = "acme-topic"\n',
+        "tenant",
+        "gmail.topic",
+        "expected projects/PROJECT/topics/TOPIC",
+    ),
+    (
+        "gmail-table-literal-secret",
+        "",
+        f'id = "acme"\n[gmail]\nclient_id = "c"\nclient_secret = "{LITERAL}"\n',
+        "tenant",
+        "gmail.client_secret",
+        "literal secrets are not allowed",
+    ),
+    (
+        "gmail-table-plain-http",
+        "",
+        'id = "acme"\n[gmail]\ntoken_url = "http://oauth.example/token"\n',
+        "tenant",
+        "gmail.token_url",
+        "expected an https:// URL",
     ),
     (
         "literal-api-token",
@@ -750,9 +862,13 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
         acme=f"""
         id = "acme"
         api_token = "env:ACME_TOKEN"
+        [gmail]
+        client_id = "abc.apps.googleusercontent.com"
+        client_secret = "env:ACME_TOKEN"
         [[mailboxes]]
         id = "gmail"
         provider = "gmail"
+        address = "support@acme.example"
         refresh_token = "file:{secret_file}"
         [[delivery_sources]]
         id = "pm"
@@ -852,7 +968,16 @@ def test_secret_key_names() -> None:
         "webhook_secret",
         "smtp_password",
         "api_key",
+        "service_account",
     ):
         assert is_secret_key(name), name
-    for name in ("path", "address", "client_id", "token_uri", "topic", "bucket"):
+    for name in (
+        "path",
+        "address",
+        "client_id",
+        "token_uri",
+        "topic",
+        "bucket",
+        "push_service_account",
+    ):
         assert not is_secret_key(name), name
