@@ -350,6 +350,11 @@ ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS push_hint text;
 COMMENT ON COLUMN mailboxes.last_push_at IS 'When a provider last pushed a change for this mailbox (Pub/Sub, Graph notification); auto mode polls only after [sync] push_quiet_after_s without one.';
 COMMENT ON COLUMN mailboxes.push_hint IS 'What the last push said, as the provider gave it (Gmail: the notification''s historyId); a hint for the next sync, never a cursor.';
 
+-- Gmail's users.watch (adapters/gmail/source.py renews it before it lapses; the
+-- registry records each renewal). Added after the table existed.
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS watch_expires_at timestamptz;
+COMMENT ON COLUMN mailboxes.watch_expires_at IS 'Gmail: when the mailbox''s users.watch (Pub/Sub pushes) lapses unless renewed, as Gmail answered the last renewal; NULL when never watched (no [gmail] topic, or no sync yet).';
+
 -- A copy that left its mailbox (pipeline/copies.py record_removed): the message row
 -- stays. Added after the table existed.
 ALTER TABLE message_copies ADD COLUMN IF NOT EXISTS removed_at timestamptz;

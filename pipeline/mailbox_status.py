@@ -2,9 +2,9 @@
 
 One read-only query per call over the `mailboxes` rows that pipeline/leases.py
 and pipeline/scheduling.py write: cursor, last success and lag, throttle, sync
-state and last error, lease, cancel flag, poll settings — and, per mailbox, the
-unresolved dead items and the attachments whose store failed and that the
-sweep (pipeline/attachment_sweep.py) has not re-derived yet.
+state and last error, lease, cancel flag, poll settings, push and watch times —
+and, per mailbox, the unresolved dead items and the attachments whose store
+failed and that the sweep (pipeline/attachment_sweep.py) has not re-derived yet.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class MailboxStatus:
     poll_interval_s: float
     last_polled_at: datetime | None
     last_push_at: datetime | None = None  # the provider's last push (push and auto modes)
+    watch_expires_at: datetime | None = None  # Gmail: when users.watch lapses unless renewed
     dead_items: int = 0  # unresolved dead items of the mailbox
     attachments_pending: int = 0  # attachments whose store failed, not yet re-derived
 
@@ -57,7 +58,7 @@ SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
        throttle_backoff_s, sync_state, last_error, last_error_at,
        lease_owner, lease_expires_at,
        coalesce(lease_owner IS NOT NULL AND lease_expires_at > now(), false) AS leased,
-       cancel_requested, poll_interval_s, last_polled_at, last_push_at,
+       cancel_requested, poll_interval_s, last_polled_at, last_push_at, watch_expires_at,
        (SELECT count(*) FROM dead_items d
          WHERE d.tenant_id = mb.tenant_id AND d.mailbox_id = mb.mailbox_id
            AND d.resolved_at IS NULL)::int AS dead_items,

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from inboxd.adapters.base import Source
 from inboxd.daemon.sync.doorbell import listen_doorbell
-from inboxd.daemon.sync.registry import build_source
+from inboxd.daemon.sync.registry import SourceDeps, build_source
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.sync.scanner import run_poll_scanner
 from inboxd.daemon.tenant_config import MailboxConfig
@@ -121,7 +121,9 @@ class MailboxFleet:
     async def _start(self, mailbox: MailboxConfig) -> None:
         assert self._tg is not None
         try:
-            source: Source = build_source(mailbox, page_size=self.page_size)
+            source: Source = build_source(
+                mailbox, SourceDeps(pool=self.deps.pool), page_size=self.page_size
+            )
         except Exception as exc:  # any adapter's construction problem is the operator's
             log.error(
                 "mailbox_not_started",

@@ -1,21 +1,39 @@
 """Which adapter serves which provider: the daemon's one registry of doors.
 
 Adding a provider = one adapter folder (adapters/<name>/, see adapters/base.py)
-plus one line here.
+plus one line here. `SourceDeps` is what the daemon lends a door beyond its
+config: the pool, for the Gmail door's "which ids are stored already" question
+and its users.watch bookkeeping.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
 
 from inboxd.adapters.base import Source
+from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
+from inboxd.adapters.gmail.source import GmailSource
 from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.daemon.tenant_config import MailboxConfig
+from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import ConfigError
 
+__all__ = ["SourceDeps", "build_source"]
 
-def _maildir(mailbox: MailboxConfig, page_size: int) -> Source:
+
+@dataclass(frozen=True, slots=True)
+class SourceDeps:
+    """What a door may use of the daemon (fleet.py passes RunnerDeps' pool)."""
+
+    pool: asyncpg.Pool
+
+
+def _maildir(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
     source = MaildirSource(
         mailbox.tenant_id,
         mailbox.mailbox_id,
@@ -26,19 +44,45 @@ def _maildir(mailbox: MailboxConfig, page_size: int) -> Source:
     return source
 
 
-_BUILDERS: dict[str, Callable[[MailboxConfig, int], Source]] = {
+def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+    # Pages follow Gmail's own list/history pages (≤ 500 ids), not [workers] batch_size.
+    tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
+    settings = GmailSettings.from_settings(mailbox.tenant_settings)
+    gmail = GmailMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
+    gmail.check_against(settings)
+
+    async def known(ids: Sequence[str]) -> set[str]:
+        return await known_copies(deps.pool, tenant, mailbox_id, ids)
+
+    async def record_watch(expires_at: datetime) -> None:
+        async with deps.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE mailboxes SET watch_expires_at = $3 "
+                "WHERE tenant_id = $1 AND mailbox_id = $2",
+                tenant,
+                mailbox_id,
+                expires_at,
+            )
+
+    return GmailSource(tenant, mailbox_id, settings, gmail, known, record_watch=record_watch)
+
+
+_BUILDERS: dict[str, Callable[[MailboxConfig, int, SourceDeps], Source]] = {
     "maildir": _maildir,
+    "gmail": _gmail,
 }
 
 
-def build_source(mailbox: MailboxConfig, *, page_size: int) -> Source:
-    """The Source for a configured mailbox; ConfigError for providers not built yet.
+def build_source(mailbox: MailboxConfig, deps: SourceDeps, *, page_size: int) -> Source:
+    """The Source for a configured mailbox; ConfigError for providers not built yet
+    (and the adapter's own config errors, e.g. GmailConfigError).
 
-    `page_size`: items per page, i.e. per ingest transaction ([workers] batch_size).
+    `page_size`: items per page, i.e. per ingest transaction ([workers] batch_size),
+    for doors that choose their page size.
     """
     builder = _BUILDERS.get(mailbox.provider)
     if builder is None:
         raise ConfigError(
             f"provider {mailbox.provider!r} is not available in this version of inboxd"
         )
-    return builder(mailbox, page_size)
+    return builder(mailbox, page_size, deps)
