@@ -6,7 +6,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
               ├─ worker          applies stored events (pipeline/delivery/worker.py)
               └─ outer (below)   ends first, so in-flight webhooks still commit
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
-           ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… (daemon/http/)
+           ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… /push/gmail/…
+           │                     (daemon/http/, daemon/webhooks/)
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
                              ├─ fleet               presence, runners, poll scanner,
                              │                      doorbell (sync/)
@@ -48,6 +49,8 @@ from inboxd.daemon.tenant_config import MailboxConfig, TenantConfig
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
+from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable
+from inboxd.daemon.webhooks.gmail_config import build_gmail_push
 from inboxd.pipeline import scheduling
 from inboxd.pipeline.attachment_sweep import AttachmentSweeper
 from inboxd.pipeline.delivery.intake import DeliveryIntake
@@ -107,6 +110,7 @@ class Daemon:
         )
         self.intake = DeliveryIntake(pool)
         self.hooks = HookTable()
+        self.gmail_push = GmailPushTable()
         self._tokens = TokenTable(_api_tokens(self.tenants))
         self._on_ready = on_ready
         self._stop = anyio.Event()
@@ -224,6 +228,10 @@ class Daemon:
         for problem in problems:
             self._log.error("delivery_source_not_served", problem=problem)
         self.hooks.replace(hooks)
+        pushes, problems = build_gmail_push(tenants)
+        for problem in problems:
+            self._log.error("gmail_push_not_served", problem=str(problem))
+        self.gmail_push.replace(pushes)
 
     async def _sync_mailbox_rows(self, tenants: dict[str, TenantConfig]) -> None:
         rows = [
@@ -248,7 +256,10 @@ class Daemon:
             tenant_for_token=self._tokens,
             ready=self._ready,
             max_body_bytes=self.main.max_body_bytes,
-            webhooks=Webhooks(EspHooks(self.hooks, self.intake, confirm_subscription)),
+            webhooks=Webhooks(
+                EspHooks(self.hooks, self.intake, confirm_subscription),
+                GmailPush(self.gmail_push),
+            ),
         )
 
     async def _ready(self) -> bool:
