@@ -1,7 +1,7 @@
 """The `inboxd` command line: parses arguments and dispatches to `commands/<name>.py`.
 
 Each subcommand lives in its own module (`commands.migrate`, `commands.importer`,
-`run`, `status`, `check-config`, `sync`, `delivery`, `db`) and registers its parser; this
+`run`, `status`, `check-config`, `sync`, `delivery`, `db`, `connect`) and registers its parser; this
 module only builds the parser, configures logging and turns the outcome into an
 exit code (see `commands.common` for the codes). Every failure is one line on
 stderr, ``inboxd: error: …``, without a traceback (``--log-level debug`` logs it)
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from inboxd.daemon.commands import (
         check_config,
+        connect,
         db,
         delivery,
         importer,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = global_options()
-    for command in (migrate, importer, check_config, run, status, sync, delivery, db):
+    for command in (migrate, importer, check_config, run, status, sync, delivery, db, connect):
         command.register(subparsers, parent)
     return parser
 
