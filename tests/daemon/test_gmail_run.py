@@ -1,0 +1,308 @@
+"""The Gmail door under `inboxd run`: a real daemon process against FakeGmail.
+
+FakeGmail runs in the test's event loop on 127.0.0.1; the tenant file points the
+door's api_url/token_url/certs_url at it, and the fake serves the GoogleSigner's
+certificates, so a push the test signs is verified exactly as Google's would be.
+Blocking waits (DaemonProcess.wait_ready, CLI runs) go to a thread: the fake must
+keep answering the daemon meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import asyncpg
+import orjson
+import pytest
+from aiohttp import web
+from fakes.gmail import FakeGmail
+from harness import DaemonProcess, generated_messages, write_config
+from helpers import cli_env, run_cli
+from helpers.google_jwt import GoogleSigner
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+AUDIENCE = "https://inboxd.acme.example/push/gmail/acme"
+PUSHER = "gmail-push@acme-mail.iam.gserviceaccount.com"
+TOPIC = "projects/acme-mail/topics/gmail"
+SUPPORT, SALES = "support@acme.example", "sales@acme.example"
+API_TOKEN = "acme-api-token-for-tests"
+WAIT_S = 60
+
+
+class GatedGmail(FakeGmail):
+    """FakeGmail whose history.list answers wait while `gate` is closed, so a test
+    can hold one sync in flight while a storm of pushes arrives."""
+
+    gate: anyio.Event | None = None
+
+    async def _api(self, request: web.Request) -> web.Response:
+        if self.gate is not None and request.path.endswith("/history"):
+            await self.gate.wait()
+        return await super()._api(request)
+
+
+@dataclass
+class Running:
+    tmp: Path
+    dsn: str
+    fake: GatedGmail
+    signer: GoogleSigner
+    daemon: DaemonProcess
+    base: str
+    session: aiohttp.ClientSession
+    refresh_tokens: dict[str, str]
+
+    async def push(self, address: str) -> int:
+        box = self.fake.mailbox(address)
+        data = orjson.dumps({"emailAddress": address, "historyId": box.history_id})
+        body = orjson.dumps(
+            {
+                "message": {
+                    "data": base64.b64encode(data).decode(),
+                    "messageId": str(box.history_id),
+                    "publishTime": "2026-12-01T17:00:00.000Z",
+                },
+                "subscription": "projects/acme-mail/subscriptions/gmail-push",
+            }
+        )
+        claims = self.signer.claims(audience=AUDIENCE, email=PUSHER, now=time.time())
+        headers = {
+            "Authorization": f"Bearer {self.signer.sign(claims)}",
+            "Content-Type": "application/json",
+        }
+        async with self.session.post(
+            f"{self.base}/push/gmail/acme", data=body, headers=headers
+        ) as response:
+            return response.status
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            return await conn.fetchval(sql, *args)
+        finally:
+            await conn.close()
+
+    async def eventually(self, check: Callable[[], Awaitable[Any]], what: str) -> Any:
+        return await self.daemon.eventually(check, WAIT_S, what=what)
+
+    async def rows(self, mailbox: str) -> int:
+        return await self.fetchval(
+            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1", mailbox
+        )
+
+    async def status(self) -> dict[str, dict[str, Any]]:
+        env = cli_env(self.tmp / "data")
+        result = await anyio.to_thread.run_sync(
+            lambda: run_cli("status", "--json", "--dsn", self.dsn, env=env)
+        )
+        assert result.code == 0, result.stderr
+        return {s["mailbox_id"]: s for s in orjson.loads(result.stdout)}
+
+
+def tenant_file(fake: FakeGmail, token_files: dict[str, Path]) -> str:
+    boxes = "".join(
+        f"""
+[[mailboxes]]
+id = "{address.split("@")[0]}"
+provider = "gmail"
+address = "{address}"
+sync_mode = "push"
+refresh_token = "file:{path}"
+backfill = "all"
+"""
+        for address, path in token_files.items()
+    )
+    return f"""
+id = "acme"
+api_token = "env:ACME_API_TOKEN"
+[gmail]
+client_id = "{fake.client_id}"
+client_secret = "env:ACME_GMAIL_SECRET"
+topic = "{TOPIC}"
+push_audience = "{AUDIENCE}"
+push_service_account = "{PUSHER}"
+api_url = "{fake.base_url}"
+token_url = "{fake.token_url}"
+certs_url = "{fake.certs_url}"
+{boxes}"""
+
+
+@asynccontextmanager
+async def gmail_daemon(
+    tmp: Path, dsn: str, seed: dict[str, int], *, gated: bool = False
+) -> AsyncIterator[Running]:
+    """A daemon whose tenant "acme" has one push-mode Gmail mailbox per `seed`
+    address, each seeded with that many messages and fully backfilled."""
+    async with GatedGmail(seed) as fake:
+        signer = GoogleSigner()
+        fake.set_certs(signer.certs())
+        tokens: dict[str, str] = {}
+        files: dict[str, Path] = {}
+        for address, count in seed.items():
+            for raw in generated_messages(count, tag=address.split("@")[0]):
+                fake.mailbox(address).add_message(raw)
+            tokens[address] = fake.issue_refresh_token(address)
+            files[address] = tmp / f"{address}.refresh-token"
+            files[address].write_text(tokens[address] + "\n")
+        config = write_config(tmp)
+        (tmp / "tenants" / "acme.toml").write_text(tenant_file(fake, files))
+        env = {"ACME_GMAIL_SECRET": fake.client_secret, "ACME_API_TOKEN": API_TOKEN}
+        daemon = DaemonProcess(config, dsn, tmp / "daemon.log", env=env)
+        try:
+            port = await anyio.to_thread.run_sync(daemon.wait_ready)
+            async with aiohttp.ClientSession() as session:
+                running = Running(
+                    tmp, dsn, fake, signer, daemon, f"http://127.0.0.1:{port}", session, tokens
+                )
+                for address, count in seed.items():
+                    box = address.split("@")[0]
+                    await running.eventually(
+                        lambda box=box, count=count: _backfilled(running, box, count),
+                        f"{box}: {count} rows and a cursor",
+                    )
+                if gated:
+                    fake.gate = anyio.Event()
+                yield running
+        finally:
+            if fake.gate is not None:
+                fake.gate.set()
+            daemon.kill()
+
+
+async def _backfilled(running: Running, box: str, count: int) -> bool:
+    cursor = await running.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", box)
+    return cursor is not None and await running.rows(box) == count
+
+
+async def test_backfill_then_a_push_brings_the_new_message(tmp_path, db_dsn) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 5}) as run:
+        status = (await run.status())["support"]
+        assert status["provider"] == "gmail" and status["sync_state"] == "idle"
+        # users.watch was called at the first run and its expiry recorded (~7 days)
+        assert run.fake.mailbox(SUPPORT).watch is not None
+        assert status["watch_expires_at"] is not None
+
+        (new,) = [run.fake.mailbox(SUPPORT).add_message(r) for r in generated_messages(1, tag="p")]
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(
+            lambda: _has_copy(run, "support", new.id), "a copy with the new Gmail id"
+        )
+        assert await run.rows("support") == 6
+        assert run.fake.counters.max_downloads() == 1  # nothing downloaded twice
+
+
+async def _has_copy(run: Running, mailbox: str, gmail_id: str) -> bool:
+    return bool(
+        await run.fetchval(
+            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
+            mailbox,
+            gmail_id,
+        )
+    )
+
+
+async def test_a_storm_of_pushes_costs_at_most_two_syncs(tmp_path, db_dsn) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 2}, gated=True) as run:
+        before = run.fake.counters.calls_of("users.history.list", SUPPORT)
+        run.fake.mailbox(SUPPORT).add_message(generated_messages(1, tag="storm")[0])
+
+        # one sync is held inside history.list while all 100 pushes are answered
+        statuses = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(lambda: _append(statuses, run.push(SUPPORT)))
+        assert statuses == [204] * 100
+        assert run.fake.gate is not None
+        run.fake.gate.set()
+
+        await run.eventually(lambda: _equals(run.rows("support"), 3), "3 rows")
+        await anyio.sleep(3)  # room for any further sync to show up
+        syncs = run.fake.counters.calls_of("users.history.list", SUPPORT) - before
+        assert 1 <= syncs <= 2, syncs
+
+
+async def _append(out: list[int], status: Awaitable[int]) -> None:
+    out.append(await status)
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+async def test_revoked_grant_needs_attention_while_the_other_mailbox_syncs(
+    tmp_path, db_dsn
+) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 2, SALES: 2}) as run:
+        run.fake.revoke_refresh_token(run.refresh_tokens[SUPPORT])
+        run.fake.mailbox(SUPPORT).add_message(generated_messages(1, tag="lost")[0])
+        run.fake.mailbox(SALES).add_message(generated_messages(1, tag="kept")[0])
+        assert await run.push(SUPPORT) == 204
+        assert await run.push(SALES) == 204
+
+        await run.eventually(
+            lambda: _state_is(run, "support", "needs_attention"), "support needs attention"
+        )
+        await run.eventually(lambda: _equals(run.rows("sales"), 3), "sales keeps syncing")
+        status = await run.status()
+        assert status["support"]["sync_state"] == "needs_attention"
+        assert "invalid_grant" in (status["support"]["last_error"] or "")
+        assert status["sales"]["sync_state"] == "idle"
+        assert await run.rows("support") == 2
+        # and later pushes for sales still bring mail
+        run.fake.mailbox(SALES).add_message(generated_messages(1, tag="later")[0])
+        assert await run.push(SALES) == 204
+        await run.eventually(lambda: _equals(run.rows("sales"), 4), "sales still syncing")
+
+
+async def _state_is(run: Running, mailbox: str, state: str) -> bool:
+    got = await run.fetchval("SELECT sync_state FROM mailboxes WHERE mailbox_id = $1", mailbox)
+    return got == state
+
+
+async def test_sent_copy_of_a_recorded_outbound_message_promotes_the_placeholder(
+    tmp_path, db_dsn
+) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}) as run:
+        recorded = {
+            "mailbox_id": "support",
+            "message_id_header": "<out-1@acme.example>",
+            "placeholder_message_id": "pending_abc",
+            "thread_id": "pending_t1",
+            "from_address": SUPPORT,
+            "subject": "Your order",
+            "sent_at": "2026-11-02T09:30:00Z",
+            "text": "Thanks for your order.",
+            "send_status": "pending",
+        }
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        async with run.session.post(
+            f"{run.base}/v1/outbound", json=recorded, headers=headers
+        ) as response:
+            assert response.status == 201, await response.text()
+            message_id = (await response.json())["message_id"]
+        raw = (
+            f"From: Support <{SUPPORT}>\r\nTo: customer@example.org\r\n"
+            "Subject: Your order\r\nDate: Mon, 02 Nov 2026 09:30:00 +0000\r\n"
+            "Message-ID: <out-1@acme.example>\r\nMIME-Version: 1.0\r\n"
+            "Content-Type: text/plain; charset=utf-8\r\n\r\nThanks for your order.\r\n"
+        ).encode()
+        sent = run.fake.mailbox(SUPPORT).add_message(raw, label_ids=["SENT"])
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(lambda: _has_copy(run, "support", sent.id), "the SENT copy")
+        ours = "SELECT count(*) FROM messages WHERE message_id_norm = 'out-1@acme.example'"
+        assert await run.fetchval(ours) == 1
+        row = "SELECT {} FROM messages WHERE message_id = $1"
+        assert await run.fetchval(row.format("external_id"), message_id) == sent.id
+        assert await run.fetchval(row.format("direction"), message_id) == "outbound"
+        assert await run.fetchval("SELECT count(*) FROM messages") == 2
