@@ -180,7 +180,14 @@ async def set_sync_state(
 
 # When a mailbox is next due: its interval after the later of its last poll
 # claim and its last successful sync (by any trigger). NULL: never either.
-_DUE_AT = "greatest(m.last_polled_at, m.last_success_at) + make_interval(secs => m.poll_interval_s)"
+# A push-mode mailbox is still synced once a day: a lost notification is caught up,
+# and its watch is renewed (Gmail's lapses after 7 days without a users.watch call).
+PUSH_SAFETY_SYNC_S = 24 * 3600.0
+_DUE_AT = (
+    "greatest(m.last_polled_at, m.last_success_at) + make_interval(secs => "
+    f"CASE WHEN m.sync_mode = 'push' THEN greatest(m.poll_interval_s, {PUSH_SAFETY_SYNC_S}) "
+    "ELSE m.poll_interval_s END)"
+)
 
 _CLAIM_DUE = f"""
 WITH due AS (
@@ -229,6 +236,8 @@ async def claim_due(
       has been quiet for its interval), or it has neither;
     * its claim cooldown has passed: next_poll_at ≤ now();
     * it is not throttled: throttle_until ≤ now();
+    * in push mode, at least PUSH_SAFETY_SYNC_S since the last poll or success
+      (a daily safety sync, whatever poll_interval_s says);
     * in auto mode, push has been quiet: no `record_push` in the last
       `push_quiet_after_s` seconds (a mailbox whose pushes arrive is not polled);
     * its lease is free, expired or held by `owner`.

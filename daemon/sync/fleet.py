@@ -33,8 +33,9 @@ from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, str]
-# Sync modes in which the scanner polls a mailbox (auto: when push has been quiet).
-POLLED_MODES = ("poll", "auto")
+# Sync modes the scanner considers: poll on poll_interval_s, auto when push has been
+# quiet, push for its daily safety sync (pipeline/scheduling.py claim_due).
+POLLED_MODES = ("poll", "auto", "push")
 
 
 class MailboxFleet:

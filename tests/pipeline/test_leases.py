@@ -459,6 +459,27 @@ async def test_an_auto_mailbox_is_polled_only_once_its_pushes_are_quiet(
         await listener.close()
 
 
+async def test_a_push_mailbox_gets_only_a_daily_safety_sync(pool, make_mailbox) -> None:
+    await scheduling.upsert_configured_mailboxes(
+        pool, [MailboxRow(T, "push", "gmail", sync_mode="push", poll_interval_s=0.01)]
+    )
+    pushed = [(T, "push")]
+    # never synced: due at once (the first sync)
+    assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
+    # synced an hour ago: not due, whatever its poll interval says
+    await pool.execute(
+        "UPDATE mailboxes SET last_polled_at = now() - interval '1 hour', "
+        "last_success_at = now() - interval '1 hour'"
+    )
+    assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == []
+    # a day without any sync: the safety sync is due (and renews a Gmail watch)
+    await pool.execute(
+        "UPDATE mailboxes SET last_polled_at = now() - interval '25 hours', "
+        "last_success_at = now() - interval '25 hours'"
+    )
+    assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
+
+
 async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> None:
     for name in ("a", "b", "c"):
         await make_mailbox(T, name)
