@@ -5,12 +5,12 @@
     esp_config.py   `[[delivery_sources]]` tables → the served table; SNS confirmation
     ratelimit.py    the token buckets behind the 429s: a source's verified requests,
                     each peer's failed verifications (budgets: esp.py docstring)
-
     gmail.py        POST /push/gmail/{tenant}: Gmail's Pub/Sub push (verify, record,
                     ring); gmail_config.py builds its table from the tenants
 
-Graph notifications are the next route set here. Each route set gives the listener its routes, each
-request's body limit and the checks that run before a byte of the body is read;
+Graph notifications are the next route set here. Each route set gives the
+listener its routes, each request's body limit and the checks that run before a
+byte of the body is read;
 `Webhooks` joins the sets into the one `WebhookRoutes` the listener takes
 (daemon/http/state.py). A handler verifies, records, rings a doorbell and
 answers: no sync and no event processing runs inside a request.
