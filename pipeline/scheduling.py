@@ -49,6 +49,7 @@ from inboxd.pipeline.leases import (
     _require_owner,
     one_line,
 )
+from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.tenancy import validate_id
 
 SyncState = Literal["idle", "syncing", "backfilling", "needs_attention"]
@@ -121,23 +122,35 @@ async def record_failure(
     config error) sets sync_state 'needs_attention', which only
     record_success or set_sync_state clears; otherwise the state goes back to
     'idle'. `error` is stored as one line of at most 300 characters — it must
-    not contain secrets. Raises MailboxNotFound, ValueError for a negative or
-    non-finite retry_after_s.
+    not contain secrets. A mailbox that newly needs attention also gets a
+    `mailbox.needs_attention` outbox event with that line, in the same
+    transaction, so the application can tell its users to reconnect. Raises
+    MailboxNotFound, ValueError for a negative or non-finite retry_after_s.
     """
     if retry_after_s is not None:
         retry_after_s = _non_negative("retry_after_s", retry_after_s)
-    until: datetime | None = await conn.fetchval(
-        _RECORD_FAILURE,
-        tenant_id,
-        mailbox_id,
-        one_line(error),
-        retry_after_s,
-        attention,
-        BACKOFF_INITIAL_S,
-        BACKOFF_MAX_S,
-    )
-    if until is None:
-        raise MailboxNotFound(tenant_id, mailbox_id)
+    async with _connection(conn) as c, c.transaction():
+        before = await c.fetchval(
+            "SELECT sync_state FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 FOR UPDATE",
+            tenant_id,
+            mailbox_id,
+        )
+        until: datetime | None = await c.fetchval(
+            _RECORD_FAILURE,
+            tenant_id,
+            mailbox_id,
+            one_line(error),
+            retry_after_s,
+            attention,
+            BACKOFF_INITIAL_S,
+            BACKOFF_MAX_S,
+        )
+        if until is None:
+            raise MailboxNotFound(tenant_id, mailbox_id)
+        if attention and before != "needs_attention":
+            events = EventBuffer()
+            events.add(NEEDS_ATTENTION_EVENT, payload={"error": one_line(error)})
+            await events.flush(c, tenant_id, mailbox_id)
     return until
 
 
@@ -180,6 +193,8 @@ async def set_sync_state(
 
 # When a mailbox is next due: its interval after the later of its last poll
 # claim and its last successful sync (by any trigger). NULL: never either.
+# The outbox event of a mailbox that newly needs an operator (record_failure).
+NEEDS_ATTENTION_EVENT = "mailbox.needs_attention"
 # A push-mode mailbox is still synced once a day: a lost notification is caught up,
 # and its watch is renewed (Gmail's lapses after 7 days without a users.watch call).
 PUSH_SAFETY_SYNC_S = 24 * 3600.0

@@ -352,6 +352,12 @@ async def test_attention_state_and_error_line(pool, inbox) -> None:
     assert state["last_error_at"] is not None
     await scheduling.record_failure(pool, T, M, "timeout")  # not attention: state stays
     assert (await row(pool))["sync_state"] == "needs_attention"
+    await scheduling.record_failure(pool, T, M, long_error, attention=True)  # still: no new event
+    announced = await pool.fetch(
+        "SELECT payload FROM events WHERE kind = $1", scheduling.NEEDS_ATTENTION_EVENT
+    )
+    assert len(announced) == 1  # once, when the mailbox started needing attention
+    assert "invalid_grant" in str(announced[0]["payload"])
     assert await scheduling.set_sync_state(pool, T, M, "idle")
     token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
     assert await scheduling.set_sync_state(pool, T, M, "backfilling", token=token)
