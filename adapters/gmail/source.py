@@ -130,6 +130,14 @@ class GmailSource:
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
         raise NotImplementedError("format=raw carries every attachment")
 
+    async def forget(self) -> None:
+        """The mailbox was removed from the configuration: users.stop, so Gmail stops
+        publishing its changes (Gmail push guide). Errors propagate to the caller."""
+        if self.settings.topic is None:
+            return
+        await self._ensure_client().stop()
+        self._watch_expires_at = None
+
     async def aclose(self) -> None:
         """Close the HTTP session (the runner calls this when it ends)."""
         if self._session is not None:

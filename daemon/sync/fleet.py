@@ -33,6 +33,8 @@ from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, str]
+# A removed mailbox's provider clean-up (users.stop) gets this long during a reload.
+FORGET_DEADLINE_S = 10.0
 # Sync modes the scanner considers: poll on poll_interval_s, auto when push has been
 # quiet, push for its daily safety sync (pipeline/scheduling.py claim_due).
 POLLED_MODES = ("poll", "auto", "push")
@@ -111,6 +113,8 @@ class MailboxFleet:
             if runner.finished:  # stopped for attention: a reload gives it another chance
                 del self.runners[key]
             elif key not in wanted or runner.config != wanted[key]:
+                if key not in wanted:
+                    await _forget(runner)
                 runner.stop()
                 del self.runners[key]
                 if key not in wanted:
@@ -148,3 +152,18 @@ class MailboxFleet:
                 )
         except DATABASE_ERRORS as exc:
             log.warning("failure_not_recorded", error=describe(exc))
+
+
+async def _forget(runner: MailboxRunner) -> None:
+    """A removed mailbox's source may tell its provider to stop pushing (Gmail's
+    users.stop); bounded, and a failure only logged: the push route ignores
+    unknown mailboxes anyway."""
+    forget = getattr(runner.source, "forget", None)
+    if forget is None:
+        return
+    with anyio.move_on_after(FORGET_DEADLINE_S):
+        try:
+            await forget()
+            log.info("mailbox_forgotten", tenant=runner.key[0], mailbox=runner.key[1])
+        except Exception as exc:  # any provider trouble: the mailbox is removed all the same
+            log.warning("mailbox_not_forgotten", mailbox=runner.key[1], error=describe(exc))

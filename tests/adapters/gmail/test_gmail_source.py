@@ -230,3 +230,26 @@ async def test_sent_copies_are_outbound(pool, store, make_mailbox, label: str) -
         r.fake.mailbox(USER).add_files(files, label_ids=[label])
         await r.sync(1)
         assert await pool.fetchval("SELECT direction FROM messages") == "outbound"
+
+
+async def test_a_removed_mailbox_stops_its_watch(pool, store, make_mailbox) -> None:
+    await make_mailbox(T, M, provider="gmail", address=USER)
+    async with FakeGmail([USER]) as fake:
+        settings = GmailSettings(
+            client_id=fake.client_id,
+            client_secret=Ref(fake.client_secret),
+            topic="projects/acme-project/topics/gmail",
+            api_url=fake.base_url,
+            token_url=fake.token_url,
+        )
+        mailbox = GmailMailbox(address=USER, refresh_token=Ref(fake.issue_refresh_token(USER)))
+
+        async def known(ids: list[str]) -> set[str]:
+            return set()
+
+        source = GmailSource(T, M, settings, mailbox, known)
+        try:
+            await source.forget()
+        finally:
+            await source.aclose()
+        assert fake.counters.calls_of("users.stop", USER) == 1
