@@ -166,7 +166,14 @@ class MailboxRunner:
                 self._log.exception("sync_crashed")
             else:
                 self._log.warning("sync_failed", error=describe(exc), kind=type(exc).__name__)
-            await self._record_failure(f"{type(exc).__name__}: {describe(exc)}")
+            # a provider's Retry-After (429, rateLimitExceeded) becomes the throttle
+            retry_after = getattr(exc, "retry_after_s", None)
+            await self._record_failure(
+                f"{type(exc).__name__}: {describe(exc)}",
+                retry_after_s=retry_after
+                if isinstance(retry_after, int | float) and retry_after >= 0
+                else None,
+            )
             return False
         finally:
             self._run_scope = None
@@ -306,13 +313,20 @@ class MailboxRunner:
                     self._run_scope.cancel()
                 return
 
-    async def _record_failure(self, error: str, *, attention: bool = False) -> None:
+    async def _record_failure(
+        self, error: str, *, attention: bool = False, retry_after_s: float | None = None
+    ) -> None:
         tenant, mailbox = self.key
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
             try:
                 async with self.deps.pool.acquire() as conn:
                     await scheduling.record_failure(
-                        conn, tenant, mailbox, error, attention=attention
+                        conn,
+                        tenant,
+                        mailbox,
+                        error,
+                        attention=attention,
+                        retry_after_s=retry_after_s,
                     )
             except DATABASE_ERRORS as exc:
                 self._log.warning("failure_not_recorded", error=describe(exc))

@@ -74,13 +74,20 @@ def corpus_files(n: int) -> list[Path]:
 
 @asynccontextmanager
 async def rig(
-    pool: asyncpg.Pool, store: ObjectStore, make_mailbox, *, labels=("INBOX",)
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    make_mailbox,
+    *,
+    labels=("INBOX",),
+    topic: str | None = None,
+    units_per_s: float = 250.0,
 ) -> AsyncIterator[Rig]:
     await make_mailbox(T, M, provider="gmail", address=USER)
-    async with FakeGmail([USER]) as fake:
+    async with FakeGmail([USER], quota_units_per_s=units_per_s) as fake:
         settings = GmailSettings(
             client_id=fake.client_id,
             client_secret=Ref(fake.client_secret),
+            topic=topic,
             api_url=fake.base_url,
             token_url=fake.token_url,
         )
@@ -94,7 +101,9 @@ async def rig(
         async def known(ids: list[str]) -> set[str]:
             return await copies.known_copies(pool, T, M, ids)
 
-        source = GmailSource(T, M, settings, mailbox, known, client_options=FAST_RETRIES)
+        source = GmailSource(
+            T, M, settings, mailbox, known, client_options=FAST_RETRIES, units_per_s=units_per_s
+        )
         metrics = Metrics()
         queue = IngestQueue(IngestStage(pool, store), metrics, capacity_pages=2)
         deps = RunnerDeps(pool, queue, metrics, "test-owner", lease_ttl_s=30)
@@ -253,3 +262,42 @@ async def test_a_removed_mailbox_stops_its_watch(pool, store, make_mailbox) -> N
         finally:
             await source.aclose()
         assert fake.counters.calls_of("users.stop", USER) == 1
+
+
+# A quota far above Gmail's on both sides, so 3,000 bodies take seconds, not a minute;
+# the pacing itself is tested at the real quota (test_client.py).
+FAST_QUOTA_UNITS_PER_S = 20_000.0
+
+
+async def test_3000_new_messages_in_one_history_window_are_all_stored(
+    pool, store, make_mailbox
+) -> None:
+    async with rig(pool, store, make_mailbox, units_per_s=FAST_QUOTA_UNITS_PER_S) as r:
+        box = r.fake.mailbox(USER)
+        box.add_files(corpus_files(1))
+        await r.sync(1)
+        box.add_generated(3000)  # history paging: several pages of one window
+        r.runner.ring()
+        await eventually(r.rows, 120, what="3,001 copies", until=lambda n: n == 3001)
+        await eventually(lambda: not r.runner._running, DEADLINE_S, what="the run ended")
+        assert await r.cursor() == str(box.history_id)
+        assert r.fake.counters.max_downloads() == 1
+
+
+async def test_renewing_the_watch_leaves_the_cursor_where_it_was(pool, store, make_mailbox) -> None:
+    topic = "projects/acme-project/topics/gmail"
+    async with rig(pool, store, make_mailbox, topic=topic) as r:
+        r.fake.mailbox(USER).add_files(corpus_files(2))
+        await r.sync(2)
+        assert r.fake.counters.calls_of("users.watch", USER) == 1
+        cursor = await r.cursor()
+        r.source._watch_expires_at = 0.0  # the watch is about to lapse
+        r.runner.ring()
+        await eventually(
+            lambda: r.fake.counters.calls_of("users.watch", USER),
+            DEADLINE_S,
+            what="a second users.watch",
+            until=lambda n: n == 2,
+        )
+        await eventually(lambda: not r.runner._running, DEADLINE_S, what="the run ended")
+        assert await r.cursor() == cursor
