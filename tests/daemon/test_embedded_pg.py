@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from helpers.accounts import unprivileged_user
 
 from inboxd.daemon.data_dir import CHECKOUT, default_data_dir
 from inboxd.daemon.database import connect_pool, resolve_dsn
@@ -34,21 +34,11 @@ needs_binaries = pytest.mark.skipif(
 root_only = pytest.mark.skipif(not IS_ROOT, reason="checks the behaviour as root")
 
 
-def _unprivileged_user() -> str:
-    for name in ("nobody", "postgres", "daemon"):
-        try:
-            if pwd.getpwnam(name).pw_uid != 0:
-                return name
-        except KeyError:
-            continue
-    pytest.skip("no unprivileged account in /etc/passwd to run PostgreSQL as")
-
-
 @pytest.fixture
 def pg_environ() -> dict[str, str]:
     environ = {"PATH": os.environ.get("PATH", os.defpath)}
     if IS_ROOT:
-        environ["INBOXD_EMBEDDED_PG_USER"] = _unprivileged_user()
+        environ["INBOXD_EMBEDDED_PG_USER"] = unprivileged_user()
     return environ
 
 
@@ -101,7 +91,7 @@ def test_root_pg_user_must_be_unprivileged(tmp_path: Path) -> None:
 @root_only
 def test_root_pg_user_must_reach_the_data_dir(tmp_path: Path) -> None:
     # tmp_path sits below /tmp/pytest-of-root, which is 0700: closed to the server's user.
-    environ = {"INBOXD_EMBEDDED_PG_USER": _unprivileged_user()}
+    environ = {"INBOXD_EMBEDDED_PG_USER": unprivileged_user()}
     with pytest.raises(EmbeddedPostgresError, match=r"cannot reach .*INBOXD_DATA_DIR"):
         ensure_embedded(tmp_path / "data", environ=environ)
 

@@ -9,7 +9,6 @@ runs as INBOXD_EMBEDDED_PG_USER, like `make run`).
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shutil
 import socket
@@ -25,6 +24,7 @@ import orjson
 import pytest
 from harness import DaemonProcess, write_config
 from helpers import cli_env, eventually, run_cli, run_cli_async
+from helpers.accounts import unprivileged_user
 
 from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.embedded_pg import stop_embedded
@@ -35,16 +35,6 @@ from inboxd.pipeline.tenancy import ensure_tenants
 REPO = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
 METRICS_TIMEOUT_S = 10.0
-
-
-def _unprivileged_user() -> str:
-    for name in ("nobody", "postgres", "daemon"):
-        try:
-            if pwd.getpwnam(name).pw_uid != 0:
-                return name
-        except KeyError:
-            continue
-    pytest.skip("no unprivileged account to run PostgreSQL as")
 
 
 async def _metrics_text(port: int) -> str:
@@ -202,7 +192,7 @@ def pg_data_dir() -> Iterator[Path]:
         try:
             environ = {"PATH": os.defpath}
             if IS_ROOT:
-                environ["INBOXD_EMBEDDED_PG_USER"] = _unprivileged_user()
+                environ["INBOXD_EMBEDDED_PG_USER"] = unprivileged_user()
             stop_embedded(data, environ=environ)
         finally:
             shutil.rmtree(base)
@@ -213,7 +203,7 @@ def pg_data_dir() -> Iterator[Path]:
 async def test_db_url_and_stop_from_a_second_shell(pg_data_dir: Path) -> None:
     make_env = cli_env(pg_data_dir)  # what `make run` exports
     if IS_ROOT:
-        make_env["INBOXD_EMBEDDED_PG_USER"] = _unprivileged_user()
+        make_env["INBOXD_EMBEDDED_PG_USER"] = unprivileged_user()
     # The other shell: INBOXD_DATA_DIR pointing at it, nothing else.
     shell_env = {k: v for k, v in make_env.items() if k != "INBOXD_EMBEDDED_PG_USER"}
 
