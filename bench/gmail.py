@@ -335,8 +335,8 @@ class CpuWindow:
             f"{self.pct(self.daemon_main_s)}, with its parse workers "
             f"{self.pct(self.daemon_tree_s)}; PostgreSQL backends {self.pct(self.server_s)}; "
             f"fake Gmail thread {self.pct(self.fake_s)}; bench main thread "
-            f"{self.pct(self.bench_s)}; all {100 * total / self.wall_s:.0f} % of "
-            f"{os.cpu_count()} cores × 100 %"
+            f"{self.pct(self.bench_s)}; all together {100 * total / self.wall_s:.0f} % "
+            f"(this machine: {os.cpu_count()} cores = {100 * (os.cpu_count() or 1)} %)"
         )
 
 

@@ -183,9 +183,34 @@ def test_webhooks(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_webhooks", pid)
 
 
+# A Gmail figure row: msgs, wall s, msg/s, units/s, × quota, and no 429.
+GMAIL_ROW = r"\s+200\s+[\d.]+\s+[\d,.]+\s+[\d,.]+\s+[\d.]+\s+0\b"
+
+
+def test_gmail(server_dsn: str) -> None:
+    pid, out = run_bench("gmail.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^  fake capacity: no quota, no pacing" + GMAIL_ROW,
+            r"^  paced client at the quota" + GMAIL_ROW,
+            r"^  one" + GMAIL_ROW + r"\s+calls: .*messages\.get ×200",
+            *(rf"^  m0{i}" + GMAIL_ROW + r"\s+calls: .*messages\.get ×200" for i in (1, 2, 3)),
+            r"^  3 mailboxes: msg/s per mailbox min [\d,.]+ / median [\d,.]+",
+            r"CPU over the [\d.]+ s window .*daemon main process [\d.]+ s = \d+ %",
+            r"quota units per stored message: 5\.\d+ ",
+            r"resync after a 404 .*body downloads 0 \(must be 0\); [\d.]+ s from cursor reset",
+            r"stored 200 messages, 200 copies, dead 0; .*SIGTERM → exit 0",
+            r"stored 600 messages, 600 copies, dead 0; .*SIGTERM → exit 0",
+            r"^  fake capacity [\d,]+ msg/s",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_gmail", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
     """A new benchmark in bench/ gets a test here too (vocabulary.py is data)."""
-    tested = {"ingest.py", "parse.py", "daemon_backfill.py", "webhooks.py"}
+    tested = {"ingest.py", "parse.py", "daemon_backfill.py", "webhooks.py", "gmail.py"}
     scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py"}
     assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
     for name in tested:
