@@ -46,12 +46,8 @@ nobody else uses these users' quota, so any 429 is our pacing's); msg/s; CPU;
 units per stored message (≈ 5: messages.get, plus one messages.list per 500 and
 a getProfile).
 
-`--quota-units-per-s` raises the quota of the fake and of the daemon's pacers. The
-door has no configuration key for the pacer's rate (GmailSource takes
-`units_per_s`; daemon/sync/registry.py does not pass one), so with Q ≠ 250 the
-daemon is started as `python -c LAUNCHER Q run …`, which sets GmailSource's
-`units_per_s` default to Q and then calls inboxd.daemon.cli.main; at Q = 250 it
-is exactly `python -m inboxd.daemon.cli run`.
+`--quota-units-per-s` raises the quota of the fake and of the daemon's pacers (the
+tenant's `[gmail] quota_units_per_s`); the daemon is `python -m inboxd.daemon.cli run`.
 
 Exit 1 when a figure is not a measurement: a 429 from our pacing, a body downloaded
 by the resync, a stored count that is not the seeded one, a dead item, a daemon
@@ -132,13 +128,6 @@ SMOKE_MESSAGES = 200
 SMOKE_MAILBOXES = 3
 SMOKE_QUOTA = 2_500.0
 SMOKE_INTERVAL_S = 0.1
-LAUNCHER = (
-    "import sys\n"
-    "from inboxd.adapters.gmail.source import GmailSource\n"
-    "GmailSource.__init__.__kwdefaults__['units_per_s'] = float(sys.argv[1])\n"
-    "from inboxd.daemon.cli import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
 
 
 # --------------------------------------------------------------------------- the fake
@@ -417,7 +406,9 @@ async def client_pass(
 # --------------------------------------------------------------------------- daemon runs
 
 
-def tenant_file(fake: FakeGmail, tokens: dict[str, Path], mailboxes: dict[str, str]) -> str:
+def tenant_file(
+    fake: FakeGmail, tokens: dict[str, Path], mailboxes: dict[str, str], quota: float
+) -> str:
     boxes = "".join(
         f"""
 [[mailboxes]]
@@ -440,14 +431,13 @@ client_secret = "env:{SECRET_ENV}"
 api_url = "{fake.base_url}"
 token_url = "{fake.token_url}"
 certs_url = "{fake.certs_url}"
+quota_units_per_s = {quota}
 {boxes}"""
 
 
-def daemon_command(quota: float, config: Path, dsn: str) -> list[str]:
+def daemon_command(config: Path, dsn: str) -> list[str]:
     run = ["run", "--config", str(config), "--dsn", dsn, "--log-level", "info"]
-    if quota == GMAIL_USER_UNITS_PER_S:
-        return [sys.executable, "-m", "inboxd.daemon.cli", *run]
-    return [sys.executable, "-c", LAUNCHER, repr(quota), *run]
+    return [sys.executable, "-m", "inboxd.daemon.cli", *run]
 
 
 class Sampler:
@@ -514,7 +504,9 @@ async def run_daemon(
     # The main TOML of the Maildir bench ([workers], [queue], [sync] …); its
     # tenant file is replaced by one with the Gmail mailboxes.
     config = write_daemon_config(run_dir, run_dir / "unused", run_dir / "objects", 500)
-    (run_dir / "tenants" / f"{TENANT}.toml").write_text(tenant_file(ft.fake, tokens, mailboxes))
+    (run_dir / "tenants" / f"{TENANT}.toml").write_text(
+        tenant_file(ft.fake, tokens, mailboxes, args.quota_units_per_s)
+    )
     dbname, dsn = await server.fresh(label)
     log_path = run_dir / "daemon.log"
     expected_s = n_each * MESSAGES_GET_UNITS / args.quota_units_per_s
@@ -527,7 +519,7 @@ async def run_daemon(
         with log_path.open("wb") as log:
             started = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                *daemon_command(args.quota_units_per_s, config, dsn),
+                *daemon_command(config, dsn),
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 stdin=subprocess.DEVNULL,

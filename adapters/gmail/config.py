@@ -54,6 +54,10 @@ DEFAULT_LABELS = ("INBOX", "SENT")
 #: Days of mail a first sync reads when `backfill` is not set: recent enough to be
 #: useful at once, small enough that a first sync of a large mailbox stays minutes.
 DEFAULT_BACKFILL_DAYS = 30
+#: Gmail's per-user quota, units per second (Gmail API usage limits).
+DEFAULT_QUOTA_UNITS_PER_S = 250.0
+#: A sanity bound on a raised quota (a typo of 2500000 is not a quota).
+MAX_QUOTA_UNITS_PER_S = 100_000.0
 #: Longest backfill in days that is still a number (about 50 years); use "all" beyond.
 MAX_BACKFILL_DAYS = 20_000
 
@@ -74,6 +78,7 @@ _SETTINGS_KEYS = frozenset(
         "api_url",
         "token_url",
         "certs_url",
+        "quota_units_per_s",
     }
 )
 _MAILBOX_KEYS = frozenset({"address", "refresh_token", "service_account", "labels", "backfill"})
@@ -104,6 +109,9 @@ class GmailSettings:
     api_url: str = DEFAULT_API_URL
     token_url: str = DEFAULT_TOKEN_URL
     certs_url: str = DEFAULT_CERTS_URL
+    # Each mailbox's pace in Gmail quota units per second (pacer.py): Google's
+    # per-user limit unless the project was granted more.
+    quota_units_per_s: float = DEFAULT_QUOTA_UNITS_PER_S
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, object]) -> GmailSettings:
@@ -129,6 +137,7 @@ class GmailSettings:
             api_url=_url(settings, "api_url", DEFAULT_API_URL),
             token_url=_url(settings, "token_url", DEFAULT_TOKEN_URL),
             certs_url=_url(settings, "certs_url", DEFAULT_CERTS_URL),
+            quota_units_per_s=_quota(settings),
         )
 
 
@@ -189,6 +198,20 @@ class GmailMailbox:
 
 
 # --- readers -------------------------------------------------------------------------------
+
+
+def _quota(settings: Mapping[str, object]) -> float:
+    value = settings.get("quota_units_per_s", DEFAULT_QUOTA_UNITS_PER_S)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 1 <= value <= MAX_QUOTA_UNITS_PER_S
+    ):
+        raise GmailConfigError(
+            f"quota_units_per_s: expected a number of Gmail quota units per second "
+            f"from 1 to {MAX_QUOTA_UNITS_PER_S:g}"
+        )
+    return float(value)
 
 
 def _refuse_unknown(settings: Mapping[str, object], known: frozenset[str], where: str) -> None:

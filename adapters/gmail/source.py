@@ -44,10 +44,11 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
+import anyio
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.gmail.auth import AccessTokens
-from inboxd.adapters.gmail.client import GmailClient, HistoryPage
+from inboxd.adapters.gmail.client import GMAIL_BATCH_SIZE, GmailClient, HistoryPage, RawBatch
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import HistoryExpired
 from inboxd.adapters.gmail.pacer import GMAIL_USER_UNITS_PER_S, QuotaPacer
@@ -64,6 +65,9 @@ SENT_LABEL = "SENT"
 # A watch lapses after 7 days (Gmail push guide); renewing when less than this is
 # left means a daily renewal with days to spare if one is missed.
 WATCH_RENEW_BEFORE_S = 6 * 24 * 3600.0
+# Ids fetched before their parsing is handed off: one batch of the client's
+# (GMAIL_BATCH_SIZE calls), so fetching and parsing overlap at that grain.
+FETCH_CHUNK = GMAIL_BATCH_SIZE
 # One HTTP client session per source: connections are reused across runs.
 HTTP_TIMEOUT_S = 60.0
 
@@ -235,14 +239,29 @@ class GmailSource:
         todo = [gid for gid in wanted if gid not in stored]
         if not todo:
             return []
-        batch = await client.get_raw_batch(todo)
-        fetched = [gid for gid in todo if gid in batch.raw]
-        parsed = await parse_in_workers(
-            [batch.raw[gid] for gid in fetched], self.tenant_id, self.mailbox_id, PROVIDER
-        )
-        items: list[MessageData | DeadItem] = []
-        for gid, item in zip(fetched, parsed, strict=True):
-            items.append(self._as_gmail_copy(gid, wanted[gid], item))
+        # Fetch chunk k+1 while chunk k is parsed: parsing waits for the process's
+        # parse worker (shared by every mailbox), and a mailbox that stopped
+        # fetching meanwhile would leave its quota unspent (bench/README.md, Gmail).
+        chunks = [todo[i : i + FETCH_CHUNK] for i in range(0, len(todo), FETCH_CHUNK)]
+        parsed: list[list[MessageData | DeadItem]] = [[] for _ in chunks]
+        batch = RawBatch()
+
+        async def parse(index: int, fetched: list[str], raws: list[bytes]) -> None:
+            items = await parse_in_workers(raws, self.tenant_id, self.mailbox_id, PROVIDER)
+            parsed[index] = [
+                self._as_gmail_copy(gid, wanted[gid], item)
+                for gid, item in zip(fetched, items, strict=True)
+            ]
+
+        async with anyio.create_task_group() as tg:
+            for index, chunk in enumerate(chunks):
+                part = await client.get_raw_batch(chunk)
+                batch.raw.update(part.raw)
+                batch.gone |= part.gone
+                batch.rejected.update(part.rejected)
+                fetched = [gid for gid in chunk if gid in part.raw]
+                tg.start_soon(parse, index, fetched, [part.raw[gid] for gid in fetched])
+        items: list[MessageData | DeadItem] = [item for chunk in parsed for item in chunk]
         for gid in todo:
             if gid in batch.gone:
                 items.append(

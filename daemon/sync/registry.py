@@ -64,7 +64,15 @@ def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
                 expires_at,
             )
 
-    return GmailSource(tenant, mailbox_id, settings, gmail, known, record_watch=record_watch)
+    return GmailSource(
+        tenant,
+        mailbox_id,
+        settings,
+        gmail,
+        known,
+        record_watch=record_watch,
+        units_per_s=settings.quota_units_per_s,
+    )
 
 
 _BUILDERS: dict[str, Callable[[MailboxConfig, int, SourceDeps], Source]] = {

@@ -160,3 +160,11 @@ def test_refresh_token_mailbox_needs_the_oauth_client() -> None:
         mailbox.check_against(GmailSettings.from_settings({}))
     service = GmailMailbox.from_settings({"service_account": Ref("k")}, address="a@example.org")
     service.check_against(GmailSettings.from_settings({}))  # no OAuth client needed
+
+
+def test_quota_defaults_to_googles_per_user_limit_and_may_be_raised() -> None:
+    assert GmailSettings.from_settings({}).quota_units_per_s == 250.0
+    assert GmailSettings.from_settings({"quota_units_per_s": 1000}).quota_units_per_s == 1000.0
+    for bad in (0, -5, True, "250", 10**9):
+        with pytest.raises(GmailConfigError, match=r"^quota_units_per_s"):
+            GmailSettings.from_settings({"quota_units_per_s": bad})
