@@ -45,12 +45,18 @@ from typing import Any
 
 import aiohttp
 import anyio
+import structlog
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.gmail.auth import AccessTokens
 from inboxd.adapters.gmail.client import GMAIL_BATCH_SIZE, GmailClient, HistoryPage, RawBatch
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-from inboxd.adapters.gmail.errors import HistoryExpired
+from inboxd.adapters.gmail.errors import (
+    GmailAuthError,
+    GmailRequestRejected,
+    GmailRetriable,
+    HistoryExpired,
+)
 from inboxd.adapters.gmail.pacer import GMAIL_USER_UNITS_PER_S, QuotaPacer
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
@@ -58,6 +64,8 @@ from inboxd.pipeline.outcomes import ItemResult
 from inboxd.pipeline.parsing import parse_in_workers
 
 __all__ = ["GmailSource", "KnownCopies"]
+
+log = structlog.get_logger(__name__)
 
 PROVIDER = "gmail"
 HISTORY_TYPES = ("messageAdded", "messageDeleted", "labelAdded", "labelRemoved")
@@ -321,7 +329,13 @@ class GmailSource:
             WATCH_RENEW_BEFORE_S
         ):
             return
-        watch = await client.watch(self.settings.topic, list(self.mailbox.labels))
+        try:
+            watch = await client.watch(self.settings.topic, list(self.mailbox.labels))
+        except (GmailAuthError, GmailRetriable, GmailRequestRejected) as exc:
+            # No push for now (a topic without Gmail's publish right answers 403;
+            # a quota hiccup 429): polling still syncs; the next run tries again.
+            log.warning("gmail_watch_failed", mailbox=self.mailbox_id, error=str(exc)[:200])
+            return
         self._watch_expires_at = watch.expiration.timestamp()
         if self._record_watch is not None:
             await self._record_watch(watch.expiration)

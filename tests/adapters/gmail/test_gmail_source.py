@@ -301,3 +301,12 @@ async def test_renewing_the_watch_leaves_the_cursor_where_it_was(pool, store, ma
         )
         await eventually(lambda: not r.runner._running, DEADLINE_S, what="the run ended")
         assert await r.cursor() == cursor
+
+
+async def test_a_watch_gmail_refuses_does_not_stop_the_sync(pool, store, make_mailbox) -> None:
+    topic = "projects/acme-project/topics/gmail"
+    async with rig(pool, store, make_mailbox, topic=topic) as r:
+        r.fake.faults.fail_next_calls(1, status=403, methods={"users.watch"})
+        r.fake.mailbox(USER).add_files(corpus_files(2))
+        await r.sync(2)  # synced all the same; the watch is tried again next run
+        assert await r.cursor() is not None
