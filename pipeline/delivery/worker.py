@@ -33,8 +33,9 @@ loop backs off and tries again.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import anyio
 import asyncpg
@@ -77,6 +78,10 @@ RETRY_PAUSE_S = 2.0
 #: MAX_TOLERANCE_S = 2 × 1800 s); after that the timestamp check refuses a
 #: replay on its own.
 REPLAY_TOKEN_KEEP_S = 3600.0
+
+# Longest one apply or prune batch may hold up a shutdown (it normally takes ms).
+BATCH_DEADLINE_S = 30.0
+T = TypeVar("T")
 
 _CLAIM = """
 SELECT tenant_id, event_id FROM delivery_events
@@ -282,11 +287,11 @@ async def run_worker(
             try:
                 if listener is None or listener.is_closed():
                     listener = await _listen(dsn, on_notify)
-                while await apply_due(pool) == APPLY_BATCH:
+                while await _finish_batch(apply_due(pool)) == APPLY_BATCH:
                     pass
                 if anyio.current_time() >= next_prune:
                     async with pool.acquire() as conn:
-                        await prune_replay_tokens(conn)
+                        await _finish_batch(prune_replay_tokens(conn))
                     next_prune = anyio.current_time() + REPLAY_TOKEN_KEEP_S / 4
             except Exception as exc:  # the worker outlives any database trouble
                 log.warning("delivery_worker_failed", error=describe(exc))
@@ -321,3 +326,13 @@ def _unavailable(exc: BaseException) -> bool:
     """The database is away: retrying event by event would only fail the same way
     (and count attempts against events that did nothing wrong)."""
     return isinstance(exc, DATABASE_ERRORS) and db_fault(exc) is DbFault.UNAVAILABLE
+
+
+async def _finish_batch(work: Awaitable[T]) -> T:
+    """One batch's short transaction, finished even when the worker is being
+    cancelled (shutdown, or a start-up that failed): a transaction cancelled half
+    way leaves asyncpg to reset its connection, logged as an error, for a batch
+    that would have committed in milliseconds. Bounded by BATCH_DEADLINE_S."""
+    with anyio.CancelScope(shield=True), anyio.fail_after(BATCH_DEADLINE_S):
+        result = await work
+    return result
