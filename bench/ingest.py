@@ -125,7 +125,14 @@ def expect_timed(what: str, clock: Clock) -> None:
 
 # --------------------------------------------------------------------------- data
 
-from vocabulary import _DOMAINS, _FIRST, _LAST, _WORDS  # noqa: E402 - bench/ is sys.path[0]
+from vocabulary import (  # noqa: E402 - bench/ is sys.path[0]
+    _DOMAINS,
+    _FIRST,
+    _LAST,
+    _LEGACY,
+    _NAME_SUFFIX,
+    _WORDS,
+)
 
 
 def _sentence(rng: random.Random, lo: int = 6, hi: int = 18) -> str:
@@ -601,40 +608,6 @@ async def run_auxx(
 
 
 # --------------------------------------------------------------------------- (e) raw MIME
-
-_LEGACY = {
-    # charset: (text with characters only that charset has, body encoding)
-    "iso-8859-1": (
-        "Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
-        "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?",
-        QP,
-    ),
-    "windows-1252": (
-        "Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
-        "dash — bullet • trademark ™ per‰.",
-        QP,
-    ),
-    "iso-2022-jp": (
-        "お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
-        "請求書を添付しましたのでご確認ください。",
-        None,
-    ),
-    "koi8-r": (
-        "Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
-        "пожалуйста, проверьте реквизиты и подтвердите оплату.",
-        BASE64,
-    ),
-}
-
-
-# display-name additions in each header charset (RFC 2047 encoded words)
-_NAME_SUFFIX = {
-    "utf-8": "",
-    "iso-8859-1": "Müller",
-    "windows-1252": "Šárka",
-    "iso-2022-jp": "山田",
-    "koi8-r": "Иванов",
-}
 
 
 def _charset(name: str, body_encoding: int | None) -> Charset:

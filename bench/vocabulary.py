@@ -1,5 +1,7 @@
-"""Words and names the benchmarks build realistic mail from (shared by ingest.py
-and daemon_backfill.py)."""
+"""Words, names and legacy-charset texts the benchmarks build realistic mail from
+(shared by ingest.py and daemon_backfill.py)."""
+
+from email.charset import BASE64, QP
 
 _WORDS = (
     "the order invoice shipment delivery account password reset please thanks hello "
@@ -34,3 +36,37 @@ _DOMAINS = (
     "fabrikam.example northwind.example globex.example initech.example "
     "umbrella.example hooli.example stark-industries.example"
 ).split()
+
+_LEGACY = {
+    # charset: (text with characters only that charset has, body encoding)
+    "iso-8859-1": (
+        "Grüße aus München! Die Bestellung für Herrn Müller ist unterwegs; "
+        "la façade de l'hôtel à Genève est rénovée. Señor Núñez, ¿qué tal?",
+        QP,
+    ),
+    "windows-1252": (
+        "Price: 49 € – “quoted” and ‘single’ marks… Œuvre, Šárka, "
+        "dash — bullet • trademark ™ per‰.",
+        QP,
+    ),
+    "iso-2022-jp": (
+        "お問い合わせありがとうございます。ご注文の商品は明日発送いたします。"
+        "請求書を添付しましたのでご確認ください。",
+        None,
+    ),
+    "koi8-r": (
+        "Здравствуйте! Ваш заказ отправлен сегодня. Счёт приложен к письму, "
+        "пожалуйста, проверьте реквизиты и подтвердите оплату.",
+        BASE64,
+    ),
+}
+
+
+# display-name additions in each header charset (RFC 2047 encoded words)
+_NAME_SUFFIX = {
+    "utf-8": "",
+    "iso-8859-1": "Müller",
+    "windows-1252": "Šárka",
+    "iso-2022-jp": "山田",
+    "koi8-r": "Иванов",
+}
