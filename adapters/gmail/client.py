@@ -42,14 +42,8 @@ ids: nothing is silently capped.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -65,6 +59,22 @@ from tenacity import (
     wait_random,
 )
 
+from inboxd.adapters.gmail.answers import (
+    HistoryPage,
+    MessagePage,
+    MessageRef,
+    Profile,
+    RawBatch,
+    WatchResult,
+    google_error,
+    int_field,
+    json_object,
+    list_of_objects,
+    optional_text_field,
+    raw_of,
+    retry_after_of,
+    text_field,
+)
 from inboxd.adapters.gmail.auth import TokenSource
 from inboxd.adapters.gmail.batch import (
     BATCH_PATH,
@@ -129,8 +139,6 @@ BACKOFF_MAX_S = 32.0
 #: Pacer hold after a rate-limit answer without Retry-After: the per-second window
 #: of the per-user limit (Usage limits page).
 RATE_LIMIT_HOLD_S = 1.0
-#: Longest Retry-After honoured, seconds; longer ones are the runner's backoff's business.
-MAX_RETRY_AFTER_S = 3600.0
 #: Largest JSON answer read from a non-batch call (a 500-record history page is far less).
 MAX_JSON_ANSWER_BYTES = 32 * 1024 * 1024
 #: Batch answers at least this large are decoded in a worker thread, off the event loop.
@@ -140,69 +148,6 @@ THREAD_DECODE_MIN_BYTES = 4 * 1024 * 1024
 RATE_LIMIT_REASONS = frozenset(
     {"rateLimitExceeded", "userRateLimitExceeded", "dailyLimitExceeded", "quotaExceeded"}
 )
-#: Longest Google error message kept in an exception text.
-ERROR_MESSAGE_MAX_CHARS = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Profile:
-    """users.getProfile: the mailbox's address and current historyId."""
-
-    email_address: str
-    history_id: str
-    messages_total: int
-    threads_total: int
-
-
-@dataclass(frozen=True, slots=True)
-class MessageRef:
-    """One messages.list entry: the message id and its thread id."""
-
-    id: str
-    thread_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class MessagePage:
-    """One messages.list page; `next_page_token` None on the last page."""
-
-    messages: list[MessageRef]
-    next_page_token: str | None
-    result_size_estimate: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryPage:
-    """One history.list page: the records as Gmail sends them (id, messages,
-    messagesAdded, messagesDeleted, labelsAdded, labelsRemoved), the mailbox's
-    current `history_id`, and `next_page_token` (None on the last page)."""
-
-    records: list[dict[str, Any]]
-    history_id: str
-    next_page_token: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class WatchResult:
-    """users.watch: the mailbox's historyId now, and when the watch lapses."""
-
-    history_id: str
-    expiration_ms: int
-
-    @property
-    def expiration(self) -> datetime:
-        return datetime.fromtimestamp(self.expiration_ms / 1000, tz=UTC)
-
-
-@dataclass(slots=True)
-class RawBatch:
-    """What get_raw_batch fetched: `raw` bytes by id (byte-exact), the ids that are
-    `gone` (404: deleted since they were listed; permanent), and ids Gmail
-    `rejected` with another 4xx (permanent for that id)."""
-
-    raw: dict[str, bytes] = field(default_factory=dict)
-    gone: set[str] = field(default_factory=set)
-    rejected: dict[str, GmailRequestRejected] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +197,10 @@ class GmailClient:
         """users.getProfile: address, current historyId, totals."""
         answer = await self._json_call("getProfile", GET_PROFILE_UNITS, "GET", "/profile")
         return Profile(
-            email_address=_text(answer, "emailAddress"),
-            history_id=_text(answer, "historyId"),
-            messages_total=_int(answer.get("messagesTotal")),
-            threads_total=_int(answer.get("threadsTotal")),
+            email_address=text_field(answer, "emailAddress"),
+            history_id=text_field(answer, "historyId"),
+            messages_total=int_field(answer.get("messagesTotal")),
+            threads_total=int_field(answer.get("threadsTotal")),
         )
 
     async def list_messages(
@@ -277,11 +222,13 @@ class GmailClient:
             "messages.list", MESSAGES_LIST_UNITS, "GET", "/messages", params=params
         )
         refs = [
-            MessageRef(_text(m, "id"), _text(m, "threadId"))
-            for m in _list_of_objects(answer, "messages")
+            MessageRef(text_field(m, "id"), text_field(m, "threadId"))
+            for m in list_of_objects(answer, "messages")
         ]
         return MessagePage(
-            refs, _optional_text(answer, "nextPageToken"), _int(answer.get("resultSizeEstimate"))
+            refs,
+            optional_text_field(answer, "nextPageToken"),
+            int_field(answer.get("resultSizeEstimate")),
         )
 
     async def list_history(
@@ -314,9 +261,9 @@ class GmailClient:
             ),
         )
         return HistoryPage(
-            records=_list_of_objects(answer, "history"),
-            history_id=_text(answer, "historyId"),
-            next_page_token=_optional_text(answer, "nextPageToken"),
+            records=list_of_objects(answer, "history"),
+            history_id=text_field(answer, "historyId"),
+            next_page_token=optional_text_field(answer, "nextPageToken"),
         )
 
     async def watch(self, topic: str, label_ids: Sequence[str] = ()) -> WatchResult:
@@ -328,7 +275,7 @@ class GmailClient:
             body["labelIds"] = list(label_ids)
             body["labelFilterBehavior"] = "include"  # LabelFilterAction enum, users.watch
         answer = await self._json_call("watch", WATCH_UNITS, "POST", "/watch", json_body=body)
-        return WatchResult(_text(answer, "historyId"), _int(answer.get("expiration")))
+        return WatchResult(text_field(answer, "historyId"), int_field(answer.get("expiration")))
 
     async def stop(self) -> None:
         """users.stop: no more push notifications for this mailbox."""
@@ -368,7 +315,7 @@ class GmailClient:
             if 200 <= answer.status < 300:
                 if not expect_json:
                     return {}
-                return _json_object(answer.body, what)
+                return json_object(answer.body, what)
             if answer.status == 404 and on_404 is not None:
                 raise on_404()
             raise self._error(what, answer.status, answer.headers, answer.body)
@@ -490,7 +437,7 @@ class GmailClient:
         if part is None:
             failures[message_id] = GmailUnavailable(f"{what}: no part in the batch answer")
         elif part.status == 200:
-            raw = _raw_of(part.body, message_id)
+            raw = raw_of(part.body, message_id)
             if raw is None:
                 failures[message_id] = GmailUnavailable(f"{what}: answer without raw bytes")
             else:
@@ -534,11 +481,11 @@ class GmailClient:
         """The exception for a non-2xx answer (module docstring's table). A rate
         limit also holds the pacer, so no call of this mailbox leaves before
         Gmail's Retry-After."""
-        reason, message = _google_error(body)
+        reason, message = google_error(body)
         text = f"{what}: HTTP {status}" + (f" {reason}" if reason else "")
         if message:
             text += f" ({message})"
-        retry_after_s = _retry_after_s(headers)
+        retry_after_s = retry_after_of(headers)
         if status == 429 or (status == 403 and reason in RATE_LIMIT_REASONS):
             self._pacer.hold(
                 retry_after_s if retry_after_s is not None else self._rate_limit_hold_s
@@ -609,104 +556,3 @@ async def _decode_answer(answer: _Answer) -> dict[str, BatchPart]:
     if len(answer.body) >= THREAD_DECODE_MIN_BYTES:
         return await anyio.to_thread.run_sync(decode_batch, content_type, answer.body)
     return decode_batch(content_type, answer.body)
-
-
-def _raw_of(body: bytes, message_id: str) -> bytes | None:
-    """The message bytes of a messages.get format=raw answer: `raw` is base64url
-    (users.messages resource), padding optional. None when absent or not base64."""
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return None
-    raw = message.get("raw") if isinstance(message, dict) else None
-    if not isinstance(raw, str) or message.get("id", message_id) != message_id:
-        return None
-    try:
-        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _google_error(body: bytes) -> tuple[str | None, str]:
-    """(first errors[].reason, message) of Google's error body (handle-errors guide)."""
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None, ""
-    error = document.get("error") if isinstance(document, dict) else None
-    if not isinstance(error, dict):
-        return None, ""
-    reason = None
-    details = error.get("errors")
-    if isinstance(details, list):
-        for detail in details:
-            if isinstance(detail, dict) and isinstance(detail.get("reason"), str):
-                reason = detail["reason"]
-                break
-    if reason is None and isinstance(error.get("status"), str):
-        reason = error["status"]
-    message = error.get("message")
-    return reason, (message if isinstance(message, str) else "")[:ERROR_MESSAGE_MAX_CHARS]
-
-
-def _retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds (RFC 9110 §10.2.3: delay-seconds or an HTTP-date)."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        raise GmailUnavailable(f"{what}: answer is not JSON") from exc
-    if not isinstance(value, dict):
-        raise GmailUnavailable(f"{what}: answer is not a JSON object")
-    return value
-
-
-def _text(document: Mapping[str, Any], key: str) -> str:
-    value = document.get(key)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # int64 fields are JSON strings, but accept numbers
-    if not isinstance(value, str) or not value:
-        raise GmailUnavailable(f"Gmail answer without {key}")
-    return value
-
-
-def _optional_text(document: Mapping[str, Any], key: str) -> str | None:
-    value = document.get(key)
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return 0
-
-
-def _list_of_objects(document: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    """A list field of objects; absent means empty (an empty list page has no key)."""
-    value = document.get(key, [])
-    if not isinstance(value, list):
-        raise GmailUnavailable(f"Gmail answer's {key} is not a list")
-    return [item for item in value if isinstance(item, dict)]

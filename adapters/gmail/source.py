@@ -48,8 +48,9 @@ import anyio
 import structlog
 
 from inboxd.adapters.base import Page
+from inboxd.adapters.gmail.answers import HistoryPage, RawBatch
 from inboxd.adapters.gmail.auth import AccessTokens
-from inboxd.adapters.gmail.client import GMAIL_BATCH_SIZE, GmailClient, HistoryPage, RawBatch
+from inboxd.adapters.gmail.client import GMAIL_BATCH_SIZE, GmailClient
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import (
     GmailAuthError,
