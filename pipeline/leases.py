@@ -31,7 +31,7 @@ Lease protocol (one lease per mailbox; `lease_token` is the fencing token)::
   so this holds however the two transactions interleave.
 * Presence: a lease may carry the holder's *session key*, the key of a
   session-level advisory lock the holder keeps on a connection of its own
-  (`hold_presence`; the daemon's presence task, daemon/sync/presence.py).
+  (pipeline/presence.py `hold_presence`; the daemon's task, daemon/sync/presence.py).
   When that lock is gone from `pg_locks`, the holder's session is gone — the
   process was killed, crashed, lost power or lost its connection — and
   `acquire_lease` takes the lease at once instead of waiting out its expiry,
@@ -74,7 +74,6 @@ sets it unconditionally: it then stops the next run at its first check.)
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import socket
@@ -112,23 +111,6 @@ def new_owner_id(name: str = "inboxd") -> str:
     sharing an owner id would each take a mailbox's lease from the other.
     """
     return f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class PresenceTaken(RuntimeError):
-    """Another session holds this owner's presence lock (two processes, one owner id)."""
-
-
-def presence_key(owner: str) -> int:
-    """The advisory-lock key of `owner`'s presence: 64 bits of its sha256, signed."""
-    return int.from_bytes(hashlib.sha256(owner.encode()).digest()[:8], "big", signed=True)
-
-
-async def hold_presence(conn: asyncpg.Connection, key: int) -> None:
-    """Take the session-level presence lock `key` on `conn` (a connection kept for
-    it alone); it lasts until the connection ends. Raises RuntimeError when
-    another session holds it (two processes sharing an owner id)."""
-    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
-        raise PresenceTaken("presence lock held by another session: owner ids must be unique")
 
 
 # --- leases ------------------------------------------------------------------------------

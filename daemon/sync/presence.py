@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 
 from inboxd.daemon.sync.reconnect import keep_connected
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.leases import PresenceTaken, hold_presence, presence_key
+from inboxd.pipeline.presence import PresenceTaken, hold_presence, presence_key
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from helpers import eventually
 
-from inboxd.pipeline import leases, mailbox_status, scheduling
+from inboxd.pipeline import leases, mailbox_status, presence, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
 from inboxd.pipeline.leases import MailboxNotFound
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
@@ -104,9 +104,9 @@ async def test_a_holder_whose_presence_lock_is_gone_loses_the_lease_at_once(
 ) -> None:
     """A killed daemon's mailboxes are taken over without waiting out a long TTL."""
     owner = "host-a:1:dead"
-    key = leases.presence_key(owner)
+    key = presence.presence_key(owner)
     session = await asyncpg.connect(db_dsn)
-    await leases.hold_presence(session, key)
+    await presence.hold_presence(session, key)
     first = await leases.acquire_lease(pool, T, M, owner, LONG_TTL_S, session_key=key)
     assert first is not None
     # while the holder's session lives, nobody else gets the lease
@@ -126,19 +126,19 @@ async def test_a_lease_without_presence_waits_for_its_expiry(pool, db_dsn, inbox
     # a presence lock somebody else holds does not make an unkeyed lease stealable
     other = await asyncpg.connect(db_dsn)
     try:
-        await leases.hold_presence(other, leases.presence_key("new-daemon"))
+        await presence.hold_presence(other, presence.presence_key("new-daemon"))
         assert await leases.acquire_lease(pool, T, M, "new-daemon", LONG_TTL_S) is None
     finally:
         await other.close()
 
 
 async def test_a_presence_key_cannot_be_held_twice(db_dsn) -> None:
-    key = leases.presence_key("same-owner")
+    key = presence.presence_key("same-owner")
     first, second = await asyncpg.connect(db_dsn), await asyncpg.connect(db_dsn)
     try:
-        await leases.hold_presence(first, key)
+        await presence.hold_presence(first, key)
         with pytest.raises(RuntimeError, match="unique"):
-            await leases.hold_presence(second, key)
+            await presence.hold_presence(second, key)
     finally:
         await first.close()
         await second.close()
