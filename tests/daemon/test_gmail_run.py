@@ -108,7 +108,7 @@ class Running:
         return {s["mailbox_id"]: s for s in orjson.loads(result.stdout)}
 
 
-def tenant_file(fake: FakeGmail, token_files: dict[str, Path]) -> str:
+def tenant_file(fake: FakeGmail, token_files: dict[str, Path], gmail_extra: str = "") -> str:
     boxes = "".join(
         f"""
 [[mailboxes]]
@@ -133,16 +133,28 @@ push_service_account = "{PUSHER}"
 api_url = "{fake.base_url}"
 token_url = "{fake.token_url}"
 certs_url = "{fake.certs_url}"
+{gmail_extra}
 {boxes}"""
 
 
 @asynccontextmanager
 async def gmail_daemon(
-    tmp: Path, dsn: str, seed: dict[str, int], *, gated: bool = False
+    tmp: Path,
+    dsn: str,
+    seed: dict[str, int],
+    *,
+    gated: bool = False,
+    unmetered: bool = False,
+    watch_ttl_ms: int | None = None,
 ) -> AsyncIterator[Running]:
     """A daemon whose tenant "acme" has one push-mode Gmail mailbox per `seed`
-    address, each seeded with that many messages and fully backfilled."""
-    async with GatedGmail(seed) as fake:
+    address, each seeded with that many messages and fully backfilled.
+    `unmetered`: no quota in the fake and a pacer far above it (large volumes);
+    `watch_ttl_ms`: how long the fake's users.watch answers say a watch lasts."""
+    quota = {"quota_units_per_s": None} if unmetered else {}
+    async with GatedGmail(seed, **quota) as fake:
+        if watch_ttl_ms is not None:
+            fake.watch_ttl_ms = watch_ttl_ms
         signer = GoogleSigner()
         fake.set_certs(signer.certs())
         tokens: dict[str, str] = {}
@@ -154,7 +166,8 @@ async def gmail_daemon(
             files[address] = tmp / f"{address}.refresh-token"
             files[address].write_text(tokens[address] + "\n")
         config = write_config(tmp)
-        (tmp / "tenants" / "acme.toml").write_text(tenant_file(fake, files))
+        extra = "quota_units_per_s = 100000" if unmetered else ""
+        (tmp / "tenants" / "acme.toml").write_text(tenant_file(fake, files, extra))
         env = {"ACME_GMAIL_SECRET": fake.client_secret, "ACME_API_TOKEN": API_TOKEN}
         daemon = DaemonProcess(config, dsn, tmp / "daemon.log", env=env)
         try:
@@ -306,3 +319,151 @@ async def test_sent_copy_of_a_recorded_outbound_message_promotes_the_placeholder
         assert await run.fetchval(row.format("external_id"), message_id) == sent.id
         assert await run.fetchval(row.format("direction"), message_id) == "outbound"
         assert await run.fetchval("SELECT count(*) FROM messages") == 2
+
+
+async def _cursor(run: Running, mailbox: str) -> str | None:
+    return await run.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", mailbox)
+
+
+async def _cursor_is(run: Running, mailbox: str, expected: str) -> bool:
+    return await _cursor(run, mailbox) == expected
+
+
+async def test_an_expired_cursor_resyncs_everything_without_downloading_twice(
+    tmp_path, db_dsn
+) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 5}) as run:
+        box = run.fake.mailbox(SUPPORT)
+        new = [box.add_message(r) for r in generated_messages(2, tag="after")]
+        box.expire_history()  # the cursor is now older than the history Gmail keeps
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(
+            lambda: _cursor_is(run, "support", str(box.history_id)), "the rebuilt cursor"
+        )
+        assert await run.rows("support") == 7
+        assert await run.fetchval("SELECT count(*) FROM messages") == 7
+        for message in new:
+            assert await _has_copy(run, "support", message.id)
+        assert run.fake.counters.calls_of("users.history.list", SUPPORT) >= 1
+        assert run.fake.counters.max_downloads() == 1  # the 5 stored ones not fetched again
+        resets = await run.fetchval(
+            "SELECT count(*) FROM events WHERE kind = 'mailbox.cursor_reset'"
+            " AND mailbox_id = 'support'"
+        )
+        assert resets == 1
+
+
+async def test_a_message_deleted_before_its_fetch_does_not_pin_the_cursor(tmp_path, db_dsn) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}) as run:
+        box = run.fake.mailbox(SUPPORT)
+        gone, kept = [box.add_message(r) for r in generated_messages(2, tag="race")]
+        # listed in the history, then gone when fetched (Gmail answers 404 for it)
+        run.fake.faults.fail_message(gone.id, 404, times=None)
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(
+            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor past both"
+        )
+        assert await _has_copy(run, "support", kept.id)
+        assert not await _has_copy(run, "support", gone.id)
+        reason = await run.fetchval(
+            "SELECT reason FROM dead_items WHERE mailbox_id = 'support' AND external_id = $1",
+            gone.id,
+        )
+        assert reason == "deleted_before_fetch"
+
+
+async def test_a_part_rate_limited_past_every_retry_holds_the_cursor_until_a_later_run(
+    tmp_path, db_dsn
+) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}) as run:
+        box = run.fake.mailbox(SUPPORT)
+        before = await _cursor(run, "support")
+        limited, other = [box.add_message(r) for r in generated_messages(2, tag="429")]
+        # 429 inside a 200 batch for one part, on every attempt of this run
+        run.fake.faults.fail_message(
+            limited.id, 429, times=None, retry_after_s=1, reason="rateLimitExceeded"
+        )
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(
+            lambda: _last_error_mentions(run, "support", "rate"), "the run gives up"
+        )
+        assert await _cursor(run, "support") == before  # held: the page is not settled
+        assert not await _has_copy(run, "support", limited.id)
+
+        run.fake.faults.clear()
+        await run.eventually(lambda: _unthrottled(run, "support"), "the Retry-After passed")
+        await anyio.to_thread.run_sync(
+            lambda: run_cli(
+                "sync",
+                "now",
+                "--mailbox",
+                "support",
+                "--tenant",
+                "acme",
+                "--dsn",
+                run.dsn,
+                env=cli_env(run.tmp / "data"),
+            )
+        )
+        await run.eventually(
+            lambda: _cursor_is(run, "support", str(box.history_id)), "the next run completes"
+        )
+        assert await _has_copy(run, "support", limited.id)
+        assert await _has_copy(run, "support", other.id)
+        assert await run.rows("support") == 3
+
+
+async def _unthrottled(run: Running, mailbox: str) -> bool:
+    return bool(
+        await run.fetchval(
+            "SELECT throttle_until IS NULL OR throttle_until <= now() FROM mailboxes"
+            " WHERE mailbox_id = $1",
+            mailbox,
+        )
+    )
+
+
+async def _last_error_mentions(run: Running, mailbox: str, word: str) -> bool:
+    error = await run.fetchval("SELECT last_error FROM mailboxes WHERE mailbox_id = $1", mailbox)
+    return error is not None and word in error.lower()
+
+
+async def test_three_thousand_messages_in_one_history_window_are_all_stored(
+    tmp_path, db_dsn
+) -> None:
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}, unmetered=True) as run:
+        box = run.fake.mailbox(SUPPORT)
+        added = box.add_generated(3000)
+        assert await run.push(SUPPORT) == 204
+
+        await run.eventually(
+            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor past 3,000"
+        )
+        assert await run.rows("support") == 3001
+        assert await _has_copy(run, "support", added[0].id)
+        assert await _has_copy(run, "support", added[-1].id)
+        assert run.fake.counters.max_downloads() == 1
+
+
+async def test_a_watch_renewal_leaves_the_cursor_where_the_sync_put_it(tmp_path, db_dsn) -> None:
+    # Gmail says every watch lapses in a day: each run renews it before its history
+    day_ms = 24 * 3600 * 1000
+    async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}, watch_ttl_ms=day_ms) as run:
+        box = run.fake.mailbox(SUPPORT)
+        watches = run.fake.counters.calls_of("users.watch", SUPPORT)
+        cursor = await _cursor(run, "support")
+        new = box.add_message(generated_messages(1, tag="w")[0])
+        assert cursor is not None and int(cursor) < box.history_id
+
+        assert await run.push(SUPPORT) == 204
+        await run.eventually(lambda: _has_copy(run, "support", new.id), "the new message")
+        assert run.fake.counters.calls_of("users.watch", SUPPORT) > watches
+        # users.watch answered the newest historyId before the history was read: the
+        # message after the old cursor was synced, not skipped
+        assert await _cursor(run, "support") == str(box.history_id)
+        assert await run.rows("support") == 2
+        status = (await run.status())["support"]
+        assert status["watch_expires_at"] is not None

@@ -202,7 +202,7 @@ class GmailApi:
             topic_name=topic,
             label_ids=list(request.get("labelIds") or []),
             label_filter_behavior=behavior,
-            expiration_ms=int(time.time() * 1000) + WATCH_TTL_MS,
+            expiration_ms=int(time.time() * 1000) + self.fake.watch_ttl_ms,
             history_id=box.history_id,
         )
         return json_answer(

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .api import Call, GmailApi
+from .api import WATCH_TTL_MS, Call, GmailApi
 from .batch import BatchError, encode_answers, parse_batch
 from .counters import Counters
 from .errors import Answer, google_error
@@ -56,6 +56,7 @@ class FakeGmail:
         seed: int = 0,
     ) -> None:
         self.seed = seed
+        self.watch_ttl_ms = WATCH_TTL_MS  # tests shorten it to see renewals
         self.history_retention = history_retention
         self.mailboxes: dict[str, Mailbox] = {}
         self.counters = Counters()
