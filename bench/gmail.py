@@ -311,6 +311,8 @@ class CpuWindow:
     server_s: float | None = None
     fake_s: float = float("nan")
     bench_s: float = float("nan")
+    machine_busy_s: float = float("nan")  # every process and the kernel, all cores
+    machine_steal_s: float = float("nan")  # taken by the hypervisor for other guests
 
     def pct(self, seconds: float | None) -> str:
         if seconds is None or not self.wall_s > 0:
@@ -325,7 +327,10 @@ class CpuWindow:
             f"{self.pct(self.daemon_tree_s)}; PostgreSQL backends {self.pct(self.server_s)}; "
             f"fake Gmail thread {self.pct(self.fake_s)}; bench main thread "
             f"{self.pct(self.bench_s)}; all together {100 * total / self.wall_s:.0f} % "
-            f"(this machine: {os.cpu_count()} cores = {100 * (os.cpu_count() or 1)} %)"
+            f"(this machine: {os.cpu_count()} cores = {100 * (os.cpu_count() or 1)} %); "
+            f"the whole machine (/proc/stat: every process and the kernel) busy "
+            f"{self.pct(self.machine_busy_s)}, stolen by the hypervisor "
+            f"{self.pct(self.machine_steal_s)}"
         )
 
 
@@ -337,6 +342,8 @@ class Tick:
     server: float | None
     fake: float
     bench: float
+    machine_busy: float
+    machine_steal: float
 
 
 @dataclass
@@ -440,6 +447,19 @@ def daemon_command(config: Path, dsn: str) -> list[str]:
     return [sys.executable, "-m", "inboxd.daemon.cli", *run]
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, all cores: the first
+    line of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, steal / tick
+
+
 class Sampler:
     """Watch (daemon tree, backends) plus the fake's and this thread's CPU, per tick."""
 
@@ -459,6 +479,7 @@ class Sampler:
                 self.watch.server_cpu,
                 self.ft.cpu_s(),
                 time.thread_time(),
+                *machine_cpu_s(),
             )
         )
 
@@ -475,6 +496,8 @@ class Sampler:
             server,
             b.fake - a.fake,
             b.bench - a.bench,
+            b.machine_busy - a.machine_busy,
+            b.machine_steal - a.machine_steal,
         )
 
 
