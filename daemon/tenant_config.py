@@ -1,15 +1,16 @@
 """Tenant files: one TOML file per tenant in `[tenants] dir`, parsed into `TenantConfig`.
 
 A tenant file holds the tenant's `id`, `name` and `api_token`, its `[[mailboxes]]`
-(`MailboxConfig`), its `[gmail]` table (the OAuth client and push settings its
-Gmail mailboxes share), and its `[[delivery_sources]]` and `[[processors]]`, kept as
-written for the modules that implement them. `parse_tenant_files` reads a list of
-files, then checks ids across them: tenant ids are unique across files, mailbox ids
-across all tenants; the first file (by name) keeps an id.
+(`MailboxConfig`), its `[gmail]` and `[outlook]` tables (the app credentials and
+push settings its Gmail or Outlook mailboxes share), and its `[[delivery_sources]]`
+and `[[processors]]`, kept as written for the modules that implement them.
+`parse_tenant_files` reads a list of files, then checks ids across them: tenant
+ids are unique across files, mailbox ids across all tenants; the first file (by
+name) keeps an id.
 
-Mailbox providers: `maildir` and `gmail` can run today, and their keys are checked
-strictly (gmail's by adapters/gmail/config.py, called here so that check-config
-names the file and key); `outlook`, `imap` and `ses` get their
+Mailbox providers: `maildir`, `gmail` and `outlook` have their keys checked
+strictly (gmail's and outlook's by their adapter's config.py, called here so that
+check-config names the file and key); `imap` and `ses` get their
 generic keys checked, their secrets checked, and their other keys kept as they are
 (`settings`) for their adapter's own config.py to parse.
 """
@@ -26,6 +27,8 @@ from typing import Any, cast
 
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import GmailConfigError
+from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+from inboxd.adapters.outlook.errors import OutlookConfigError
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
@@ -58,13 +61,46 @@ DEFAULT_POLL_INTERVAL_S = 60.0
 # Local directory: a rescan is a readdir, cheap enough to do every 2 s.
 _PROVIDER_POLL_INTERVAL_S: dict[str, float] = {"maildir": 2.0}
 
-_TENANT_KEYS = ("id", "name", "api_token", "gmail", "mailboxes", "delivery_sources", "processors")
+_TENANT_KEYS = (
+    "id",
+    "name",
+    "api_token",
+    "gmail",
+    "outlook",
+    "mailboxes",
+    "delivery_sources",
+    "processors",
+)
 _MAILBOX_KEYS = ("id", "provider", "address", "sync_mode", "poll_interval_s")
 _MAILDIR_KEYS = ("path",)
-# The keys adapters/gmail/config.py reads are its dataclasses' fields; checked here
-# first so that an unknown key gets a "did you mean" hint like every other table.
-_GMAIL_KEYS = tuple(f.name for f in fields(GmailSettings))
-_GMAIL_MAILBOX_KEYS = tuple(f.name for f in fields(GmailMailbox) if f.name != "address")
+
+
+@dataclass(frozen=True)
+class _TableDoor:
+    """A provider whose mailboxes share a tenant table (`[gmail]`, `[outlook]`): the
+    adapter's config classes check both, called here so that check-config names
+    the file and key. The keys they read are their dataclasses' fields, checked
+    here first so that an unknown key gets a "did you mean" hint like every other
+    table."""
+
+    table: str
+    settings: Any  # from_settings(Mapping) -> settings
+    mailbox: Any  # from_settings(Mapping, address=) -> mailbox with check_against(settings)
+    error: type[ValueError]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.settings))
+
+    @property
+    def mailbox_keys(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.mailbox) if f.name != "address")
+
+
+_TABLE_DOORS = {
+    "gmail": _TableDoor("gmail", GmailSettings, GmailMailbox, GmailConfigError),
+    "outlook": _TableDoor("outlook", OutlookSettings, OutlookMailbox, OutlookConfigError),
+}
 # A provider key this close to a generic mailbox key is taken for a typo of it
 # ("sync_mdoe", "poll_interval"): provider keys are free-form until their adapter
 # parses them, but a misspelt generic key would otherwise be silently ignored.
@@ -78,7 +114,7 @@ class MailboxConfig:
     `settings` holds the provider's own keys, read-only: for `maildir` exactly
     `{"path": Path}` (absolute); for other providers the keys as written, with every
     credential turned into a `Secret`. `tenant_settings` is the tenant's table of
-    the provider (gmail: `[gmail]`, as written, secrets wrapped; else empty): part
+    the provider (`[gmail]`, `[outlook]`, secrets wrapped; else empty): part
     of the mailbox's identity, so a SIGHUP that changes it restarts the runner.
     """
 
@@ -105,16 +141,27 @@ class TenantConfig:
     (`/v1/…`); None disables that API for the tenant. `delivery_sources` and
     `processors` are kept as written (read-only, secrets as `Secret`) for the
     modules that implement them; only `id` and `provider` are checked here.
-    `gmail` is the `[gmail]` table (validated, secrets as `Secret`), None when absent."""
+    `provider_tables` holds the tables doors share (`[gmail]`, `[outlook]`), validated,
+    secrets as `Secret`, by provider name; `gmail`/`outlook` read one (None when absent)."""
 
     tenant_id: str
     name: str
     source_file: Path
     api_token: Secret | None = None
-    gmail: Mapping[str, Any] | None = field(default=None, hash=False)
+    provider_tables: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
     mailboxes: tuple[MailboxConfig, ...] = ()
     delivery_sources: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
     processors: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+
+    @property
+    def gmail(self) -> Mapping[str, Any] | None:
+        return self.provider_tables.get("gmail")
+
+    @property
+    def outlook(self) -> Mapping[str, Any] | None:
+        return self.provider_tables.get("outlook")
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,10 +229,10 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
     result.tenant_id = tenant_id
     name = r.string(raw, "name", "", default=tenant_id or "") or ""
     api_token = r.secret(raw["api_token"], "api_token") if "api_token" in raw else None
-    gmail = _parse_gmail(r, raw)
+    tables = _parse_tables(r, raw)
     mailboxes = []
     for key, table in r.tables(raw, "mailboxes"):
-        mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent, gmail)
+        mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent, tables)
         if mailbox_id is not None:
             result.mailbox_ids.append((f"{key}.id", mailbox_id))
         if mailbox is not None:
@@ -198,7 +245,7 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
             name=name,
             source_file=path,
             api_token=api_token,
-            gmail=gmail,
+            provider_tables=MappingProxyType(tables),
             mailboxes=tuple(mailboxes),
             delivery_sources=delivery_sources,
             processors=processors,
@@ -212,7 +259,7 @@ def _parse_mailbox(
     prefix: str,
     tenant_id: str,
     base: Path,
-    gmail: Mapping[str, Any] | None,
+    tables: Mapping[str, Mapping[str, Any]],
 ) -> tuple[str | None, MailboxConfig | None]:
     """The mailbox id (None if invalid) and the mailbox (None when its id or provider
     is unusable); problems recorded."""
@@ -246,9 +293,10 @@ def _parse_mailbox(
             extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
         )
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
-    elif provider == "gmail":
-        settings = _gmail_mailbox(r, extra, prefix, address, gmail)
-        tenant_settings = gmail if gmail is not None else tenant_settings
+    elif provider in _TABLE_DOORS:
+        shared = tables.get(provider)
+        settings = _table_mailbox(r, _TABLE_DOORS[provider], extra, prefix, address, shared)
+        tenant_settings = shared if shared is not None else tenant_settings
     else:
         for key in extra:
             typo = difflib.get_close_matches(key, _MAILBOX_KEYS, n=1, cutoff=_TYPO_CUTOFF)
@@ -281,7 +329,7 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path)
     return {"path": path}
 
 
-# --- gmail -----------------------------------------------------------------------------
+# --- provider tables ([gmail], [outlook]) ---------------------------------------------
 
 # Stands in, while validating, for a credential whose reference was already reported
 # (freeze keeps None there): the adapter then checks the table's other keys instead
@@ -289,46 +337,61 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path)
 _REPORTED = Secret("env:INBOXD_REPORTED_ABOVE")
 
 
-def _parse_gmail(r: Reader, raw: dict[str, Any]) -> Mapping[str, Any] | None:
-    """The `[gmail]` table frozen (secrets as `Secret`), checked by GmailSettings."""
-    table = r.table(raw["gmail"], "gmail") if "gmail" in raw else None
-    if table is None:
-        return None
-    r.unknown_keys(table, _GMAIL_KEYS, "gmail")
-    frozen = r.freeze({k: v for k, v in table.items() if k in _GMAIL_KEYS}, "gmail")
-    try:
-        GmailSettings.from_settings(_for_check(frozen))
-    except GmailConfigError as exc:
-        _gmail_problem(r, "gmail", exc)
-    return frozen
+def _parse_tables(r: Reader, raw: dict[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Each provider table present, frozen (secrets as `Secret`) and checked by its
+    adapter's settings class."""
+    tables: dict[str, Mapping[str, Any]] = {}
+    for name, door in _TABLE_DOORS.items():
+        table = r.table(raw[name], name) if name in raw else None
+        if table is None:
+            continue
+        keys = door.keys
+        r.unknown_keys(table, keys, name)
+        frozen = r.freeze({k: v for k, v in table.items() if k in keys}, name)
+        try:
+            door.settings.from_settings(_for_check(frozen))
+        except door.error as exc:
+            _adapter_problem(r, name, exc)
+        tables[name] = frozen
+    return tables
 
 
-def _gmail_mailbox(
-    r: Reader, extra: Mapping[str, Any], prefix: str, address: str, gmail: Mapping[str, Any] | None
+def _table_mailbox(
+    r: Reader,
+    door: _TableDoor,
+    extra: Mapping[str, Any],
+    prefix: str,
+    address: str,
+    table: Mapping[str, Any] | None,
 ) -> Mapping[str, Any]:
-    """A gmail mailbox's own keys frozen, checked by GmailMailbox against `[gmail]`."""
-    known = _MAILBOX_KEYS + _GMAIL_MAILBOX_KEYS
-    r.unknown_keys(extra, known, prefix, what='key for provider "gmail"')
-    frozen = r.freeze({k: v for k, v in extra.items() if k in _GMAIL_MAILBOX_KEYS}, prefix)
+    """A mailbox's own keys frozen, checked by its adapter against the tenant table."""
+    own_keys = door.mailbox_keys
+    r.unknown_keys(extra, _MAILBOX_KEYS + own_keys, prefix, what=f'key for provider "{door.table}"')
+    frozen = r.freeze({k: v for k, v in extra.items() if k in own_keys}, prefix)
     settings = None
-    if gmail is None:
-        r.problem(join_key(prefix, "provider"), "a gmail mailbox needs a [gmail] table in its file")
+    if table is None:
+        r.problem(
+            join_key(prefix, "provider"),
+            f"{'an' if door.table[0] in 'aeiou' else 'a'} {door.table} mailbox needs"
+            f" a [{door.table}] table in its file",
+        )
     else:
-        with suppress(GmailConfigError):  # a bad [gmail] is reported with the table
-            settings = GmailSettings.from_settings(_for_check(gmail))
+        with suppress(door.error):  # a bad table is reported with the table
+            settings = door.settings.from_settings(_for_check(table))
     # An address without "@" is reported by the generic check already.
     checked_address = (address if "@" in address else "reported@invalid") if address else None
     try:
-        mailbox = GmailMailbox.from_settings(_for_check(frozen), address=checked_address)
-    except GmailConfigError as exc:
-        _gmail_problem(r, prefix, exc)
+        mailbox = door.mailbox.from_settings(_for_check(frozen), address=checked_address)
+    except door.error as exc:
+        _adapter_problem(r, prefix, exc)
         return frozen
     try:
         if settings is not None:
             mailbox.check_against(settings)
-    except GmailConfigError as exc:
-        # The fix is in [gmail], but this mailbox is what cannot run: name it.
-        r.problem(join_key(prefix, "refresh_token"), str(exc).partition(": ")[2])
+    except door.error as exc:
+        # The fix may be in the tenant table, but this mailbox is what cannot run: name it.
+        key, _, message = str(exc).partition(": ")
+        r.problem(join_key(prefix, key if key.isidentifier() else "provider"), message)
     return frozen
 
 
@@ -336,8 +399,8 @@ def _for_check(frozen: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _REPORTED if v is None else v for k, v in frozen.items()}
 
 
-def _gmail_problem(r: Reader, prefix: str, exc: GmailConfigError) -> None:
-    """A GmailConfigError ("key: message") as a problem at `prefix`.key."""
+def _adapter_problem(r: Reader, prefix: str, exc: ValueError) -> None:
+    """An adapter's config error ("key: message") as a problem at `prefix`.key."""
     key, sep, message = str(exc).partition(": ")
     if sep and key.isidentifier():
         r.problem(join_key(prefix, key), message)

@@ -15,11 +15,10 @@
     labels = ["INBOX", "SENT"]
     backfill = 30                               # days, or "all", or "none"
 
-Secrets arrive as reference objects (the daemon builds them from `env:` /
-`file:` strings) and are revealed only when a token is requested (auth.py);
-adapters do not import the daemon, so any object with `reveal() -> str` will
-do (`Revealable`). Every error is a `GmailConfigError` (a ValueError) whose
-message starts with the key and never quotes a value.
+Secrets arrive as reference objects (`Revealable`, adapters/settings.py) and are
+revealed only when a token is requested (auth.py). Every error is a
+`GmailConfigError` (a ValueError) whose message starts with the key and never
+quotes a value.
 """
 
 from __future__ import annotations
@@ -27,11 +26,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from ipaddress import ip_address
-from typing import Literal, Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
+from inboxd.adapters import settings as readers
 from inboxd.adapters.gmail.errors import GmailConfigError
+from inboxd.adapters.settings import Backfill, Revealable
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -58,10 +56,6 @@ DEFAULT_BACKFILL_DAYS = 30
 DEFAULT_QUOTA_UNITS_PER_S = 250.0
 #: A sanity bound on a raised quota (a typo of 2500000 is not a quota).
 MAX_QUOTA_UNITS_PER_S = 100_000.0
-#: Longest backfill in days that is still a number (about 50 years); use "all" beyond.
-MAX_BACKFILL_DAYS = 20_000
-
-Backfill = Literal["all", "none"] | int
 
 # users.watch: "projects/my-project-identifier/topics/my-topic-name" (Pub/Sub v1 naming:
 # project ids 6-30 chars, topic names 3-255 chars starting with a letter).
@@ -82,13 +76,6 @@ _SETTINGS_KEYS = frozenset(
     }
 )
 _MAILBOX_KEYS = frozenset({"address", "refresh_token", "service_account", "labels", "backfill"})
-
-
-@runtime_checkable
-class Revealable(Protocol):
-    """A secret reference: the value is read on `reveal()`, never stored in config."""
-
-    def reveal(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +180,31 @@ class GmailMailbox:
         mailbox (a refresh token needs the OAuth client that issued it)."""
         if self.refresh_token is not None and settings.client_id is None:
             raise GmailConfigError(
-                "client_id: a refresh_token mailbox needs [gmail] client_id and client_secret"
+                "refresh_token: a refresh_token mailbox needs [gmail] client_id and client_secret"
             )
 
 
 # --- readers -------------------------------------------------------------------------------
+
+
+def _refuse_unknown(settings: Mapping[str, object], known: frozenset[str], where: str) -> None:
+    readers.refuse_unknown(settings, known, where, GmailConfigError)
+
+
+def _optional_text(settings: Mapping[str, object], key: str) -> str | None:
+    return readers.optional_text(settings, key, GmailConfigError)
+
+
+def _optional_secret(settings: Mapping[str, object], key: str) -> Revealable | None:
+    return readers.optional_secret(settings, key, GmailConfigError)
+
+
+def _url(settings: Mapping[str, object], key: str, default: str) -> str:
+    return readers.url(settings, key, default, GmailConfigError)
+
+
+def _backfill(settings: Mapping[str, object]) -> Backfill:
+    return readers.backfill(settings, DEFAULT_BACKFILL_DAYS, GmailConfigError)
 
 
 def _quota(settings: Mapping[str, object]) -> float:
@@ -214,57 +221,6 @@ def _quota(settings: Mapping[str, object]) -> float:
     return float(value)
 
 
-def _refuse_unknown(settings: Mapping[str, object], known: frozenset[str], where: str) -> None:
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise GmailConfigError(
-            f"{', '.join(unknown)}: unknown key(s) in {where} (known: {', '.join(sorted(known))})"
-        )
-
-
-def _optional_text(settings: Mapping[str, object], key: str) -> str | None:
-    value = settings.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise GmailConfigError(f"{key}: expected a non-empty string")
-    return value.strip()
-
-
-def _optional_secret(settings: Mapping[str, object], key: str) -> Revealable | None:
-    value = settings.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, Revealable):
-        # A plain string here is an inline credential (or a reference the daemon
-        # did not resolve): refuse it without echoing it (docs/architecture.md §5).
-        raise GmailConfigError(f'{key}: use a secret reference, "env:NAME" or "file:/path"')
-    return value
-
-
-def _url(settings: Mapping[str, object], key: str, default: str) -> str:
-    value = _optional_text(settings, key)
-    if value is None:
-        return default
-    parts = urlsplit(value)
-    if parts.scheme == "https" and parts.hostname:
-        return value.rstrip("/")
-    if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
-        # Plain http only to this machine (test fakes): tokens never cross a network
-        # in clear text.
-        return value.rstrip("/")
-    raise GmailConfigError(f"{key}: expected an https:// URL (http:// only for loopback)")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _labels(settings: Mapping[str, object]) -> tuple[str, ...]:
     value = settings.get("labels")
     if value is None:
@@ -278,16 +234,3 @@ def _labels(settings: Mapping[str, object]) -> tuple[str, ...]:
             'labels: expected a non-empty list of Gmail label ids, e.g. ["INBOX", "SENT"]'
         )
     return tuple(dict.fromkeys(value))  # order kept, duplicates dropped
-
-
-def _backfill(settings: Mapping[str, object]) -> Backfill:
-    value = settings.get("backfill", DEFAULT_BACKFILL_DAYS)
-    if value == "all":
-        return "all"
-    if value == "none":
-        return "none"
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_BACKFILL_DAYS:
-        return value
-    raise GmailConfigError(
-        f'backfill: expected "all", "none" or a number of days from 1 to {MAX_BACKFILL_DAYS}'
-    )

@@ -211,16 +211,16 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
         id = "acme"
         api_token = "env:ACME_TOKEN"
         [[mailboxes]]
-        id = "support-outlook"
-        provider = "outlook"
+        id = "support-imap"
+        provider = "imap"
         address = "support@acme.example"
         sync_mode = "push"
         subscription = "inbox-changes"
         folder_ids = ["INBOX"]
-        credentials = "file:/run/secrets/graph.json"
+        credentials = "file:/run/secrets/imap.json"
         [mailboxes.oauth]
         client_id = "abc"
-        client_secret = "env:GRAPH_CLIENT_SECRET"
+        client_secret = "env:IMAP_CLIENT_SECRET"
         [[delivery_sources]]
         id = "postmark"
         provider = "postmark"
@@ -236,17 +236,17 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
     assert tenants.problems == []
     acme = tenants.tenants["acme"]
     assert acme.api_token == Secret("env:ACME_TOKEN")
-    (outlook,) = acme.mailboxes
-    assert not outlook.runnable
-    assert (outlook.sync_mode, outlook.poll_interval_s) == ("push", 60.0)
-    assert outlook.settings["subscription"] == "inbox-changes"
-    assert outlook.settings["folder_ids"] == ("INBOX",)
-    assert outlook.settings["credentials"] == Secret("file:/run/secrets/graph.json")
-    assert outlook.settings["oauth"]["client_secret"] == Secret("env:GRAPH_CLIENT_SECRET")
+    (imap,) = acme.mailboxes
+    assert not imap.runnable
+    assert (imap.sync_mode, imap.poll_interval_s) == ("push", 60.0)
+    assert imap.settings["subscription"] == "inbox-changes"
+    assert imap.settings["folder_ids"] == ("INBOX",)
+    assert imap.settings["credentials"] == Secret("file:/run/secrets/imap.json")
+    assert imap.settings["oauth"]["client_secret"] == Secret("env:IMAP_CLIENT_SECRET")
     assert acme.delivery_sources[0]["webhook_secret"] == Secret("env:POSTMARK_SECRET")
     assert acme.processors[0]["provider"] == "invoice_extractor"
     with pytest.raises(TypeError):
-        outlook.settings["subscription"] = "x"  # type: ignore[index]
+        imap.settings["subscription"] = "x"  # type: ignore[index]
 
 
 def test_gmail_table_and_mailboxes_are_runnable_with_secrets_wrapped(tmp_path: Path) -> None:
@@ -532,6 +532,53 @@ PROBLEM_CASES = [
         "a refresh_token mailbox needs [gmail] client_id and client_secret",
     ),
     (
+        "outlook-no-table",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "outlook"\naddress = "a@acme.example"\n',
+        "tenant",
+        "mailboxes[0].provider",
+        "an outlook mailbox needs a [outlook] table",
+    ),
+    (
+        "outlook-table-bad-directory",
+        "",
+        'id = "acme"\n[outlook]\ndirectory_id = "acme"\n'
+        'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\n',
+        "tenant",
+        "outlook.directory_id",
+        "expected the Entra tenant id",
+    ),
+    (
+        "outlook-table-literal-secret",
+        "",
+        'id = "acme"\n[outlook]\ndirectory_id = "acme.onmicrosoft.com"\n'
+        f'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\nclient_secret = "{LITERAL}"\n',
+        "tenant",
+        "outlook.client_secret",
+        "literal secrets are not allowed",
+    ),
+    (
+        "outlook-app-only-without-credential",
+        "",
+        'id = "acme"\n[outlook]\ndirectory_id = "acme.onmicrosoft.com"\n'
+        'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\n'
+        '[[mailboxes]]\nid = "m"\nprovider = "outlook"\naddress = "a@acme.example"\n',
+        "tenant",
+        "mailboxes[0].refresh_token",
+        "app-only access needs [outlook] client_secret or certificate",
+    ),
+    (
+        "outlook-unknown-mailbox-key",
+        "",
+        'id = "acme"\n[outlook]\ndirectory_id = "acme.onmicrosoft.com"\n'
+        'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\nclient_secret = "env:HOME"\n'
+        '[[mailboxes]]\nid = "m"\nprovider = "outlook"\naddress = "a@acme.example"\n'
+        'folder = ["inbox"]\n',
+        "tenant",
+        "mailboxes[0].folder",
+        'did you mean "folders"?',
+    ),
+    (
         "gmail-table-bad-topic",
         "",
         'id = "acme"\n[gmail]\ntopic = "acme-topic"\n',
@@ -566,7 +613,7 @@ PROBLEM_CASES = [
     (
         "literal-nested-secret",
         "",
-        f'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "outlook"\n[mailboxes.oauth]\n'
+        f'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\n[mailboxes.oauth]\n'
         f'client_secret = "{LITERAL}"\n',
         "tenant",
         "mailboxes[0].oauth.client_secret",

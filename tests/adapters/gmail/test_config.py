@@ -156,7 +156,7 @@ def test_mailbox_errors_name_the_key(table: dict[str, object], key: str) -> None
 
 def test_refresh_token_mailbox_needs_the_oauth_client() -> None:
     mailbox = GmailMailbox.from_settings({"refresh_token": Ref("t")}, address="a@example.org")
-    with raises_on("client_id"):
+    with raises_on("refresh_token"):
         mailbox.check_against(GmailSettings.from_settings({}))
     service = GmailMailbox.from_settings({"service_account": Ref("k")}, address="a@example.org")
     service.check_against(GmailSettings.from_settings({}))  # no OAuth client needed
