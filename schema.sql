@@ -512,3 +512,27 @@ COMMENT ON TABLE webhook_replay_tokens IS 'Single-use webhook tokens (Mailgun) a
 COMMENT ON COLUMN webhook_replay_tokens.scope IS 'Where the token is single-use: the fingerprint of the signing key (key:<16 hex>, every source sharing that key), else the source id.';
 COMMENT ON COLUMN webhook_replay_tokens.token_hash IS 'sha256 hex of the scope and the token.';
 COMMENT ON COLUMN webhook_replay_tokens.seen_at IS 'When the request that carried it was stored.';
+
+CREATE TABLE IF NOT EXISTS graph_subscriptions (
+    tenant_id        text NOT NULL,
+    mailbox_id       text NOT NULL,
+    folder           text NOT NULL,
+    subscription_id  text NOT NULL,
+    client_state     text NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    renewed_at       timestamptz,
+    renew_failures   integer NOT NULL DEFAULT 0,
+    last_error       text,
+    PRIMARY KEY (tenant_id, mailbox_id, folder),
+    UNIQUE (tenant_id, subscription_id),
+    FOREIGN KEY (tenant_id, mailbox_id) REFERENCES mailboxes (tenant_id, mailbox_id)
+);
+COMMENT ON TABLE graph_subscriptions IS 'Microsoft Graph change-notification subscriptions of Outlook mailboxes: one per synced folder. A notification is accepted only when its clientState matches (constant-time) the row of its subscription id.';
+COMMENT ON COLUMN graph_subscriptions.folder IS 'The synced folder (well-known name or folder id) whose messages the subscription watches.';
+COMMENT ON COLUMN graph_subscriptions.subscription_id IS 'Graph''s subscription id.';
+COMMENT ON COLUMN graph_subscriptions.client_state IS 'Random secret sent with every notification of this subscription; never logged, never shown by inboxd status.';
+COMMENT ON COLUMN graph_subscriptions.expires_at IS 'expirationDateTime Graph returned; renewed at about half its lifetime.';
+COMMENT ON COLUMN graph_subscriptions.renewed_at IS 'Last successful renewal.';
+COMMENT ON COLUMN graph_subscriptions.renew_failures IS 'Renewals failed in a row (reset by a success); drives the backoff.';
+COMMENT ON COLUMN graph_subscriptions.last_error IS 'Why the last create or renewal failed, one line, no secrets.';

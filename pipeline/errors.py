@@ -56,7 +56,16 @@ class CursorExpired(RetriableError):
     """The provider no longer knows the cursor (Gmail history 404, Graph 410,
     IMAP UIDVALIDITY change). Raised by a source's `pages`; the runner resets the
     cursor with the lease's token (a `mailbox.cursor_reset` event) and resyncs
-    from the beginning in the same run — idempotent through the cascade."""
+    from the beginning in the same run — idempotent through the cascade.
+
+    `restart_from`: a source whose cursor is several independent positions (one
+    delta link per Outlook folder) restarts only the part that expired: the
+    cursor is reset to this value instead of nothing, and the resync starts there.
+    """
+
+    def __init__(self, message: str, *, restart_from: str | None = None) -> None:
+        super().__init__(message)
+        self.restart_from = restart_from
 
 
 class AttentionError(InboxdError):

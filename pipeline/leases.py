@@ -171,7 +171,7 @@ RETURNING true
 """
 
 _RESET_CURSOR = f"""
-UPDATE mailboxes SET cursor = NULL, cursor_updated_at = now()
+UPDATE mailboxes SET cursor = $4, cursor_updated_at = now()
  WHERE tenant_id = $1 AND mailbox_id = $2 AND {_HELD}
 RETURNING true
 """
@@ -275,16 +275,19 @@ async def reset_cursor(
     mailbox_id: str,
     token: int,
     reason: str,
+    *,
+    restart_from: str | None = None,
 ) -> bool:
     """Forget an expired cursor (full resync next) and record why; False: stale holder.
 
-    In one transaction (a savepoint inside the caller's): clears `cursor`,
-    fenced by `token` like commit_cursor, and writes a `mailbox.cursor_reset`
+    In one transaction (a savepoint inside the caller's): clears `cursor` (or sets
+    it to `restart_from`, when only part of it expired), fenced by `token` like
+    commit_cursor, and writes a `mailbox.cursor_reset`
     outbox event with payload {"reason": reason} (one line, truncated), whose
     NOTIFY goes out at commit. Nothing is written when the lease is not held.
     """
     async with _connection(conn) as c, c.transaction():
-        if not await c.fetchval(_RESET_CURSOR, tenant_id, mailbox_id, token):
+        if not await c.fetchval(_RESET_CURSOR, tenant_id, mailbox_id, token, restart_from):
             return False
         events = EventBuffer()
         events.add(CURSOR_RESET_EVENT, payload={"reason": one_line(reason)})

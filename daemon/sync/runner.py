@@ -52,6 +52,9 @@ from inboxd.pipeline.outcomes import ItemResult, Outcome, page_is_clean
 
 log = structlog.get_logger(__name__)
 
+# Partial cursor resets in one run (one per expired part: an Outlook mailbox's
+# folders expire independently); a full reset (restart_from None) ends the chain.
+MAX_CURSOR_RESETS = 8
 # Cleanup that must finish (lease release, failure record) gets this long even
 # when the runner is being cancelled.
 CLEANUP_DEADLINE_S = 5.0
@@ -243,16 +246,20 @@ class MailboxRunner:
                 tenant,
                 mailbox,
             )
-        try:
-            return await unwrap_single(self._read_from(token, cursor))
-        except CursorExpired as exc:
-            if cursor is None:
-                raise  # a source must not expire a cursor it was not given
-            self._log.warning("sync_cursor_expired", error=describe(exc))
-            async with pool.acquire() as conn:
-                if not await leases.reset_cursor(conn, tenant, mailbox, token, describe(exc)):
-                    raise LeaseLost("the mailbox lease moved to another process") from exc
-            return await unwrap_single(self._read_from(token, None))
+        for _ in range(MAX_CURSOR_RESETS):
+            try:
+                return await unwrap_single(self._read_from(token, cursor))
+            except CursorExpired as exc:
+                if cursor is None or exc.restart_from == cursor:
+                    raise  # a source must not expire a cursor it was not given
+                self._log.warning("sync_cursor_expired", error=describe(exc))
+                cursor = exc.restart_from
+                async with pool.acquire() as conn:
+                    if not await leases.reset_cursor(
+                        conn, tenant, mailbox, token, describe(exc), restart_from=cursor
+                    ):
+                        raise LeaseLost("the mailbox lease moved to another process") from exc
+        return await unwrap_single(self._read_from(token, cursor))
 
     async def _read_from(self, token: int, cursor: str | None) -> bool:
         async with read_ahead(self.source, cursor) as pages:

@@ -626,3 +626,13 @@ async def test_doorbell_ring_and_parse(pool, db_dsn) -> None:
         assert parse_doorbell(junk) is None
     with pytest.raises(ValueError):
         await ring(pool, "acme", "Bad Id")
+
+
+async def test_reset_cursor_to_a_partial_restart_keeps_what_did_not_expire(pool, inbox) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert await leases.commit_cursor(pool, T, M, token, '{"inbox": "d1", "sentitems": "d2"}')
+    restart = '{"sentitems": "d2"}'  # inbox's delta link expired; sentitems' did not
+    assert await leases.reset_cursor(pool, T, M, token, "inbox: 410", restart_from=restart)
+    assert (await row(pool))["cursor"] == restart
+    kinds = await pool.fetch("SELECT kind FROM events")
+    assert [k["kind"] for k in kinds] == ["mailbox.cursor_reset"]
