@@ -524,6 +524,8 @@ CREATE TABLE IF NOT EXISTS graph_subscriptions (
     renewed_at       timestamptz,
     renew_failures   integer NOT NULL DEFAULT 0,
     last_error       text,
+    lifecycle_event  text,
+    lifecycle_at     timestamptz,
     PRIMARY KEY (tenant_id, mailbox_id, folder),
     UNIQUE (tenant_id, subscription_id),
     FOREIGN KEY (tenant_id, mailbox_id) REFERENCES mailboxes (tenant_id, mailbox_id)
@@ -536,3 +538,5 @@ COMMENT ON COLUMN graph_subscriptions.expires_at IS 'expirationDateTime Graph re
 COMMENT ON COLUMN graph_subscriptions.renewed_at IS 'Last successful renewal.';
 COMMENT ON COLUMN graph_subscriptions.renew_failures IS 'Renewals failed in a row (reset by a success); drives the backoff.';
 COMMENT ON COLUMN graph_subscriptions.last_error IS 'Why the last create or renewal failed, one line, no secrets.';
+COMMENT ON COLUMN graph_subscriptions.lifecycle_event IS 'A lifecycle notification not acted on yet: reauthorizationRequired (renew), subscriptionRemoved (recreate, then resync with delta) or missed (resync with delta). Cleared by the sync that acts on it.';
+COMMENT ON COLUMN graph_subscriptions.lifecycle_at IS 'When that lifecycle notification arrived.';
