@@ -54,6 +54,7 @@ class RefreshGrant:
     user: str
     client_id: str
     scope: str
+    family: str = ""  # the sign-in it descends from (rotation keeps it)
     revoked: bool = False
     expired: bool = False
 
@@ -92,10 +93,19 @@ class Identity:
         )
         return token
 
-    def issue_refresh_token(self, user: str, scope: str = DELEGATED_SCOPE) -> str:
+    def issue_refresh_token(
+        self, user: str, scope: str = DELEGATED_SCOPE, family: str | None = None
+    ) -> str:
         token = "fake-rt." + secrets.token_urlsafe(40)
-        self.refresh_tokens[token] = RefreshGrant(user, self.client_id, scope)
+        self.refresh_tokens[token] = RefreshGrant(user, self.client_id, scope, family or token)
         return token
+
+    def revoke(self, token: str) -> None:
+        """Revoke the sign-in `token` descends from: it and every token rotated from it."""
+        family = self.refresh_tokens[token].family
+        for grant in self.refresh_tokens.values():
+            if grant.family == family:
+                grant.revoked = True
 
     def access_grant(self, token: str) -> AccessGrant | None:
         """The grant of a currently valid access token (None: missing, unknown, expired,
@@ -226,7 +236,7 @@ class Identity:
                 700082,
                 "The refresh token has expired due to inactivity.",
             )
-        return self._user_tokens(grant.user, grant.scope)
+        return self._user_tokens(grant.user, grant.scope, grant.family)
 
     def _device_code_grant(self, form: dict[str, str]) -> Answer:
         code = self.device_codes.get(form.get("device_code", ""))
@@ -254,8 +264,8 @@ class Identity:
         code.redeemed = True
         return self._user_tokens(code.user, code.scope)
 
-    def _user_tokens(self, user: str, scope: str) -> Answer:
-        refresh = self.issue_refresh_token(user, scope)
+    def _user_tokens(self, user: str, scope: str, family: str | None = None) -> Answer:
+        refresh = self.issue_refresh_token(user, scope, family)
         return json_answer(
             {
                 "token_type": "Bearer",

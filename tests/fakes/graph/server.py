@@ -183,9 +183,12 @@ class FakeGraph:
         return self.identity.issue_refresh_token(user, scope)
 
     def revoke_refresh_token(self, token: str) -> None:
-        """The grant is revoked: /token answers invalid_grant (AADSTS50173), its access
-        tokens answer 401 from now on."""
-        self.identity.refresh_tokens[token].revoked = True
+        """The user's grant is revoked (consent withdrawn, password reset): `token` and
+        every refresh token rotated from it answer invalid_grant (AADSTS50173), and
+        access tokens minted from them answer 401 from now on (stricter than Entra,
+        whose access tokens outlive a revocation unless CAE applies, so a client's
+        reaction is testable without waiting an hour)."""
+        self.identity.revoke(token)
 
     def expire_refresh_token(self, token: str) -> None:
         """The refresh token expired from inactivity (AADSTS700082)."""

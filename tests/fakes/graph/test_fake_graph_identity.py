@@ -1,0 +1,109 @@
+"""Contract tests of the fake identity platform v2.0: the client credentials grant,
+the refresh grant with rotation and revocation, the device code flow with its
+polling errors, and Entra's error bodies (error, AADSTS code in error_codes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from fakes.graph import DEVICE_CODE_GRANT, GRAPH_DEFAULT_SCOPE, FakeGraph
+from fakes.graph.testkit import ALICE, BOB, ManualClock, get_json, headers
+
+
+async def token(
+    http: aiohttp.ClientSession, fake: FakeGraph, form: dict[str, str], tenant: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    url = f"{fake.authority_url}/{tenant or fake.directory_id}/oauth2/v2.0/token"
+    async with http.post(url, data={"client_id": fake.client_id, **form}) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def me_inbox(fake: FakeGraph) -> str:
+    return f"{fake.graph_url}/me/mailFolders/inbox"
+
+
+async def test_client_credentials_and_its_errors(
+    fake: FakeGraph, http: aiohttp.ClientSession
+) -> None:
+    form = {
+        "grant_type": "client_credentials",
+        "client_secret": fake.client_secret,
+        "scope": GRAPH_DEFAULT_SCOPE,
+    }
+    status, body = await token(http, fake, form)
+    assert status == 200 and body["token_type"] == "Bearer" and body["expires_in"] == 3599
+    assert "refresh_token" not in body and fake.user_of_token(body["access_token"]) is None
+    status, error = await token(http, fake, form | {"client_secret": "wrong"})
+    assert status == 401 and error["error"] == "invalid_client"
+    assert error["error_codes"] == [7000215] and error["error_description"].startswith("AADSTS")
+    status, error = await token(http, fake, form | {"scope": "Mail.Read"})
+    assert status == 400 and error["error"] == "invalid_scope"
+    status, error = await token(http, fake, form, tenant="other-tenant")
+    assert status == 400 and error["error_codes"] == [90002]
+    assert fake.counters.token_requests["client_credentials"] == 4
+
+
+async def test_refresh_rotates_and_revocation_is_invalid_grant(
+    fake: FakeGraph, http: aiohttp.ClientSession
+) -> None:
+    first = fake.issue_refresh_token(ALICE)
+    status, body = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 200 and body["refresh_token"] != first
+    assert (await get_json(http, me_inbox(fake), headers(body["access_token"])))[0] == 200
+    # Entra does not revoke a refresh token when it is used: the old one still works.
+    status, again = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 200
+    fake.revoke_refresh_token(first)
+    status, error = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 400 and error["error"] == "invalid_grant" and error["error_codes"] == [50173]
+    assert (await get_json(http, me_inbox(fake), headers(again["access_token"])))[0] == 401
+    # Revocation covers the whole sign-in: tokens rotated from `first` too.
+    status, error = await token(
+        http, fake, {"grant_type": "refresh_token", "refresh_token": body["refresh_token"]}
+    )
+    assert status == 400 and error["error"] == "invalid_grant"
+    other = fake.issue_refresh_token(BOB)
+    fake.expire_refresh_token(other)
+    status, error = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": other})
+    assert status == 400 and error["error"] == "invalid_grant"
+    assert error["error_codes"] == [700082]
+
+
+async def test_device_code_flow(
+    fake: FakeGraph, http: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    async def start() -> dict[str, Any]:
+        async with http.post(
+            fake.devicecode_url, data={"client_id": fake.client_id, "scope": "Mail.Read"}
+        ) as resp:
+            assert resp.status == 200
+            return dict(await resp.json())
+
+    async def poll(device_code: str) -> tuple[int, dict[str, Any]]:
+        return await token(
+            http, fake, {"grant_type": DEVICE_CODE_GRANT, "device_code": device_code}
+        )
+
+    code = await start()
+    assert code["expires_in"] == 900 and code["interval"] == 5
+    assert code["user_code"] in code["message"] and code["verification_uri"].startswith("https://")
+    status, error = await poll(code["device_code"])
+    assert status == 400 and error["error"] == "authorization_pending"
+    fake.slow_down_device_code(code["user_code"])
+    assert (await poll(code["device_code"]))[1]["error"] == "slow_down"
+    fake.approve_device_code(code["user_code"], BOB)
+    status, body = await poll(code["device_code"])
+    assert status == 200 and fake.user_of_token(body["access_token"]) == BOB
+    assert "refresh_token" in body
+    status, inbox = await get_json(http, me_inbox(fake), headers(body["access_token"]))
+    assert status == 200 and inbox["displayName"] == "Inbox"
+    assert (await poll(code["device_code"]))[1]["error"] == "invalid_grant"  # redeemed once
+
+    declined = await start()
+    fake.decline_device_code(declined["user_code"])
+    assert (await poll(declined["device_code"]))[1]["error"] == "authorization_declined"
+    late = await start()
+    clock.now += 901
+    assert (await poll(late["device_code"]))[1]["error"] == "expired_token"
