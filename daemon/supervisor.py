@@ -7,7 +7,7 @@ Task tree (every task belongs to one of these groups; nothing is detached):
               └─ outer (below)   ends first, so in-flight webhooks still commit
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
            ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… /push/gmail/…
-           │                     (daemon/http/, daemon/webhooks/)
+           │                     /push/outlook/… (daemon/http/, daemon/webhooks/)
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
                              ├─ fleet               presence, runners, poll scanner,
                              │                      doorbell (sync/)
@@ -51,6 +51,8 @@ from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
 from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable
 from inboxd.daemon.webhooks.gmail_config import build_gmail_push
+from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable
+from inboxd.daemon.webhooks.outlook_config import build_outlook_push
 from inboxd.pipeline import scheduling
 from inboxd.pipeline.attachment_sweep import AttachmentSweeper
 from inboxd.pipeline.delivery.intake import DeliveryIntake
@@ -111,6 +113,7 @@ class Daemon:
         self.intake = DeliveryIntake(pool)
         self.hooks = HookTable()
         self.gmail_push = GmailPushTable()
+        self.outlook_push = OutlookPushTable()
         self._tokens = TokenTable(_api_tokens(self.tenants))
         self._on_ready = on_ready
         self._stop = anyio.Event()
@@ -232,6 +235,10 @@ class Daemon:
         for problem in problems:
             self._log.error("gmail_push_not_served", problem=str(problem))
         self.gmail_push.replace(pushes)
+        graph, problems = build_outlook_push(tenants)
+        for problem in problems:
+            self._log.error("outlook_push_not_served", problem=str(problem))
+        self.outlook_push.replace(graph)
 
     async def _sync_mailbox_rows(self, tenants: dict[str, TenantConfig]) -> None:
         rows = [
@@ -259,6 +266,7 @@ class Daemon:
             webhooks=Webhooks(
                 EspHooks(self.hooks, self.intake, confirm_subscription),
                 GmailPush(self.gmail_push),
+                OutlookPush(self.outlook_push),
             ),
         )
 

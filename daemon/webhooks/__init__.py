@@ -7,13 +7,15 @@
                     each peer's failed verifications (budgets: esp.py docstring)
     gmail.py        POST /push/gmail/{tenant}: Gmail's Pub/Sub push (verify, record,
                     ring); gmail_config.py builds its table from the tenants
+    outlook.py      POST /push/outlook/{tenant}[/lifecycle]: Microsoft Graph's change
+                    and lifecycle notifications (validation echo, clientState against
+                    graph_subscriptions, record, ring); outlook_config.py: its table
 
-Graph notifications are the next route set here. Each route set gives the
-listener its routes, each request's body limit and the checks that run before a
-byte of the body is read;
-`Webhooks` joins the sets into the one `WebhookRoutes` the listener takes
-(daemon/http/state.py). A handler verifies, records, rings a doorbell and
-answers: no sync and no event processing runs inside a request.
+Each route set gives the listener its routes, each request's body limit and the
+checks that run before a byte of the body is read; `Webhooks` joins the sets into
+the one `WebhookRoutes` the listener takes (daemon/http/state.py). A handler
+verifies, records, rings a doorbell and answers: no sync and no event processing
+runs inside a request.
 """
 
 from __future__ import annotations
