@@ -259,8 +259,10 @@ class Mailbox:
         references = headers.get("references", "").split()
         reply_to = headers.get("in-reply-to", "").split()
         own = headers.get("message-id", "").split()
-        root = (references or reply_to or own or [None])[0]
-        if root is None:
+        chain = references or reply_to or own
+        if chain:
+            root = chain[0]
+        else:
             self._serial += 1
             root = f"no-message-id-{self._serial}"
         return opaque_id("AAQkAD", self.address, "conversation", root)

@@ -223,10 +223,9 @@ async def test_rest_ids_change_on_move_immutable_ids_do_not(
         ) as resp:
             assert resp.status == 201
             moved = await resp.json()
-        assert (
-            moved["id"] != old_rest
-            and moved["parentFolderId"] == fake.mailbox(ALICE).folder("archive").id
-        )  # type: ignore[union-attr]
+        archive = fake.mailbox(ALICE).folder("archive")
+        assert archive is not None
+        assert moved["id"] != old_rest and moved["parentFolderId"] == archive.id
         status, error = await get_json(http, f"{base}/{old_rest}", headers(token, immutable=False))
         assert status == 404 and error["error"]["code"] == "ErrorItemNotFound"
         status, same = await get_json(http, f"{base}/{message.immutable_id}", headers(token))
