@@ -133,13 +133,6 @@ class Metrics:
             ["source"],
             registry=r,
         )
-        self.graph_notification_rejections = Counter(
-            "inboxd_graph_notifications_rejected",
-            "Microsoft Graph notifications rejected (unknown subscription or wrong"
-            " clientState), by tenant; one POST may carry several.",
-            ["tenant"],
-            registry=r,
-        )
         self.delivery_events = Counter(
             "inboxd_delivery_events",
             "Delivery events received by webhook, by provider and whether they were new.",
@@ -237,10 +230,6 @@ class Metrics:
     def webhook_verification_failed(self, source: str) -> None:
         """A webhook request from `source` (`tenant/source` config ids) failed to verify."""
         self.webhook_verification_failures.labels(source=source).inc()
-
-    def graph_notifications_rejected(self, tenant: str, n: int = 1) -> None:
-        """`n` notifications of one Graph POST to `tenant`'s Outlook routes were rejected."""
-        self.graph_notification_rejections.labels(tenant=tenant).inc(n)
 
     def delivery_events_stored(self, provider: str, new: int, duplicates: int) -> None:
         """One webhook request's events: `new` rows stored, `duplicates` already there."""

@@ -22,8 +22,10 @@ Order of checks, cheapest and least trusting first:
     body not Graph's shape, or empty       400, the peer's failure budget spent
     subscriptions of the POST              one query, tenant-scoped: another tenant's
                                            subscription id is unknown here
-    unknown id or clientState mismatch     that notification rejected: counted, logged
-                                           with tenant and subscription id (never a
+    unknown id or clientState mismatch     that notification rejected; the request is
+                                           counted (inboxd_webhook_verification_failures,
+                                           source "<tenant>/outlook") and logged with
+                                           tenant and subscription ids (never a
                                            clientState, received or stored)
     every notification rejected            401, the peer's failure budget spent
     the accepted ones, one transaction     lifecycle events stored (record_lifecycle),
@@ -287,8 +289,9 @@ class OutlookPush:
     def _reject(self, request: web.Request, tenant: OutlookPushTenant, verdict: _Verdict) -> None:
         """Count and log the rejected notifications; 401 when nothing was accepted, with
         a body that says nothing about which check failed."""
-        metrics = request.app[HTTP_STATE].metrics
-        metrics.graph_notifications_rejected(tenant.tenant_id, len(verdict.rejected))
+        # one count per request that carried any (the metric counts requests, as for
+        # every webhook); the log line says how many of its notifications
+        request.app[HTTP_STATE].metrics.webhook_verification_failed(f"{tenant.tenant_id}/outlook")
         refused = verdict.accepted == 0
         log.info(
             "outlook_push_rejected",
@@ -302,7 +305,6 @@ class OutlookPush:
         )
         if refused:
             self.table.failures.charge(_failure_key(request, tenant))
-            metrics.webhook_verification_failed(f"{tenant.tenant_id}/outlook")
             json_error(401, "unauthorized")
 
 
