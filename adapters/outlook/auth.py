@@ -1,0 +1,217 @@
+"""Access tokens for Microsoft Graph from the identity platform's v2.0 token endpoint.
+
+    app-only     grant_type=client_credentials, scope {graph}/.default, the app's
+                 client_secret or a certificate's signed client assertion
+    delegated    grant_type=refresh_token with the mailbox's refresh token; Entra
+                 answers a new refresh token each time ("refresh tokens ... are
+                 replaced with a fresh token upon every use"), kept in memory
+
+`GraphTokens.token()` answers the cached token until TOKEN_REFRESH_MARGIN_S before
+its expiry, then fetches one (single-flight: concurrent callers wait for the same
+fetch). All HTTP is aiohttp on the event loop: nothing blocks (msal/azure-identity's
+synchronous credentials would). It is also the SDK's `AccessTokenProvider`, so the
+request adapter asks it for every request, and it refuses to hand a token to any
+host but the configured Graph host, or over plain http beyond this machine.
+
+Failures: the endpoint's permanent answers (invalid_grant: revoked, expired or
+consent withdrawn; invalid_client: wrong secret or certificate; unauthorized_client;
+invalid_scope...) are `OutlookAuthError` (the mailbox needs attention, with
+Entra's error and AADSTS code, never the token); a 5xx, 429 or dropped connection
+is retried TOKEN_ATTEMPTS times, then `OutlookUnavailable`.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import anyio
+import jwt
+import orjson
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from kiota_abstractions.authentication import AccessTokenProvider, AllowedHostsValidator
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+from inboxd.adapters.outlook.errors import OutlookAuthError, OutlookUnavailable
+
+__all__ = ["GraphTokens"]
+
+#: Refresh this long before the token's expiry (Entra access tokens live 60-90 min).
+TOKEN_REFRESH_MARGIN_S = 300.0
+#: Attempts of one token request before a transient failure is the runner's business.
+TOKEN_ATTEMPTS = 4
+TOKEN_BACKOFF_S = 1.0
+TOKEN_TIMEOUT_S = 30.0
+#: Lifetime of a certificate's client assertion (Entra accepts up to 10 minutes).
+ASSERTION_LIFETIME_S = 600
+#: Entra errors that no retry fixes (OAuth 2.0 RFC 6749 §5.2 and Entra's additions).
+PERMANENT_ERRORS = frozenset(
+    {
+        "invalid_grant",
+        "invalid_client",
+        "unauthorized_client",
+        "invalid_scope",
+        "unsupported_grant_type",
+        "consent_required",
+        "interaction_required",
+        "invalid_request",
+    }
+)
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class GraphTokens(AccessTokenProvider):
+    """One mailbox's access tokens (module docstring)."""
+
+    def __init__(
+        self, settings: OutlookSettings, mailbox: OutlookMailbox, session: aiohttp.ClientSession
+    ) -> None:
+        self._settings = settings
+        self._mailbox = mailbox
+        self._session = session
+        self._token: str | None = None
+        self._expires_at = 0.0  # monotonic
+        self._refresh_token: str | None = None  # the newest one Entra gave us
+        self._lock = anyio.Lock()
+        graph = urlsplit(settings.graph_url)
+        self._graph_host = graph.hostname or ""
+        self._scope = f"{graph.scheme}://{graph.netloc}/.default"
+        self._hosts = AllowedHostsValidator([self._graph_host])
+
+    async def token(self) -> str:
+        """A valid access token (cached, refreshed shortly before it expires)."""
+        if self._token is not None and time.monotonic() < self._expires_at:
+            return self._token
+        async with self._lock:
+            if self._token is None or time.monotonic() >= self._expires_at:
+                self._token, lifetime = await self._fetch()
+                self._expires_at = time.monotonic() + max(0.0, lifetime - TOKEN_REFRESH_MARGIN_S)
+            return self._token
+
+    def invalidate(self, token: str) -> None:
+        """Graph refused `token` (401): the next `token()` fetches a new one."""
+        if self._token == token:
+            self._token = None
+
+    # --- kiota AccessTokenProvider ----------------------------------------------------------
+
+    async def get_authorization_token(
+        self, uri: str, additional_authentication_context: dict[str, Any] | None = None
+    ) -> str:
+        parts = urlsplit(uri)
+        if parts.hostname != self._graph_host:
+            return ""  # no Authorization header for any other host
+        if parts.scheme != "https" and parts.hostname not in _LOOPBACK:
+            raise OutlookAuthError("refusing to send a Graph token over plain http")
+        return await self.token()
+
+    def get_allowed_hosts_validator(self) -> AllowedHostsValidator:
+        return self._hosts
+
+    # --- the token endpoint ------------------------------------------------------------------
+
+    async def _fetch(self) -> tuple[str, float]:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(TOKEN_ATTEMPTS),
+            wait=wait_exponential(multiplier=TOKEN_BACKOFF_S, max=30.0)
+            + wait_random(0, TOKEN_BACKOFF_S),
+            retry=retry_if_exception_type(OutlookUnavailable),
+            reraise=True,
+        )
+        result: tuple[str, float] = await retrying(self._request_once)
+        return result
+
+    async def _request_once(self) -> tuple[str, float]:
+        form = self._form()
+        url = self._settings.token_url
+        try:
+            async with self._session.post(
+                url, data=form, timeout=aiohttp.ClientTimeout(total=TOKEN_TIMEOUT_S)
+            ) as response:
+                body = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise OutlookUnavailable(f"token endpoint: {type(exc).__name__}") from exc
+        answer = _json(body)
+        if status == 200 and isinstance(answer.get("access_token"), str):
+            if isinstance(answer.get("refresh_token"), str):
+                self._refresh_token = answer["refresh_token"]
+            lifetime = answer.get("expires_in", 3600)
+            try:
+                seconds = float(lifetime)
+            except (TypeError, ValueError):
+                seconds = 3600.0
+            return answer["access_token"], seconds if math.isfinite(seconds) else 3600.0
+        error = str(answer.get("error") or f"http_{status}")
+        codes = answer.get("error_codes")
+        code = f" (AADSTS{codes[0]})" if isinstance(codes, list) and codes else ""
+        if status in (400, 401, 403) and error in PERMANENT_ERRORS:
+            raise OutlookAuthError(f"token endpoint refused the credentials: {error}{code}")
+        raise OutlookUnavailable(f"token endpoint answered {status}: {error}{code}")
+
+    def _form(self) -> dict[str, str]:
+        form = {"client_id": self._settings.client_id, "scope": self._scope}
+        if self._mailbox.refresh_token is not None:
+            refresh = self._refresh_token or self._mailbox.refresh_token.reveal().strip()
+            form |= {
+                "grant_type": "refresh_token",
+                "refresh_token": refresh,
+                "scope": f"{self._scope} offline_access",
+            }
+        else:
+            form["grant_type"] = "client_credentials"
+        if self._settings.client_secret is not None:
+            form["client_secret"] = self._settings.client_secret.reveal().strip()
+        elif self._settings.certificate is not None:
+            form |= {
+                "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                "client_assertion": self._assertion(),
+            }
+        return form
+
+    def _assertion(self) -> str:
+        """A client assertion signed with the certificate's key (Entra "certificate
+        credentials": RS256, x5t#S256 header, aud = the token endpoint)."""
+        assert self._settings.certificate is not None
+        pem = self._settings.certificate.reveal().encode()
+        try:
+            key = serialization.load_pem_private_key(pem, password=None)
+            cert = x509.load_pem_x509_certificate(pem)
+        except ValueError as exc:
+            raise OutlookAuthError(
+                "certificate: expected a PEM with the private key and the certificate"
+            ) from exc
+        thumbprint = base64.urlsafe_b64encode(cert.fingerprint(hashes.SHA256())).rstrip(b"=")
+        now = int(time.time())
+        claims = {
+            "aud": self._settings.token_url,
+            "iss": self._settings.client_id,
+            "sub": self._settings.client_id,
+            "jti": str(uuid.uuid4()),
+            "nbf": now,
+            "iat": now,
+            "exp": now + ASSERTION_LIFETIME_S,
+        }
+        headers = {"x5t#S256": thumbprint.decode()}
+        return jwt.encode(claims, key, algorithm="RS256", headers=headers)  # type: ignore[arg-type]
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}

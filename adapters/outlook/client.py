@@ -1,0 +1,336 @@
+"""The Graph calls of the Outlook door, on transport.py's paced raw path.
+
+    delta_page(folder, link, since)   one page of a folder's message delta: the first
+                                      page of a round through the SDK's request
+                                      builder (`…/messages/delta()` with $select and
+                                      the backfill $filter), later pages by their
+                                      nextLink; EVERY request carries
+                                      Prefer: IdType="ImmutableId", odata.maxpagesize
+                                      (the SDK does not re-send headers on follow-up
+                                      URLs: tests/adapters/outlook)
+    get_raw_batch(ids)                raw MIME of messages (`/messages/{id}/$value`)
+                                      through JSON $batch, ≤ 20 a batch; bodies come
+                                      back base64 (JSON batching: non-JSON bodies are
+                                      base64-encoded); inner 429/503 are retried, only
+                                      those ids, after their Retry-After; 404 → gone
+    create/renew/delete_subscription  change-notification subscriptions (raw JSON:
+                                      the SDK's Subscription model costs a 2.6 s
+                                      import wall on first use, bench/README.md)
+
+Immutable ids: with the preference, a message keeps its id when it moves between
+folders (Graph "Obtain immutable identifiers for Outlook resources"), so a move
+between two synced folders is one stored row, not a delete and a new message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from kiota_abstractions.base_request_configuration import RequestConfiguration
+from kiota_abstractions.method import Method
+from kiota_abstractions.request_information import RequestInformation
+from msgraph.generated.users.item.mail_folders.item.messages.delta.delta_request_builder import (
+    DeltaRequestBuilder,
+)
+
+from inboxd.adapters.outlook.errors import (
+    DeltaExpired,
+    OutlookRequestRejected,
+    OutlookRetriable,
+    OutlookThrottled,
+    OutlookUnavailable,
+)
+from inboxd.adapters.outlook.transport import Answer, GraphTransport, graph_error_code
+
+__all__ = ["GRAPH_BATCH_SIZE", "DeltaItem", "DeltaPage", "GraphClient", "RawBatch", "Subscription"]
+
+#: Requests per JSON batch: Graph's limit ("JSON batching": up to 20 requests).
+GRAPH_BATCH_SIZE = 20
+#: Messages per delta page we ask for (Prefer: odata.maxpagesize). One request per
+#: page against one per body: 100 keeps listing at ~1 % of the budget.
+DELTA_PAGE_SIZE = 100
+#: Fields a delta page needs: ids, thread, folder. Bodies come raw from $value.
+DELTA_SELECT = ["id", "conversationId", "parentFolderId", "receivedDateTime", "internetMessageId"]
+#: Delta state that no longer exists: "resyncRequired" (410 Gone), "syncStateNotFound"
+#: / "syncStateInvalid" (400) — the delta query overview's "synchronization reset".
+EXPIRED_CODES = frozenset({"resyncrequired", "syncstatenotfound", "syncstateinvalid"})
+#: Rounds of retrying the throttled ids of one batch before the error goes up.
+BATCH_ROUNDS = 4
+IMMUTABLE = 'IdType="ImmutableId"'
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaItem:
+    id: str
+    conversation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPage:
+    """One delta page: items present in the folder, ids that left it (id → reason:
+    "deleted", or "changed" for moved out), and exactly one of the two links."""
+
+    items: list[DeltaItem]
+    removed: dict[str, str]
+    next_link: str | None
+    delta_link: str | None
+
+
+@dataclass(slots=True)
+class RawBatch:
+    raw: dict[str, bytes] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    id: str
+    expires_at: datetime
+
+
+class GraphClient:
+    """The Graph calls of one mailbox (module docstring)."""
+
+    def __init__(self, transport: GraphTransport, user: str) -> None:
+        self.transport = transport
+        self.user = user
+        self._prefer = [IMMUTABLE, f"odata.maxpagesize={DELTA_PAGE_SIZE}"]
+
+    # --- delta ------------------------------------------------------------------------------
+
+    async def delta_page(self, folder: str, link: str | None, since: datetime | None) -> DeltaPage:
+        """The page at `link`, or the first page of a fresh round (link None)."""
+
+        def make() -> RequestInformation:
+            if link is not None:
+                info = self.transport.request(Method.GET, link)
+                info.headers.add("Prefer", self._prefer)
+                return info
+            query = DeltaRequestBuilder.DeltaRequestBuilderGetQueryParameters(
+                select=DELTA_SELECT,
+                filter=None if since is None else f"receivedDateTime ge {_iso(since)}",
+            )
+            config = RequestConfiguration(query_parameters=query)
+            config.headers.add("Prefer", self._prefer)
+            builder = (
+                self.transport.client.users.by_user_id(self.user)
+                .mail_folders.by_mail_folder_id(folder)
+                .messages.delta
+            )
+            return builder.to_get_request_information(config)
+
+        def expired(answer: Answer) -> Exception | None:
+            code = (graph_error_code(answer.body) or "").lower()
+            if answer.status == 410 or (answer.status == 400 and code in EXPIRED_CODES):
+                return DeltaExpired(
+                    f"{folder}: Graph answered {answer.status} {code or ''}".rstrip(),
+                    folder=folder,
+                )
+            return None
+
+        answer = await self.transport.call(f"{folder} delta", make, expired=expired)
+        return _delta_page(answer.json())
+
+    # --- bodies -----------------------------------------------------------------------------
+
+    async def get_raw_batch(self, ids: Iterable[str]) -> RawBatch:
+        out = RawBatch()
+        wanted = list(dict.fromkeys(ids))
+        for start in range(0, len(wanted), GRAPH_BATCH_SIZE):
+            await self._batch(wanted[start : start + GRAPH_BATCH_SIZE], out)
+        return out
+
+    async def _batch(self, ids: list[str], out: RawBatch) -> None:
+        pending = list(ids)
+
+        async def attempt() -> None:
+            nonlocal pending
+            pending, error = await self._batch_once(pending, out)
+            if error is not None:
+                raise error
+
+        await self.transport.retrying("$batch", attempt)
+
+    async def _batch_once(
+        self, ids: list[str], out: RawBatch
+    ) -> tuple[list[str], OutlookRetriable | None]:
+        """One $batch; fills `out` and answers the ids to ask again (inner 429/5xx)."""
+        user = quote(self.user, safe="")
+        requests = [
+            {
+                "id": str(n),
+                "method": "GET",
+                "url": f"/users/{user}/messages/{quote(mid, safe='')}/$value",
+                "headers": {"Prefer": IMMUTABLE},
+            }
+            for n, mid in enumerate(ids)
+        ]
+        info = self.transport.request(Method.POST, f"{self.transport.settings.graph_url}/$batch")
+        info.headers.add("Content-Type", "application/json")
+        info.headers.add("Prefer", IMMUTABLE)
+        info.content = orjson.dumps({"requests": requests})
+        # Graph runs a batch's requests against the mailbox's concurrency limit: the
+        # batch holds every slot, and each inner request costs one of the budget.
+        answer = await self.transport.send(
+            "$batch", info, cost=len(ids) + 1, slots=self.transport.settings.concurrent_requests
+        )
+        if answer.status != 200:
+            raise self.transport.error("$batch", answer)
+        again: list[str] = []
+        worst: OutlookRetriable | None = None
+        for part in answer.json().get("responses") or []:
+            if not isinstance(part, dict):
+                continue
+            try:
+                mid = ids[int(part.get("id", -1))]
+            except (ValueError, IndexError):
+                continue
+            status = part.get("status")
+            if status == 200:
+                raw = _body_bytes(part.get("body"))
+                if raw is None:
+                    again.append(mid)
+                    worst = worst or OutlookUnavailable("$batch: a body that is not base64")
+                else:
+                    out.raw[mid] = raw
+            elif status == 404:
+                out.gone.add(mid)
+            elif status in (429, 503) or (isinstance(status, int) and status >= 500):
+                again.append(mid)
+                inner = Answer(status, _headers(part), orjson.dumps(part.get("body")))
+                error = self.transport.error(f"$batch {mid}", inner)
+                if isinstance(error, OutlookRetriable) and (
+                    worst is None or isinstance(error, OutlookThrottled)
+                ):
+                    worst = error
+            else:
+                out.rejected[mid] = f"$value answered {status}"
+        missing = [mid for mid in ids if mid not in out.raw and mid not in out.gone]
+        missing = [mid for mid in missing if mid not in out.rejected and mid not in again]
+        if missing:  # an answer without some of our ids: ask again
+            again.extend(missing)
+            worst = worst or OutlookUnavailable("$batch: answers missing")
+        return again, worst
+
+    # --- subscriptions ----------------------------------------------------------------------
+
+    async def create_subscription(
+        self,
+        folder: str,
+        notification_url: str,
+        lifecycle_url: str,
+        client_state: str,
+        expires_at: datetime,
+    ) -> Subscription:
+        body = {
+            "changeType": "created",
+            "notificationUrl": notification_url,
+            "lifecycleNotificationUrl": lifecycle_url,
+            "resource": f"users/{self.user}/mailFolders('{folder}')/messages",
+            "expirationDateTime": _iso(expires_at),
+            "clientState": client_state,
+        }
+        answer = await self._json_call("create subscription", Method.POST, "/subscriptions", body)
+        return _subscription(answer.json())
+
+    async def renew_subscription(self, subscription_id: str, expires_at: datetime) -> Subscription:
+        answer = await self._json_call(
+            "renew subscription",
+            Method.PATCH,
+            f"/subscriptions/{quote(subscription_id, safe='')}",
+            {"expirationDateTime": _iso(expires_at)},
+        )
+        return _subscription(answer.json())
+
+    async def delete_subscription(self, subscription_id: str) -> None:
+        """Delete it; one Graph no longer knows is deleted already."""
+        try:
+            await self._json_call(
+                "delete subscription",
+                Method.DELETE,
+                f"/subscriptions/{quote(subscription_id, safe='')}",
+                None,
+            )
+        except OutlookRequestRejected as exc:
+            if exc.status != 404:
+                raise
+
+    async def _json_call(
+        self, what: str, method: Method, path: str, body: dict[str, Any] | None
+    ) -> Answer:
+        def make() -> RequestInformation:
+            info = self.transport.request(method, f"{self.transport.settings.graph_url}{path}")
+            if body is not None:
+                info.headers.add("Content-Type", "application/json")
+                info.content = orjson.dumps(body)
+            return info
+
+        return await self.transport.call(what, make)
+
+
+def _delta_page(doc: dict[str, Any]) -> DeltaPage:
+    items: list[DeltaItem] = []
+    removed: dict[str, str] = {}
+    for entry in doc.get("value") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        gone = entry.get("@removed")
+        if isinstance(gone, dict):
+            reason = gone.get("reason")
+            removed[entry["id"]] = "deleted" if reason == "deleted" else "moved"
+            continue
+        conversation = entry.get("conversationId")
+        items.append(
+            DeltaItem(entry["id"], conversation if isinstance(conversation, str) else None)
+        )
+    next_link = doc.get("@odata.nextLink")
+    delta_link = doc.get("@odata.deltaLink")
+    if not isinstance(next_link, str) and not isinstance(delta_link, str):
+        raise OutlookUnavailable("delta page without @odata.nextLink or @odata.deltaLink")
+    return DeltaPage(
+        items,
+        removed,
+        next_link if isinstance(next_link, str) else None,
+        delta_link if isinstance(delta_link, str) and not isinstance(next_link, str) else None,
+    )
+
+
+def _subscription(doc: dict[str, Any]) -> Subscription:
+    sid, expiry = doc.get("id"), doc.get("expirationDateTime")
+    if not isinstance(sid, str) or not isinstance(expiry, str):
+        raise OutlookUnavailable("subscription answer without id or expirationDateTime")
+    try:
+        expires_at = datetime.fromisoformat(expiry.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise OutlookUnavailable("subscription answer with an unreadable expiry") from exc
+    if expires_at.tzinfo is None:
+        expires_at = expires_at.replace(tzinfo=UTC)
+    return Subscription(sid, expires_at)
+
+
+def _body_bytes(body: object) -> bytes | None:
+    if not isinstance(body, str):
+        return None
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _headers(part: dict[str, Any]) -> dict[str, str]:
+    headers = part.get("headers")
+    if not isinstance(headers, dict):
+        return {}
+    return {str(k): str(v) for k, v in headers.items()}
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
