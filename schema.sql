@@ -353,7 +353,7 @@ COMMENT ON COLUMN mailboxes.push_hint IS 'What the last push said, as the provid
 -- Gmail's users.watch (adapters/gmail/source.py renews it before it lapses; the
 -- registry records each renewal). Added after the table existed.
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS watch_expires_at timestamptz;
-COMMENT ON COLUMN mailboxes.watch_expires_at IS 'Gmail: when the mailbox''s users.watch (Pub/Sub pushes) lapses unless renewed, as Gmail answered the last renewal; NULL when never watched (no [gmail] topic, or no sync yet).';
+COMMENT ON COLUMN mailboxes.watch_expires_at IS 'When the mailbox''s push channel lapses unless renewed: Gmail''s users.watch as Gmail answered the last renewal, or the earliest expiry of an Outlook mailbox''s Graph subscriptions; NULL when never watched (no [gmail] topic or [outlook] notification_url, or no sync yet).';
 
 -- A copy that left its mailbox (pipeline/copies.py record_removed): the message row
 -- stays. Added after the table existed.

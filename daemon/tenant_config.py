@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 PROVIDERS = ("maildir", "gmail", "outlook", "imap", "ses")
-RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail"})
+RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail", "outlook"})
 SYNC_MODES = ("push", "poll", "auto")
 # A Maildir has no push channel of its own: "auto" watches new/ and also rescans
 # every poll_interval_s (a missed inotify event or an NFS mount costs one interval).

@@ -131,11 +131,16 @@ class GraphTransport:
         self._wide = anyio.Lock()
         self._attempts = attempts
         self._backoff_s = backoff_initial_s
+        # msgraph-core wraps this transport in one whose aclose() closes nothing
+        # (AsyncGraphTransport has none): we close the connections ourselves.
+        self._connections = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=settings.concurrent_requests + 1)
+        )
         self._http = GraphClientFactory.create_with_custom_middleware(
             [ParametersNameDecodingHandler()],
             client=httpx.AsyncClient(
+                transport=self._connections,
                 timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-                limits=httpx.Limits(max_connections=settings.concurrent_requests + 1),
             ),
         )
         self.adapter = GraphRequestAdapter(
@@ -146,6 +151,7 @@ class GraphTransport:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._connections.aclose()
 
     def request(self, method: Method, url: str) -> RequestInformation:
         """A RequestInformation for an absolute URL (a nextLink, $batch, subscriptions)."""

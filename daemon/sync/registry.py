@@ -19,6 +19,8 @@ from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.source import GmailSource
 from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir.config import MaildirConfig
+from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import ConfigError
@@ -55,14 +57,7 @@ def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
         return await known_copies(deps.pool, tenant, mailbox_id, ids)
 
     async def record_watch(expires_at: datetime) -> None:
-        async with deps.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE mailboxes SET watch_expires_at = $3 "
-                "WHERE tenant_id = $1 AND mailbox_id = $2",
-                tenant,
-                mailbox_id,
-                expires_at,
-            )
+        await _record_watch(deps.pool, tenant, mailbox_id, expires_at)
 
     return GmailSource(
         tenant,
@@ -75,9 +70,41 @@ def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
     )
 
 
+def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+    # Pages follow Graph's delta pages (Prefer: odata.maxpagesize), not [workers] batch_size.
+    tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
+    settings = OutlookSettings.from_settings(mailbox.tenant_settings)
+    outlook = OutlookMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
+    outlook.check_against(settings)
+
+    async def known(ids: Sequence[str]) -> set[str]:
+        return await known_copies(deps.pool, tenant, mailbox_id, ids)
+
+    async def record_watch(expires_at: datetime | None) -> None:
+        await _record_watch(deps.pool, tenant, mailbox_id, expires_at)
+
+    return OutlookSource(
+        tenant, mailbox_id, settings, outlook, known, deps.pool, record_watch=record_watch
+    )
+
+
+async def _record_watch(
+    pool: asyncpg.Pool, tenant: str, mailbox_id: str, expires_at: datetime | None
+) -> None:
+    """When the mailbox's push channel (Gmail watch, Graph subscriptions) lapses."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE mailboxes SET watch_expires_at = $3 WHERE tenant_id = $1 AND mailbox_id = $2",
+            tenant,
+            mailbox_id,
+            expires_at,
+        )
+
+
 _BUILDERS: dict[str, Callable[[MailboxConfig, int, SourceDeps], Source]] = {
     "maildir": _maildir,
     "gmail": _gmail,
+    "outlook": _outlook,
 }
 
 
