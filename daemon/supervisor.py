@@ -212,9 +212,11 @@ class Daemon:
                     merged[tenant_id] = old  # keep running what worked
         await self._sync_mailbox_rows(merged)
         mailboxes = _mailboxes(merged)
+        # routes first: a runner started by reconcile creates Graph subscriptions at
+        # once, and Graph validates them against this tenant's notification URLs
+        self._load_hooks(merged)
         await self.fleet.reconcile(mailboxes)
         self.tenants = merged
-        self._load_hooks(merged)
         try:
             self._tokens.replace(_api_tokens(merged))
         except ValueError as exc:  # e.g. two tenants sharing a token: keep the old table
