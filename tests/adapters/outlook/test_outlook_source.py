@@ -48,6 +48,7 @@ class Ref:
 @dataclass
 class Rig:
     fake: FakeGraph
+    refresh_token: str | None
     pool: asyncpg.Pool
     runner: MailboxRunner
     source: OutlookSource
@@ -81,6 +82,8 @@ class Rig:
 
     def check_contract(self) -> None:
         assert self.fake.counters.missing_immutable_total() == 0
+        # every delta request, follow-up links included, carried odata.maxpagesize
+        assert self.fake.counters.without_maxpagesize() == 0
         assert self.fake.counters.max_downloads() <= 1  # no body downloaded twice
         assert self.fake.counters.throttled.get(USER, 0) == 0  # no self-inflicted 429
 
@@ -91,7 +94,12 @@ def corpus_files(n: int) -> list[Path]:
 
 @asynccontextmanager
 async def rig(
-    pool: asyncpg.Pool, store: ObjectStore, make_mailbox, *, folders=("inbox", "sentitems")
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    make_mailbox,
+    *,
+    folders=("inbox", "sentitems"),
+    delegated: bool = False,
 ) -> AsyncIterator[Rig]:
     await make_mailbox(T, M, provider="outlook", address=USER)
     async with FakeGraph([USER]) as fake:
@@ -102,7 +110,10 @@ async def rig(
             graph_url=fake.graph_url,
             authority_url=fake.authority_url,
         )
-        mailbox = OutlookMailbox(address=USER, folders=tuple(folders), backfill="all")
+        refresh = Ref(fake.issue_refresh_token(USER)) if delegated else None
+        mailbox = OutlookMailbox(
+            address=USER, refresh_token=refresh, folders=tuple(folders), backfill="all"
+        )
 
         async def known(ids: list[str]) -> set[str]:
             return await copies.known_copies(pool, T, M, ids)
@@ -115,7 +126,7 @@ async def rig(
         async with anyio.create_task_group() as tg:
             await tg.start(queue.run_worker)
             await tg.start(runner.run)
-            yield Rig(fake, pool, runner, source)
+            yield Rig(fake, None if refresh is None else refresh.reveal(), pool, runner, source)
             runner.stop()
             queue.close()
 
@@ -140,3 +151,100 @@ async def test_backfill_then_delta_stores_each_message_once(pool, store, make_ma
         )
         assert direction == "outbound"
         r.check_contract()
+
+
+async def copy_row(pool: asyncpg.Pool, external_id: str) -> asyncpg.Record | None:
+    return await pool.fetchrow(
+        "SELECT labels, removed_at FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
+        M,
+        external_id,
+    )
+
+
+async def test_a_move_between_synced_folders_keeps_one_row_and_a_delete_is_recorded(
+    pool, store, make_mailbox
+) -> None:
+    files = corpus_files(4)
+    async with rig(pool, store, make_mailbox) as r:
+        box = r.fake.mailbox(USER)
+        moved, deleted, _, _ = box.add_files(files)
+        await r.sync(4)
+
+        r.fake.move_message(moved.immutable_id, "sentitems")
+        r.fake.delete_message(deleted.immutable_id)
+        await r.sync()
+        assert await r.rows() == 4
+        assert await pool.fetchval("SELECT count(*) FROM messages") == 4
+        row = await copy_row(pool, moved.immutable_id)
+        assert row is not None and list(row["labels"]) == ["sentitems"]
+        assert row["removed_at"] is None  # left inbox, arrived in sentitems: still here
+        gone = await copy_row(pool, deleted.immutable_id)
+        assert gone is not None and gone["removed_at"] is not None
+        kinds = [k for (k,) in await pool.fetch("SELECT kind FROM events ORDER BY event_id")]
+        assert "message.removed" in kinds
+        r.check_contract()
+
+
+async def test_an_expired_delta_restarts_only_that_folder_and_downloads_nothing_twice(
+    pool, store, make_mailbox
+) -> None:
+    files = corpus_files(8)
+    async with rig(pool, store, make_mailbox) as r:
+        box = r.fake.mailbox(USER)
+        box.add_files(files[:4])
+        box.add_files(files[4:6], folder="sentitems")
+        await r.sync(6)
+        box.add_files(files[6:])
+        box.expire_delta_tokens("inbox")  # inbox's deltaLink answers 410 now
+        await r.sync(8)
+        resets = await pool.fetch("SELECT payload FROM events WHERE kind = 'mailbox.cursor_reset'")
+        assert len(resets) == 1
+        assert await pool.fetchval("SELECT count(*) FROM messages") == 8
+        r.check_contract()
+
+
+async def test_a_body_throttled_past_every_retry_holds_the_cursor_then_completes(
+    pool, store, make_mailbox
+) -> None:
+    files = corpus_files(5)
+    async with rig(pool, store, make_mailbox, folders=("inbox",)) as r:
+        box = r.fake.mailbox(USER)
+        box.add_files(files[:2])
+        await r.sync(2)
+        before = await r.cursor()
+        stuck, *_ = box.add_files(files[2:])
+        r.fake.faults.fail_message(stuck.immutable_id, 429, times=None, retry_after_s=0)
+        r.runner.ring()
+        await eventually(
+            lambda: pool.fetchval("SELECT last_error FROM mailboxes WHERE mailbox_id = $1", M),
+            DEADLINE_S,
+            what="the run gives up",
+            until=lambda error: error is not None and "429" in error,
+        )
+        assert await r.cursor() == before  # the page is not settled: the cursor holds
+        await pool.execute("UPDATE mailboxes SET throttle_until = NULL WHERE mailbox_id = $1", M)
+        r.fake.faults.fail_message(stuck.immutable_id, 429, times=0)
+        r.fake.faults.by_message.clear()
+        await r.sync(5)
+        assert await r.cursor() != before
+        assert r.fake.counters.missing_immutable_total() == 0
+
+
+async def test_a_revoked_grant_needs_attention_with_the_reason(pool, store, make_mailbox) -> None:
+    async with rig(pool, store, make_mailbox, delegated=True) as r:
+        r.fake.mailbox(USER).add_files(corpus_files(1))
+        await r.sync(1)
+        assert r.refresh_token is not None
+        r.fake.revoke_refresh_token(r.refresh_token)
+        r.fake.expire_access_tokens()
+        r.runner.ring()
+        state = await eventually(
+            lambda: pool.fetchrow(
+                "SELECT sync_state, last_error FROM mailboxes WHERE mailbox_id = $1", M
+            ),
+            DEADLINE_S,
+            what="needs_attention",
+            until=lambda row: row["sync_state"] == "needs_attention",
+        )
+        assert "invalid_grant" in state["last_error"]
+        assert r.refresh_token not in state["last_error"]
