@@ -44,7 +44,9 @@ class MailboxStatus:
     poll_interval_s: float
     last_polled_at: datetime | None
     last_push_at: datetime | None = None  # the provider's last push (push and auto modes)
-    watch_expires_at: datetime | None = None  # Gmail: when users.watch lapses unless renewed
+    watch_expires_at: datetime | None = None  # when the push channel lapses unless renewed
+    # Outlook: why the last subscription create/renewal failed, while it keeps failing
+    push_error: str | None = None
     dead_items: int = 0  # unresolved dead items of the mailbox
     attachments_pending: int = 0  # attachments whose store failed, not yet re-derived
 
@@ -59,6 +61,10 @@ SELECT tenant_id, mailbox_id, provider, sync_mode, cursor, cursor_updated_at,
        lease_owner, lease_expires_at,
        coalesce(lease_owner IS NOT NULL AND lease_expires_at > now(), false) AS leased,
        cancel_requested, poll_interval_s, last_polled_at, last_push_at, watch_expires_at,
+       (SELECT g.folder || ': ' || g.last_error FROM graph_subscriptions g
+         WHERE g.tenant_id = mb.tenant_id AND g.mailbox_id = mb.mailbox_id
+           AND g.renew_failures > 0
+         ORDER BY g.renew_failures DESC, g.folder LIMIT 1) AS push_error,
        (SELECT count(*) FROM dead_items d
          WHERE d.tenant_id = mb.tenant_id AND d.mailbox_id = mb.mailbox_id
            AND d.resolved_at IS NULL)::int AS dead_items,
