@@ -1,6 +1,12 @@
-"""`inboxd connect gmail --tenant T --mailbox M`: consent in a browser, keep the refresh token.
+"""`inboxd connect gmail|outlook --tenant T --mailbox M`: sign in, keep the refresh token.
 
-The OAuth 2.0 flow for installed applications with a loopback redirect and PKCE
+What both providers share lives here: the options (--tenant, --mailbox, --out,
+--force), finding the mailbox and its provider table in the tenant file, refusing
+an existing --out before anyone signs in, writing the token file and printing the
+line for the tenant file. `connect outlook` signs in with the device authorization
+grant (connect_outlook.py); `connect gmail` with the flow below.
+
+The Gmail flow for installed applications with a loopback redirect and PKCE
 (developers.google.com/identity/protocols/oauth2/native-app; RFC 7636 S256):
 
     1. listen on 127.0.0.1, ephemeral port: the redirect_uri
@@ -21,15 +27,19 @@ gmail.readonly is the narrowest scope that covers everything the door calls:
 getProfile, messages.list/get with format=raw (gmail.metadata has no bodies),
 history.list and users.watch ("Authorization scopes" of each method's reference).
 
-The tenant file is read raw (its `[gmail]` table and the mailbox's address), not
-through load_tenants: a mailbox that has no refresh_token yet — the reason to run
-this command — makes its file invalid for `inboxd run`.
+The tenant file is read raw (its `[gmail]`/`[outlook]` table and the mailbox's
+address), not through load_tenants: a mailbox that has no refresh_token yet — the
+reason to run this command — may make its file invalid for `inboxd run`.
+
+The token file is written readable by its owner only from its first byte, and takes
+its name in one step (`_write_secret`): nobody sees it half-written or world-readable.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -45,6 +55,9 @@ from aiohttp import web
 
 from inboxd.adapters.gmail.config import GmailSettings
 from inboxd.adapters.gmail.errors import GmailConfigError
+from inboxd.adapters.outlook.config import OutlookSettings
+from inboxd.adapters.outlook.errors import OutlookConfigError
+from inboxd.daemon.commands import connect_outlook
 from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
 from inboxd.daemon.config import ConfigError, load_main, load_tenants
 from inboxd.daemon.config_reader import Options, Reader
@@ -56,12 +69,17 @@ GMAIL_SCOPE = "https://www.googleapis.com/auth/gmail.readonly"
 DEFAULT_TIMEOUT_S = 300.0
 HTTP_TIMEOUT_S = 30.0
 CALLBACK_PATH = "/"
+# The provider table's parser and its error, by provider (= table name).
+_SETTINGS: dict[str, tuple[Any, type[ValueError]]] = {
+    "gmail": (GmailSettings, GmailConfigError),
+    "outlook": (OutlookSettings, OutlookConfigError),
+}
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "connect",
-        help="connect a provider mailbox (OAuth consent in a browser)",
+        help="connect a provider mailbox (OAuth sign-in, refresh token kept in a file)",
         description="Connect a mailbox of a tenant file to its provider account.",
     )
     providers = parser.add_subparsers(dest="provider", metavar="PROVIDER", required=True)
@@ -73,14 +91,7 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         "127.0.0.1, and write the mailbox's refresh token to a file only you can read; "
         'then put the printed refresh_token = "file:…" line in the mailbox\'s table.',
     )
-    gmail.add_argument("--tenant", required=True, help="tenant id (its file has [gmail])")
-    gmail.add_argument("--mailbox", required=True, help='mailbox id (provider = "gmail")')
-    gmail.add_argument(
-        "--out",
-        type=Path,
-        help="refresh token file (default: TENANT.MAILBOX.refresh-token next to the tenant file)",
-    )
-    gmail.add_argument("--force", action="store_true", help="replace an existing --out file")
+    _mailbox_arguments(gmail, "gmail")
     gmail.add_argument(
         "--timeout",
         type=float,
@@ -92,20 +103,47 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         default=DEFAULT_AUTH_URL,
         help="authorization endpoint (default: Google's; tests use a fake)",
     )
-    gmail.set_defaults(handler=run)
+    outlook = providers.add_parser(
+        "outlook",
+        parents=[parent],
+        help="Outlook / Microsoft 365: device code sign-in, refresh token written to a 0600 file",
+        description="Print Microsoft's sign-in page and code, wait (up to the code's "
+        "lifetime, 15 minutes) for someone to sign in there with access to the mailbox, "
+        "and write the delegated refresh token to a file only you can read; then put the "
+        'printed refresh_token = "file:…" line in the mailbox\'s table. Ctrl-C stops '
+        f"waiting. ({connect_outlook.ENV_TEST_POLL_SCALE} is for tests only.)",
+    )
+    _mailbox_arguments(outlook, "outlook")
+
+
+def _mailbox_arguments(parser: argparse.ArgumentParser, provider: str) -> None:
+    parser.add_argument("--tenant", required=True, help=f"tenant id (its file has [{provider}])")
+    parser.add_argument("--mailbox", required=True, help=f'mailbox id (provider = "{provider}")')
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="refresh token file (default: TENANT.MAILBOX.refresh-token next to the tenant file)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.set_defaults(handler=run)
 
 
 async def run(args: argparse.Namespace) -> int:
     if args.config is None:
         raise CommandError("connect needs --config FILE (the main config)", EXIT_USAGE)
+    scale = connect_outlook.poll_scale(os.environ) if args.provider == "outlook" else 1.0
     target, out = await anyio.to_thread.run_sync(_plan, args)
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        refresh = await _consent(args, target, session)
+        if isinstance(target.settings, OutlookSettings):
+            refresh = await connect_outlook.device_flow(target.settings, session, wait_scale=scale)
+        else:
+            refresh = await _consent(args, target, session)
     await anyio.to_thread.run_sync(lambda: _write_secret(out, refresh, force=args.force))
     line = f'refresh_token = "file:{out}"'
     if args.json:
-        emit_json({"command": "connect gmail", "status": "ok", "file": str(out), "line": line})
+        command = f"connect {args.provider}"
+        emit_json({"command": command, "status": "ok", "file": str(out), "line": line})
     else:
         print(f"refresh token written to {out} (mode 0600); in mailbox {args.mailbox!r} put:")
         print(line)
@@ -113,7 +151,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 class _Target:
-    def __init__(self, tenant_file: Path, settings: GmailSettings, address: str) -> None:
+    def __init__(
+        self, tenant_file: Path, settings: GmailSettings | OutlookSettings, address: str
+    ) -> None:
         self.tenant_file = tenant_file
         self.settings = settings
         self.address = address
@@ -121,16 +161,21 @@ class _Target:
 
 def _plan(args: argparse.Namespace) -> tuple[_Target, Path]:
     """The mailbox to connect and the file to write (refused early when it exists,
-    so nobody consents for nothing)."""
-    target = _find_mailbox(args.config, args.tenant, args.mailbox)
+    so nobody signs in for nothing)."""
+    target = _find_mailbox(args.config, args.tenant, args.mailbox, args.provider)
     name = f"{args.tenant}.{args.mailbox}.refresh-token"
     out: Path = (args.out or target.tenant_file.parent / name).expanduser().absolute()
     if out.exists() and not args.force:
         raise CommandError(f"{out} exists: pass --force to replace it", EXIT_USAGE)
+    if not out.parent.is_dir():
+        raise CommandError(f"{out.parent}: no such directory (for --out)", EXIT_USAGE)
     return target, out
 
 
-def _find_mailbox(config: Path, tenant_id: str, mailbox_id: str) -> _Target:
+def _find_mailbox(config: Path, tenant_id: str, mailbox_id: str, provider: str) -> _Target:
+    """The tenant's `[provider]` table, parsed, and the mailbox's address; CommandError
+    (exit 2) naming the file and key when either cannot serve."""
+    parse, config_error = _SETTINGS[provider]
     try:
         main = load_main(config)
     except ConfigError as exc:
@@ -140,28 +185,34 @@ def _find_mailbox(config: Path, tenant_id: str, mailbox_id: str) -> _Target:
         raw = r.read_toml()
         if raw is None or raw.get("id") != tenant_id:
             continue
-        table = raw.get("gmail")
+        table = raw.get(provider)
         if not isinstance(table, dict):
-            raise CommandError(f"{path}: gmail: tenant {tenant_id!r} has no [gmail] table")
-        frozen = r.freeze(table, "gmail")
+            raise CommandError(
+                f"{path}: {provider}: tenant {tenant_id!r} has no [{provider}] table", EXIT_USAGE
+            )
+        frozen = r.freeze(table, provider)
         if r.problems:
             raise CommandError(str(r.problems[0]), EXIT_USAGE)
         try:
-            settings = GmailSettings.from_settings(frozen)
-        except GmailConfigError as exc:
-            raise CommandError(f"{path}: gmail.{exc}", EXIT_USAGE) from exc
-        if settings.client_id is None or settings.client_secret is None:
-            raise CommandError(f"{path}: gmail.client_id: consent needs the OAuth client")
+            settings = parse.from_settings(frozen)
+        except config_error as exc:
+            raise CommandError(f"{path}: {provider}.{exc}", EXIT_USAGE) from exc
+        if isinstance(settings, GmailSettings) and (
+            settings.client_id is None or settings.client_secret is None
+        ):
+            raise CommandError(
+                f"{path}: gmail.client_id: consent needs the OAuth client", EXIT_USAGE
+            )
         for i, box in enumerate(raw.get("mailboxes") or []):
             if isinstance(box, dict) and box.get("id") == mailbox_id:
                 address = box.get("address")
-                if box.get("provider") != "gmail" or not isinstance(address, str):
+                if box.get("provider") != provider or not isinstance(address, str):
                     raise CommandError(
-                        f'{path}: mailboxes[{i}]: needs provider = "gmail" and an address',
+                        f'{path}: mailboxes[{i}]: needs provider = "{provider}" and an address',
                         EXIT_USAGE,
                     )
                 return _Target(path, settings, address.strip())
-        raise CommandError(f"{path}: no mailbox {mailbox_id!r} in tenant {tenant_id!r}")
+        raise CommandError(f"{path}: no mailbox {mailbox_id!r} in tenant {tenant_id!r}", EXIT_USAGE)
     raise CommandError(f"no tenant {tenant_id!r} in {main.tenants_dir}", EXIT_USAGE)
 
 
@@ -169,6 +220,7 @@ async def _consent(
     args: argparse.Namespace, target: _Target, session: aiohttp.ClientSession
 ) -> str:
     settings = target.settings
+    assert isinstance(settings, GmailSettings)
     assert settings.client_id is not None and settings.client_secret is not None
     verifier = secrets.token_urlsafe(64)  # 86 chars of RFC 7636's unreserved alphabet
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
@@ -266,16 +318,28 @@ async def _check_account(
 
 
 def _write_secret(path: Path, value: str, *, force: bool) -> None:
-    """Write `value` to `path` readable by its owner only. Without `force` an existing
-    file is never touched (O_EXCL); with it, the file is replaced atomically."""
-    target = path.with_name(f".{path.name}.{secrets.token_hex(4)}") if force else path
+    """Write `value` to `path`, readable by its owner only (0600) from the first byte.
+
+    The value goes to a temporary file next to `path` (created 0600, O_EXCL, synced),
+    which then takes the name in one step: os.link, which fails when `path` exists,
+    so without `force` an existing file is never touched; os.replace with `force`.
+    Nobody ever sees `path` half-written, and a crash leaves it as it was."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # exactly 0600, whatever the umask
             fh.write(value + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         if force:
-            os.replace(target, path)
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
     except FileExistsError:
         raise CommandError(f"{path} exists: pass --force to replace it", EXIT_USAGE) from None
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)  # after os.link; gone already after os.replace
