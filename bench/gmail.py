@@ -62,18 +62,13 @@ import asyncio
 import math
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import asyncpg
@@ -81,19 +76,21 @@ import asyncpg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # FakeGmail is tests/fakes/gmail
 
-# bench/ is sys.path[0]: the daemon machinery of the Maildir backfill bench.
-from daemon_backfill import (  # noqa: E402
-    FATAL_EVENTS,
-    READY_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    TENANT,
-    Server,
-    Watch,
-    _events,
-    code_version,
-    cpu_s,
-    wait_exit,
-    write_daemon_config,
+# bench/ is sys.path[0]: the daemon machinery of the Maildir backfill bench, and
+# what this benchmark shares with outlook.py.
+from daemon_backfill import TENANT, code_version, write_daemon_config  # noqa: E402
+from door_run import (  # noqa: E402
+    DEFAULT_DSN,
+    DaemonRun,
+    FakeThread,
+    FreshServer,
+    Plain,
+    Sampler,
+    changed_calls,
+    drive_daemon,
+    finite_positive,
+    header_line,
+    ring_and_wait_resync,
 )
 from fakes.gmail import FakeGmail, Quota  # noqa: E402
 from fakes.gmail.quota import DEFAULT_BURST_S  # noqa: E402
@@ -107,10 +104,7 @@ from inboxd.adapters.gmail.pacer import (  # noqa: E402
     MESSAGES_GET_UNITS,
     QuotaPacer,
 )
-from inboxd.pipeline.doorbell import ring  # noqa: E402
-from inboxd.pipeline.leases import CURSOR_RESET_EVENT  # noqa: E402
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DOMAIN = "bench.example"
 SECRET_ENV = "BENCH_GMAIL_CLIENT_SECRET"  # noqa: S105 - a variable name
 #: The issue's target: a one-mailbox backfill sustains this share of the quota.
@@ -168,40 +162,15 @@ class UserView:
         return self.last - self.first
 
 
-class FakeThread:
-    """FakeGmail on its own event loop in a thread of this process."""
+class GmailThread(FakeThread):
+    """FakeGmail (with StampedQuota) on its own event loop in a thread of this process."""
+
+    fake: FakeGmail
 
     def __init__(self, units_per_s: float) -> None:
-        self.fake = FakeGmail(quota_units_per_s=units_per_s)
+        super().__init__(FakeGmail(quota_units_per_s=units_per_s), "fake-gmail")
         self.quota = StampedQuota(units_per_s)
         self.fake.quota = self.quota
-        self.loop = asyncio.new_event_loop()
-        self.tid: int | None = None
-        self._thread = threading.Thread(target=self._run, name="fake-gmail", daemon=True)
-
-    def _run(self) -> None:
-        self.tid = threading.get_native_id()
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def start(self) -> None:
-        self._thread.start()
-        self.call(self.fake.start())
-
-    def stop(self) -> None:
-        self.call(self.fake.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 600.0) -> Any:
-        """Run `coro` on the fake's loop and wait (blocks this thread: setup only)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    async def acall(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def cpu_s(self) -> float:
-        return (cpu_s(self.tid) if self.tid is not None else None) or 0.0
 
     async def _seed(self, user: str, count: int) -> str:
         self.fake.add_user(user).add_generated(count)
@@ -251,16 +220,6 @@ class FakeThread:
         self.call(self._unlimit(user))
 
 
-class _Plain:
-    """A secret reference for the benchmark's own client (adapters take any reveal())."""
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-
 # --------------------------------------------------------------------------- results
 
 
@@ -301,84 +260,22 @@ ROW_HEADER = (
 )
 
 
-@dataclass
-class CpuWindow:
-    """CPU seconds of each party over one window of wall time."""
-
-    wall_s: float = float("nan")
-    daemon_main_s: float = float("nan")
-    daemon_tree_s: float = float("nan")
-    server_s: float | None = None
-    fake_s: float = float("nan")
-    bench_s: float = float("nan")
-    machine_busy_s: float = float("nan")  # every process and the kernel, all cores
-    machine_steal_s: float = float("nan")  # taken by the hypervisor for other guests
-
-    def pct(self, seconds: float | None) -> str:
-        if seconds is None or not self.wall_s > 0:
-            return "n/a"
-        return f"{seconds:.1f} s = {100 * seconds / self.wall_s:.0f} %"
-
-    def line(self) -> str:
-        total = self.daemon_tree_s + (self.server_s or 0.0) + self.fake_s + self.bench_s
-        return (
-            f"CPU over the {self.wall_s:.1f} s window (% of one core): daemon main process "
-            f"{self.pct(self.daemon_main_s)}, with its parse workers "
-            f"{self.pct(self.daemon_tree_s)}; PostgreSQL backends {self.pct(self.server_s)}; "
-            f"fake Gmail thread {self.pct(self.fake_s)}; bench main thread "
-            f"{self.pct(self.bench_s)}; all together {100 * total / self.wall_s:.0f} % "
-            f"(this machine: {os.cpu_count()} cores = {100 * (os.cpu_count() or 1)} %); "
-            f"the whole machine (/proc/stat: every process and the kernel) busy "
-            f"{self.pct(self.machine_busy_s)}, stolen by the hypervisor "
-            f"{self.pct(self.machine_steal_s)}"
-        )
-
-
-@dataclass
-class Tick:
-    t: float
-    daemon_main: float
-    daemon_tree: float
-    server: float | None
-    fake: float
-    bench: float
-    machine_busy: float
-    machine_steal: float
-
-
-@dataclass
-class DaemonRun:
-    label: str
-    mailboxes: dict[str, str]  # mailbox id -> address
-    n_each: int
-    rows: list[Row] = field(default_factory=list)
-    cpu: CpuWindow = field(default_factory=CpuWindow)
-    units_total: int = 0
-    stored: int = 0
-    copies: int = 0
-    dead: int = 0
-    exit_code: int | None = None
-    ready_s: float | None = None
-    resync: dict[str, Any] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-
 # --------------------------------------------------------------------------- baselines
 
 
 async def client_pass(
-    ft: FakeThread, label: str, user: str, refresh: str, pacer_units_per_s: float
+    ft: GmailThread, label: str, user: str, refresh: str, pacer_units_per_s: float
 ) -> Row:
     """A first sync's Gmail calls for `user` by this process's GmailClient."""
     fake = ft.fake
     settings = GmailSettings(
         client_id=fake.client_id,
-        client_secret=_Plain(fake.client_secret),
+        client_secret=Plain(fake.client_secret),
         api_url=fake.base_url,
         token_url=fake.token_url,
         certs_url=fake.certs_url,
     )
-    mailbox = GmailMailbox(user, refresh_token=_Plain(refresh), backfill="all")
+    mailbox = GmailMailbox(user, refresh_token=Plain(refresh), backfill="all")
     fetched = 0
     async with aiohttp.ClientSession() as session:
         pacer = QuotaPacer(pacer_units_per_s)
@@ -447,64 +344,10 @@ def daemon_command(config: Path, dsn: str) -> list[str]:
     return [sys.executable, "-m", "inboxd.daemon.cli", *run]
 
 
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of the whole machine since boot, all cores: the first
-    line of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return float("nan"), float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / tick, steal / tick
-
-
-class Sampler:
-    """Watch (daemon tree, backends) plus the fake's and this thread's CPU, per tick."""
-
-    def __init__(self, watch: Watch, pid: int, ft: FakeThread) -> None:
-        self.watch = watch
-        self.pid = pid
-        self.ft = ft
-        self.ticks: list[Tick] = []
-
-    async def sample(self) -> None:
-        await self.watch.sample()
-        self.ticks.append(
-            Tick(
-                time.monotonic(),
-                self.watch.proc_cpu.get(self.pid, 0.0),
-                self.watch.client_cpu,
-                self.watch.server_cpu,
-                self.ft.cpu_s(),
-                time.thread_time(),
-                *machine_cpu_s(),
-            )
-        )
-
-    def window(self, start: float, end: float) -> CpuWindow:
-        """CPU between the last ticks at or before `start` and `end`."""
-        before = [k for k in self.ticks if k.t <= start] or self.ticks[:1]
-        upto = [k for k in self.ticks if k.t <= end + 1e-3] or self.ticks[-1:]
-        a, b = before[-1], upto[-1]
-        server = None if a.server is None or b.server is None else b.server - a.server
-        return CpuWindow(
-            b.t - a.t,
-            b.daemon_main - a.daemon_main,
-            b.daemon_tree - a.daemon_tree,
-            server,
-            b.fake - a.fake,
-            b.bench - a.bench,
-            b.machine_busy - a.machine_busy,
-            b.machine_steal - a.machine_steal,
-        )
-
-
 async def run_daemon(
     args: argparse.Namespace,
-    server: Server,
-    ft: FakeThread,
+    server: FreshServer,
+    ft: GmailThread,
     work: Path,
     label: str,
     mailboxes: dict[str, str],
@@ -531,100 +374,35 @@ async def run_daemon(
         tenant_file(ft.fake, tokens, mailboxes, args.quota_units_per_s)
     )
     dbname, dsn = await server.fresh(label)
-    log_path = run_dir / "daemon.log"
     expected_s = n_each * MESSAGES_GET_UNITS / args.quota_units_per_s
-    timeout_s = TIMEOUT_FACTOR * expected_s + TIMEOUT_SLACK_S
-    monitor = await asyncpg.connect(dsn)
-    env = dict(os.environ, **{SECRET_ENV: ft.fake.client_secret})
     users = list(mailboxes.values())
-    done_at: dict[str, float] = {}
-    try:
-        with log_path.open("wb") as log:
-            started = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *daemon_command(config, dsn),
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-            print(f"  daemon pid {proc.pid}, database {dbname}, log {log_path}", flush=True)
-            sampler = Sampler(Watch(proc, dbname, monitor, started, server.local), proc.pid, ft)
-            log_pos = 0
-            try:
-                while True:
-                    await sampler.sample()
-                    now = time.monotonic()
-                    with log_path.open("rb") as fh:
-                        fh.seek(log_pos)
-                        chunk = fh.read()
-                    chunk = chunk[: chunk.rfind(b"\n") + 1]
-                    log_pos += len(chunk)
-                    if res.ready_s is None and b'"daemon_ready"' in chunk:
-                        res.ready_s = now - started
-                    fatal = [e.decode() for e in FATAL_EVENTS if b'"' + e + b'"' in chunk]
-                    if fatal:
-                        res.problems.append(f"{', '.join(fatal)} in the daemon log ({log_path})")
-                        break
-                    if proc.returncode is not None:
-                        res.problems.append(f"daemon exited early with {proc.returncode}")
-                        break
-                    if res.ready_s is None and now - started > READY_TIMEOUT_S:
-                        res.problems.append(f"no daemon_ready within {READY_TIMEOUT_S:g} s")
-                        break
-                    if await sampler.watch._has_messages():
-                        for r in await monitor.fetch(
-                            "SELECT m.mailbox_id, m.cursor IS NOT NULL AS synced, "
-                            "(SELECT count(*) FROM message_copies c WHERE c.tenant_id = "
-                            "m.tenant_id AND c.mailbox_id = m.mailbox_id) AS n "
-                            "FROM mailboxes m WHERE m.tenant_id = $1",
-                            TENANT,
-                        ):
-                            box = r["mailbox_id"]
-                            if box not in done_at and r["synced"] and r["n"] >= n_each:
-                                done_at[box] = now
-                    if len(done_at) == len(mailboxes):
-                        break
-                    if now - started > timeout_s:
-                        res.problems.append(
-                            f"not done after {timeout_s:.0f} s "
-                            f"({len(done_at)} of {len(mailboxes)} mailboxes)"
-                        )
-                        break
-                    await asyncio.sleep(args.interval)
-                views = await ft.view(users)
-                _rows(res, views, done_at, args.quota_units_per_s)
-                firsts = [v.first for v in views.values() if v.first is not None]
-                if firsts and done_at:
-                    res.cpu = sampler.window(min(firsts), max(done_at.values()))
-                if resync and len(done_at) == len(mailboxes):
-                    box, address = next(iter(mailboxes.items()))
-                    await _resync(res, ft, monitor, box, address, args.interval, views[address])
-            finally:
-                if proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-                    if not await wait_exit(proc, STOP_TIMEOUT_S):
-                        res.problems.append(f"no exit {STOP_TIMEOUT_S:g} s after SIGTERM; killed")
-                        proc.kill()
-                        await proc.wait()
-                res.exit_code = proc.returncode
-        if res.exit_code != 0:
-            res.problems.append(f"exit code {res.exit_code} after SIGTERM (expected 0)")
-        res.stored, res.copies, res.dead = await monitor.fetchrow(
-            "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM message_copies), "
-            "(SELECT count(*) FROM dead_items)"
-        )
-        want = n_each * len(mailboxes)
-        if res.stored != want or res.copies != want:
-            res.problems.append(f"{res.stored} messages, {res.copies} copies; expected {want}")
-        if res.dead:
-            res.problems.append(f"{res.dead} dead items")
-        kinds = Counter(str(e.get("event", "?")) for e in _events(log_path))
-        for bad in ("sync_failed", "daemon_drain_abandoned"):
-            if kinds.get(bad):
-                res.problems.append(f"{kinds[bad]} × {bad} in the daemon log")
-    finally:
-        await monitor.close()
+
+    async def when_done(
+        sampler: Sampler, monitor: asyncpg.Connection, done_at: dict[str, float]
+    ) -> None:
+        views = await ft.view(users)
+        _rows(res, views, done_at, args.quota_units_per_s)
+        firsts = [v.first for v in views.values() if v.first is not None]
+        if firsts and done_at:
+            res.cpu = sampler.window(min(firsts), max(done_at.values()))
+        if resync and len(done_at) == len(mailboxes):
+            box, address = next(iter(mailboxes.items()))
+            await _resync(res, ft, monitor, box, address, args.interval, views[address])
+
+    await drive_daemon(
+        res,
+        server=server,
+        ft=ft,
+        fake_name="fake Gmail",
+        command=daemon_command(config, dsn),
+        env=dict(os.environ, **{SECRET_ENV: ft.fake.client_secret}),
+        dbname=dbname,
+        dsn=dsn,
+        log_path=run_dir / "daemon.log",
+        interval_s=args.interval,
+        timeout_s=TIMEOUT_FACTOR * expected_s + TIMEOUT_SLACK_S,
+        when_done=when_done,
+    )
     return res
 
 
@@ -633,7 +411,7 @@ def _rows(
 ) -> None:
     for box, address in res.mailboxes.items():
         v = views[address]
-        res.units_total += v.units
+        res.spent += v.units
         end = done_at.get(box)
         wall = end - v.first if end is not None and v.first is not None else float("nan")
         calls = ", ".join(f"{m.removeprefix('users.')} ×{n:,}" for m, n in sorted(v.calls.items()))
@@ -646,7 +424,7 @@ def _rows(
 
 async def _resync(
     res: DaemonRun,
-    ft: FakeThread,
+    ft: GmailThread,
     monitor: asyncpg.Connection,
     box: str,
     address: str,
@@ -655,45 +433,19 @@ async def _resync(
 ) -> None:
     """Expire the mailbox's history in the fake, ring, wait for the resync's cursor."""
     await ft.expire_history(address)
-    rung = time.monotonic()
-    await ring(monitor, TENANT, box)
-    deadline = rung + 120.0
-    reset_at = done_at = None
-    while time.monotonic() < deadline:
-        reset_at = await monitor.fetchval(
-            "SELECT max(created_at) FROM events WHERE tenant_id = $1 AND mailbox_id = $2 "
-            "AND kind = $3",
-            TENANT,
-            box,
-            CURSOR_RESET_EVENT,
-        )
-        if reset_at is not None:
-            done_at = await monitor.fetchval(
-                "SELECT cursor_updated_at FROM mailboxes WHERE tenant_id = $1 "
-                "AND mailbox_id = $2 AND cursor IS NOT NULL AND cursor_updated_at > $3",
-                TENANT,
-                box,
-                reset_at,
-            )
-            if done_at is not None:
-                break
-        await asyncio.sleep(min(interval_s, 0.05))
-    seen = time.monotonic() - rung
+    timed = await ring_and_wait_resync(monitor, box, interval_s)
     after = (await ft.view([address]))[address]
-    if reset_at is None or done_at is None:
+    if timed is None:
         res.problems.append("resync: no cursor reset and new cursor within 120 s")
         return
-    calls = {
-        m: after.calls.get(m, 0) - before.calls.get(m, 0)
-        for m in after.calls
-        if after.calls.get(m, 0) != before.calls.get(m, 0)
-    }
+    duration_s, seen_s = timed
+    calls = changed_calls(before.calls, after.calls)
     res.resync = {
         "downloads": after.downloads - before.downloads,
         "units": after.units - before.units,
         "rejected_429": after.rejected_429 - before.rejected_429,
-        "duration_s": (done_at - reset_at).total_seconds(),
-        "seen_s": seen,
+        "duration_s": duration_s,
+        "seen_s": seen_s,
         "calls": calls,
     }
     if res.resync["downloads"]:
@@ -705,16 +457,12 @@ async def _resync(
 # --------------------------------------------------------------------------- output
 
 
-def finite_positive(x: float | None) -> bool:
-    return x is not None and math.isfinite(x) and x > 0
-
-
 def describe_run(run: DaemonRun, quota: float, baseline: Row | None) -> list[str]:
     lines = [ROW_HEADER]
     lines += [row_line(r, quota) for r in run.rows]
     rates = [r.rate for r in run.rows]
     shares = [r.units_per_s / quota for r in run.rows]
-    per_msg = run.units_total / run.stored if run.stored else float("nan")
+    per_msg = run.spent / run.stored if run.stored else float("nan")
     if len(run.rows) > 1:
         total = run.n_each * len(run.rows)
         starts = [r for r in run.rows if math.isfinite(r.wall_s)]
@@ -729,7 +477,7 @@ def describe_run(run: DaemonRun, quota: float, baseline: Row | None) -> list[str
         )
     lines.append("  " + run.cpu.line())
     lines.append(
-        f"  quota units per stored message: {per_msg:.3f} ({run.units_total:,} units, "
+        f"  quota units per stored message: {per_msg:.3f} ({run.spent:,} units, "
         f"{run.stored:,} messages; messages.get alone is {MESSAGES_GET_UNITS})"
     )
     if baseline is not None and run.rows:
@@ -750,14 +498,7 @@ def describe_run(run: DaemonRun, quota: float, baseline: Row | None) -> list[str
             f"cursor committed ({rs['seen_s']:.2f} s from the doorbell, seen by polling); "
             f"{rs['units']} units: {calls}; 429 {rs['rejected_429']}"
         )
-    lines.append(
-        f"  stored {run.stored:,} messages, {run.copies:,} copies, dead {run.dead}; daemon "
-        f"ready after {run.ready_s if run.ready_s is not None else float('nan'):.1f} s; "
-        f"SIGTERM → exit {run.exit_code}"
-    )
-    for p in run.problems:
-        lines.append(f"  PROBLEM: {p}")
-    return lines
+    return lines + run.footer()
 
 
 # --------------------------------------------------------------------------- main
@@ -767,19 +508,15 @@ async def main(args: argparse.Namespace) -> int:
     only = set(args.only.split(","))
     quota = args.quota_units_per_s
     work = Path(tempfile.mkdtemp(prefix="bench_gmail_"))
-    server = GmailServer(args.dsn, args.keep)
-    print(
-        f"inboxd at {code_version()}; {os.cpu_count()} CPUs; load average "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; work directory {work}",
-        flush=True,
-    )
+    server = FreshServer(args.dsn, args.keep, "bench_gmail")
+    print(header_line(work), flush=True)
     print(
         f"quota {quota:,.0f} units/s per user in the fake and in the daemon's pacers"
         + ("" if quota == GMAIL_USER_UNITS_PER_S else " (raised; daemon via the launcher)")
         + f"; pacer burst {DEFAULT_BURST_UNITS:g} units, fake bucket {DEFAULT_BURST_S:g} s",
         flush=True,
     )
-    ft = FakeThread(quota)
+    ft = GmailThread(quota)
     ft.start()
     problems: list[str] = []
     baseline: Row | None = None
@@ -866,7 +603,7 @@ async def main(args: argparse.Namespace) -> int:
             f" × quota; daemon/paced client {r.units_per_s / baseline.units_per_s:.2f}); "
             f"{r.rate:,.1f} msg/s; 429 {r.rejected_429}; daemon main "
             f"{one.cpu.pct(one.cpu.daemon_main_s)} of a core; "
-            f"{one.units_total / max(1, one.stored):.3f} units per stored message"
+            f"{one.spent / max(1, one.stored):.3f} units per stored message"
         )
         if one.resync:
             print(
@@ -900,22 +637,6 @@ async def main(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"PROBLEM: {p}")
     return 1 if problems else 0
-
-
-class GmailServer(Server):
-    """Server of daemon_backfill.py with this benchmark's database names."""
-
-    async def fresh(self, tag: str) -> tuple[str, str]:
-        name = f"bench_gmail_{os.getpid()}_{tag}"
-        admin = await asyncpg.connect(self.dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.execute(f'CREATE DATABASE "{name}"')
-            await admin.execute("CHECKPOINT")
-        finally:
-            await admin.close()
-        self.created.append(name)
-        return name, self.dsn_of(name)
 
 
 def cli() -> int:

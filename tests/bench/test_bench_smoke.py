@@ -208,10 +208,47 @@ def test_gmail(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_gmail", pid)
 
 
+# An Outlook figure row: msgs, wall s, msg/s, req/s, × budget, no 429, pacer units/s.
+OUTLOOK_ROW = r"\s+[\d,]+\s+[\d.]+\s+[\d,.]+\s+[\d,.]+\s+[\d.]+\s+0\s+[\d,.]+\s+[\d.]+"
+
+
+def test_outlook(server_dsn: str) -> None:
+    pid, out = run_bench("outlook.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^budget: 100,000 requests per 10 min .*SCALED ×10",
+            r"^  fake capacity: no limits, no pacing" + OUTLOOK_ROW,
+            r"^  paced client at the budget" + OUTLOOK_ROW,
+            r"^  delta page \(DeltaGetResponse / orjson\)\s+[\d.]+\s+[\d.]+\s+[\d,.]+",
+            r"^  \$batch body \(BatchResponseContent / orjson\)\s+[\d.]+\s+[\d.]+",
+            r"same ids and bodies on both paths: yes",
+            r"^  one" + OUTLOOK_ROW + r"\s+calls: .*\$value ×400 in 20 \$batch",
+            *(rf"^  m0{i}" + OUTLOOK_ROW + r"\s+calls: .*\$value ×300 " for i in (1, 2, 3)),
+            r"^  3 mailboxes: msg/s per mailbox min [\d,.]+ / median [\d,.]+",
+            r"CPU over the [\d.]+ s window .*daemon main process [\d.]+ s = \d+ %",
+            r"door's CPU per stored message: [\d.]+ ms .*bodies downloaded twice: 0",
+            r"resync after a 410 .*body downloads 0 \(must be 0\); [\d.]+ s from cursor reset",
+            r"stored 400 messages, 400 copies, dead 0; .*SIGTERM → exit 0",
+            r"stored 900 messages, 900 copies, dead 0; .*SIGTERM → exit 0",
+            r"^  fake capacity [\d,]+ msg/s",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_outlook", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
-    """A new benchmark in bench/ gets a test here too (vocabulary.py is data)."""
-    tested = {"ingest.py", "parse.py", "daemon_backfill.py", "webhooks.py", "gmail.py"}
-    scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py"}
+    """A new benchmark in bench/ gets a test here too (vocabulary.py is data,
+    door_run.py the machinery gmail.py and outlook.py share)."""
+    tested = {
+        "ingest.py",
+        "parse.py",
+        "daemon_backfill.py",
+        "webhooks.py",
+        "gmail.py",
+        "outlook.py",
+    }
+    scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py", "door_run.py"}
     assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
     for name in tested:
         assert "--smoke" in (BENCH / name).read_text(), f"{name} has no --smoke"
