@@ -18,8 +18,9 @@ generator can be closed or cancelled at any yield like any other. At most two
 raw pages (k being finished, k+1 downloaded) are held at once.
 
 Errors come out as themselves (not wrapped in an exception group), so a door's
-`except HistoryExpired` around its pages keeps working; when one stage fails the
-other is cancelled.
+`except HistoryExpired` around its pages keeps working. A failed finish cancels
+the download; a failed download lets the current page finish and be yielded
+first, so the pages before an error are never fetched twice.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
 
@@ -42,15 +43,48 @@ async def overlapped_pages(
     downloads: AsyncGenerator[R, None], finish: Callable[[R], Awaitable[Page]]
 ) -> AsyncGenerator[Page, None]:
     """`finish(raw)` for every raw page of `downloads`, in order, the next raw page
-    downloading while the current one is finished (module docstring)."""
+    downloading while the current one is finished (module docstring). When the
+    next download fails, the current page is still finished and yielded first."""
     async with aclosing(downloads):
         current = await _next(downloads)
         while current is not None:
-            page, after = await gather(
+            page, after, failed = await _finish_and_fetch(
                 functools.partial(finish, current), functools.partial(_next, downloads)
             )
-            yield cast(Page, page)
-            current = cast("R | None", after)
+            yield page
+            if failed is not None:
+                raise failed
+            current = after
+
+
+async def _finish_and_fetch(
+    finish: Callable[[], Awaitable[Page]], fetch: Callable[[], Awaitable[R | None]]
+) -> tuple[Page, R | None, Exception | None]:
+    """Both at once. finish's error cancels the fetch and is raised; fetch's error is
+    answered beside the finished page (work done is not thrown away)."""
+    done: dict[str, Any] = {}
+    errors: dict[str, Exception] = {}
+
+    async with anyio.create_task_group() as tg:
+
+        async def run_finish() -> None:
+            try:
+                done["page"] = await finish()
+            except Exception as exc:
+                errors["finish"] = exc
+                tg.cancel_scope.cancel()
+
+        async def run_fetch() -> None:
+            try:
+                done["next"] = await fetch()
+            except Exception as exc:
+                errors["fetch"] = exc
+
+        tg.start_soon(run_finish)
+        tg.start_soon(run_fetch)
+    if "finish" in errors:
+        raise errors["finish"]
+    return done["page"], done.get("next"), errors.get("fetch")
 
 
 async def _next(downloads: AsyncGenerator[R, None]) -> R | None:

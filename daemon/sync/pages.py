@@ -3,7 +3,8 @@
     read_ahead(source, cursor)   source.pages(cursor) in a task of its own, one page
                                  ahead: reading and parsing page n+1 overlaps the
                                  ingest of page n; the generator is closed when the
-                                 caller stops early
+                                 caller stops early; a source's error comes after
+                                 the pages it produced before it
     batch_of(source, page)       the IngestBatch of a page (the source's attachment
                                  fetcher only where it fetches lazily)
     unwrap_single(work)          a lone error out of the task groups, as itself
@@ -37,23 +38,36 @@ async def read_ahead(
 ) -> AsyncIterator[MemoryObjectReceiveStream[Page]]:
     """The source's pages from `cursor`, one read ahead; exhausted at the last page.
 
-    An error of the source is raised here when the caller next awaits a page
-    (or when the block ends); leaving the block early stops the reader.
+    An error of the source ends the stream after the pages read before it, and is
+    raised when the block ends: every page the source produced is handed over
+    (and can be committed) before its error stops the run. Leaving the block early
+    stops the reader.
     """
     send, receive = anyio.create_memory_object_stream[Page](max_buffer_size=PAGE_PREFETCH)
+    failed: list[Exception] = []
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read, source, cursor, send)
+            tg.start_soon(_read, source, cursor, send, failed)
             yield receive
             tg.cancel_scope.cancel()  # stopped early: the reader may be parsing ahead
     finally:
         receive.close()  # only once the reader is gone: it never meets a closed stream
+    if failed:
+        raise failed[0]
 
 
-async def _read(source: Source, cursor: str | None, send: MemoryObjectSendStream[Page]) -> None:
+async def _read(
+    source: Source,
+    cursor: str | None,
+    send: MemoryObjectSendStream[Page],
+    failed: list[Exception],
+) -> None:
     async with send, aclosing(source.pages(cursor)) as pages:
-        async for page in pages:
-            await send.send(page)
+        try:
+            async for page in pages:
+                await send.send(page)
+        except Exception as exc:  # handed over after the pages before it
+            failed.append(exc)
 
 
 def batch_of(source: Source, page: Page) -> IngestBatch:

@@ -250,8 +250,8 @@ class MailboxRunner:
             try:
                 return await unwrap_single(self._read_from(token, cursor))
             except CursorExpired as exc:
-                if cursor is None or exc.restart_from == cursor:
-                    raise  # a source must not expire a cursor it was not given
+                if exc.restart_from == cursor:
+                    raise  # nothing to restart from (a source expired what it was not given)
                 self._log.warning("sync_cursor_expired", error=describe(exc))
                 cursor = exc.restart_from
                 async with pool.acquire() as conn:

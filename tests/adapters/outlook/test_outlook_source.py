@@ -248,3 +248,18 @@ async def test_a_revoked_grant_needs_attention_with_the_reason(pool, store, make
         )
         assert "invalid_grant" in state["last_error"]
         assert r.refresh_token not in state["last_error"]
+
+
+async def test_a_link_expiring_mid_round_of_the_first_sync_restarts_the_round(
+    pool, store, make_mailbox
+) -> None:
+    async with rig(pool, store, make_mailbox, folders=("inbox",)) as r:
+        r.fake.mailbox(USER).add_generated(250)  # three delta pages of 100
+        r.fake.delta.expire_next_skiptoken = True  # the first nextLink followed: 410
+        await r.sync(250)
+        resets = await pool.fetchval(
+            "SELECT count(*) FROM events WHERE kind = 'mailbox.cursor_reset'"
+        )
+        assert resets == 1
+        assert await pool.fetchval("SELECT count(*) FROM messages") == 250
+        r.check_contract()
