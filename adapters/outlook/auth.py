@@ -88,7 +88,7 @@ class GraphTokens(AccessTokenProvider):
         self._lock = anyio.Lock()
         graph = urlsplit(settings.graph_url)
         self._graph_host = graph.hostname or ""
-        self._scope = f"{graph.scheme}://{graph.netloc}/.default"
+        self._scope = settings.graph_scope
         self._hosts = AllowedHostsValidator([self._graph_host])
 
     async def token(self) -> str:

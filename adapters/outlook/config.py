@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 from inboxd.adapters import settings as readers
 from inboxd.adapters.outlook.errors import OutlookConfigError
@@ -131,6 +132,13 @@ class OutlookSettings:
             requests_per_10_min=_int(settings, "requests_per_10_min", GRAPH_REQUESTS_PER_10_MIN),
             concurrent_requests=_int(settings, "concurrent_requests", GRAPH_CONCURRENT_REQUESTS),
         )
+
+    @property
+    def graph_scope(self) -> str:
+        """`{graph resource}/.default`: the app's permissions on the Graph of graph_url
+        (https://graph.microsoft.com/v1.0 → https://graph.microsoft.com/.default)."""
+        graph = urlsplit(self.graph_url)
+        return f"{graph.scheme}://{graph.netloc}/.default"
 
     @property
     def token_url(self) -> str:

@@ -39,7 +39,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
@@ -56,7 +55,7 @@ from tenacity import (
 from inboxd.adapters.outlook.config import OutlookSettings
 from inboxd.daemon.commands.common import EXIT_USAGE, CommandError
 
-__all__ = ["ENV_TEST_POLL_SCALE", "delegated_scope", "device_flow", "poll_scale"]
+__all__ = ["ENV_TEST_POLL_SCALE", "device_flow", "poll_scale"]
 
 log = structlog.get_logger(__name__)
 
@@ -106,13 +105,6 @@ class _DeviceCode:
     message: str
     interval_s: float
     expires_in_s: float
-
-
-def delegated_scope(graph_url: str) -> str:
-    """`{graph resource}/.default offline_access`, the resource taken from graph_url
-    (https://graph.microsoft.com/v1.0 → https://graph.microsoft.com)."""
-    graph = urlsplit(graph_url)
-    return f"{graph.scheme}://{graph.netloc}/.default offline_access"
 
 
 def poll_scale(environ: Mapping[str, str]) -> float:
@@ -182,7 +174,7 @@ async def device_flow(
 
 async def _request_code(session: aiohttp.ClientSession, settings: OutlookSettings) -> _DeviceCode:
     url = settings.device_code_url
-    form = {"client_id": settings.client_id, "scope": delegated_scope(settings.graph_url)}
+    form = {"client_id": settings.client_id, "scope": f"{settings.graph_scope} offline_access"}
     try:
         status, answer = await _post(session, url, form)
     except _Unavailable as exc:
