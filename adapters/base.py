@@ -49,7 +49,9 @@ class Page:
     already stored put them in `removed` (provider id → reason: deleted,
     unlabelled, expunged) and `labels` (provider id → the copy's labels now);
     the runner records both (pipeline/copies.py) after the page's items are
-    settled and before its cursor moves.
+    settled and before its cursor moves. `removed_from` scopes the removals to one
+    label or folder (an Outlook folder's delta): a copy recorded in another one
+    since is left alone, one with other labels only loses this one.
     """
 
     items: list[MessageData | DeadItem]
@@ -58,6 +60,7 @@ class Page:
     context: object = None
     removed: dict[str, str] = field(default_factory=dict)
     labels: dict[str, list[str]] = field(default_factory=dict)
+    removed_from: str | None = None
 
 
 class Source(Protocol):

@@ -58,23 +58,49 @@ async def record_removed(
     mailbox_id: str,
     external_ids: Sequence[str],
     reason: str,
+    *,
+    only_from: str | None = None,
 ) -> int:
     """Mark copies as gone from the mailbox (`reason`: deleted, unlabelled, expunged);
-    returns how many changed. Copies already removed, or never stored, change nothing."""
+    returns how many changed. Copies already removed, or never stored, change nothing.
+
+    `only_from`: the copies left this one label or folder. A copy whose labels no
+    longer include it (recorded in another synced folder since) is left alone; one
+    with other labels too loses only this one (`message.labels_changed`); one
+    labelled only with it (or with nothing) is removed."""
     if not external_ids:
         return 0
     async with conn.transaction():
+        events = EventBuffer()
+        if only_from is not None:
+            relabelled = await conn.fetch(
+                "UPDATE message_copies SET labels = array_remove(labels, $4) "
+                "WHERE tenant_id = $1 AND mailbox_id = $2 AND external_id = ANY($3::text[]) "
+                "AND removed_at IS NULL AND $4 = ANY(labels) AND cardinality(labels) > 1 "
+                "RETURNING external_id, message_id, labels",
+                tenant_id,
+                mailbox_id,
+                list(external_ids),
+                only_from,
+            )
+            for row in relabelled:
+                events.add(
+                    LABELS_EVENT,
+                    message_id=row["message_id"],
+                    payload={"external_id": row["external_id"], "labels": list(row["labels"])},
+                )
         rows = await conn.fetch(
             "UPDATE message_copies SET removed_at = now(), removal_reason = $4 "
             "WHERE tenant_id = $1 AND mailbox_id = $2 AND external_id = ANY($3::text[]) "
             "AND removed_at IS NULL "
+            "AND ($5::text IS NULL OR cardinality(labels) = 0 OR labels = ARRAY[$5::text]) "
             "RETURNING external_id, message_id",
             tenant_id,
             mailbox_id,
             list(external_ids),
             reason,
+            only_from,
         )
-        events = EventBuffer()
         for row in rows:
             events.add(
                 REMOVED_EVENT,

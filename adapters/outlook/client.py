@@ -268,6 +268,8 @@ class GraphClient:
     ) -> Answer:
         def make() -> RequestInformation:
             info = self.transport.request(method, f"{self.transport.settings.graph_url}{path}")
+            # a subscription made with it names immutable ids in its notifications
+            info.headers.add("Prefer", IMMUTABLE)
             if body is not None:
                 info.headers.add("Content-Type", "application/json")
                 info.content = orjson.dumps(body)

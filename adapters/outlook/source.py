@@ -158,6 +158,8 @@ class OutlookSource:
         self, client: GraphClient, folder: str, delta: DeltaPage, page: Page
     ) -> _Downloaded:
         page.removed = dict(delta.removed)
+        # a message that left this folder may be in another synced one by now
+        page.removed_from = folder
         threads = {item.id: item.conversation_id for item in delta.items}
         # every message of the page is in this folder now (restores a removed copy)
         page.labels = {mid: [folder] for mid in threads if mid not in page.removed}

@@ -347,4 +347,6 @@ async def _record_changes(conn: asyncpg.Connection, tenant: str, mailbox: str, p
     for external_id, reason in page.removed.items():
         by_reason.setdefault(reason, []).append(external_id)
     for reason, external_ids in by_reason.items():
-        await copies.record_removed(conn, tenant, mailbox, external_ids, reason)
+        await copies.record_removed(
+            conn, tenant, mailbox, external_ids, reason, only_from=page.removed_from
+        )

@@ -182,11 +182,6 @@ class Running:
         raise AssertionError(f"{what} happened\n{self.daemon.log_tail()}")
 
 
-class KnownProductBug(AssertionError):
-    """The failure an xfail test expects (`raises=`): any other failure of that test,
-    a timeout included, is reported as a failure."""
-
-
 def free_port() -> int:
     """A port the daemon's listener can take (notification_url must name it before
     the daemon starts, so port 0 will not do)."""
@@ -397,18 +392,12 @@ async def test_fifty_notifications_in_a_post_cost_one_sync_and_a_wrong_client_st
 # --- 9: immutable ids everywhere, the subscriptions included ----------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownProductBug,
-    reason="product bug: GraphClient.create_subscription POSTs /subscriptions without "
-    'Prefer: IdType="ImmutableId", so notifications name REST ids (adapters/outlook/client.py)',
-)
 async def test_subscriptions_are_created_asking_for_immutable_ids(tmp_path, db_dsn) -> None:
     async with outlook_daemon(tmp_path, db_dsn, {}) as run:
         subs = _live_subscriptions(run.fake, OPS)
         assert len(subs) == len(FOLDERS)
         if not all(s.immutable for s in subs):  # Prefer: IdType="ImmutableId" at creation
-            raise KnownProductBug("a subscription was created without the ImmutableId preference")
+            raise AssertionError("a subscription was created without the ImmutableId preference")
 
 
 # --- 5: 410 in the middle of a round ----------------------------------------------------
@@ -482,14 +471,6 @@ async def test_a_deleted_message_is_recorded_removed_and_a_moved_one_keeps_its_r
         assert run.fake.counters.max_downloads() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownProductBug,
-    reason="product bug: folders are synced in config order and a page's @removed is "
-    "recorded per mailbox, not per folder: a message moved from archive to inbox gets "
-    "labels [inbox] in the inbox round, then archive's @removed marks the copy removed "
-    "(adapters/outlook/source.py _download, daemon/sync/runner.py record_removed)",
-)
 async def test_a_message_moved_to_an_earlier_synced_folder_is_not_marked_removed(
     tmp_path, db_dsn
 ) -> None:
@@ -516,7 +497,7 @@ async def test_a_message_moved_to_an_earlier_synced_folder_is_not_marked_removed
         copy = await run.copy("ops", moved.immutable_id)
         assert copy is not None
         if copy["removed_at"] is not None:
-            raise KnownProductBug(f"the copy in inbox is marked {copy['removal_reason']}")
+            raise AssertionError(f"the copy in inbox is marked {copy['removal_reason']}")
 
 
 async def _removed(run: Running, mailbox: str, external_id: str) -> bool:

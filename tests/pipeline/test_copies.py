@@ -60,3 +60,32 @@ async def test_label_changes_are_stored_announced_and_restore_a_removed_copy(
     assert list(row["labels"]) == ["IMPORTANT", "INBOX"] and row["removed_at"] is None
     changed = await events(pool, copies.LABELS_EVENT)
     assert [e["labels"] for e in changed] == [["IMPORTANT", "INBOX"]] * 2
+
+
+async def test_a_removal_from_one_folder_spares_copies_recorded_elsewhere_since(
+    pool, stage, make_mailbox
+) -> None:
+    await make_mailbox("acme", "inbox")
+    await stored_copy(stage, "o-moved-back", ["inbox"])  # left archive, back in inbox
+    await stored_copy(stage, "o-two", ["archive", "flagged"])
+    await stored_copy(stage, "o-gone", ["archive"])
+    async with pool.acquire() as conn:
+        removed = await copies.record_removed(
+            conn, "acme", "inbox", ["o-moved-back", "o-two", "o-gone"], "moved", only_from="archive"
+        )
+    assert removed == 1
+    rows = {
+        r["external_id"]: (list(r["labels"]), r["removed_at"] is not None)
+        for r in await pool.fetch("SELECT external_id, labels, removed_at FROM message_copies")
+    }
+    assert rows == {
+        "o-moved-back": (["inbox"], False),
+        "o-two": (["flagged"], False),
+        "o-gone": (["archive"], True),
+    }
+    assert await events(pool, copies.REMOVED_EVENT) == [
+        {"external_id": "o-gone", "reason": "moved"}
+    ]
+    assert await events(pool, copies.LABELS_EVENT) == [
+        {"external_id": "o-two", "labels": ["flagged"]}
+    ]
