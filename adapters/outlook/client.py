@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -143,32 +143,91 @@ class GraphClient:
 
     async def get_raw_batch(self, ids: Iterable[str]) -> RawBatch:
         out = RawBatch()
-        wanted = list(dict.fromkeys(ids))
-        for start in range(0, len(wanted), GRAPH_BATCH_SIZE):
-            await self._batch(wanted[start : start + GRAPH_BATCH_SIZE], out)
+
+        def keep(mid: str, status: int, body: object) -> bool:
+            if status == 200:
+                raw = _body_bytes(body)
+                if raw is None:
+                    return False  # not base64: ask again
+                out.raw[mid] = raw
+            elif status == 404:
+                out.gone.add(mid)
+            else:
+                out.rejected[mid] = f"$value answered {status}"
+            return True
+
+        await self._batched("$value", ids, "/$value", keep)
         return out
 
-    async def _batch(self, ids: list[str], out: RawBatch) -> None:
-        pending = list(ids)
+    async def locate(self, ids: Iterable[str]) -> dict[str, str | None]:
+        """Each message's folder id now (parentFolderId), None when Graph no longer
+        has it (404). Ids Graph refuses otherwise are left out."""
+        found: dict[str, str | None] = {}
 
-        async def attempt() -> None:
-            nonlocal pending
-            pending, error = await self._batch_once(pending, out)
-            if error is not None:
-                raise error
+        def keep(mid: str, status: int, body: object) -> bool:
+            if status == 200 and isinstance(body, dict):
+                parent = body.get("parentFolderId")
+                found[mid] = parent if isinstance(parent, str) else None
+            elif status == 404:
+                found[mid] = None
+            return True
 
-        await self.transport.retrying("$batch", attempt)
+        await self._batched("locate", ids, "?$select=parentFolderId", keep)
+        return found
+
+    async def folder_ids(self, folders: Iterable[str]) -> dict[str, str]:
+        """folder id → the configured name (a well-known name or an id) of each folder."""
+        out: dict[str, str] = {}
+        user = quote(self.user, safe="")
+        for folder in folders:
+            answer = await self._json_call(
+                f"{folder} folder",
+                Method.GET,
+                f"/users/{user}/mailFolders/{quote(folder, safe='')}?$select=id",
+                None,
+            )
+            folder_id = answer.json().get("id")
+            if isinstance(folder_id, str):
+                out[folder_id] = folder
+        return out
+
+    async def _batched(
+        self,
+        what: str,
+        ids: Iterable[str],
+        suffix: str,
+        keep: Callable[[str, int, object], bool],
+    ) -> None:
+        """GET `/users/{u}/messages/{id}{suffix}` for every id through $batch (≤ 20 a
+        batch). `keep(id, status, body)` takes each final answer (False: ask again);
+        inner 429/5xx are asked again after their Retry-After, the rounds bounded by
+        the transport's retry ladder."""
+        wanted = list(dict.fromkeys(ids))
+        for start in range(0, len(wanted), GRAPH_BATCH_SIZE):
+            pending = wanted[start : start + GRAPH_BATCH_SIZE]
+
+            async def attempt() -> None:
+                nonlocal pending
+                pending, error = await self._batch_once(what, pending, suffix, keep)
+                if error is not None:
+                    raise error
+
+            await self.transport.retrying(f"$batch {what}", attempt)
 
     async def _batch_once(
-        self, ids: list[str], out: RawBatch
+        self,
+        what: str,
+        ids: list[str],
+        suffix: str,
+        keep: Callable[[str, int, object], bool],
     ) -> tuple[list[str], OutlookRetriable | None]:
-        """One $batch; fills `out` and answers the ids to ask again (inner 429/5xx)."""
+        """One $batch; answers the ids to ask again and the error that says why."""
         user = quote(self.user, safe="")
         requests = [
             {
                 "id": str(n),
                 "method": "GET",
-                "url": f"/users/{user}/messages/{quote(mid, safe='')}/$value",
+                "url": f"/users/{user}/messages/{quote(mid, safe='')}{suffix}",
                 "headers": {"Prefer": IMMUTABLE},
             }
             for n, mid in enumerate(ids)
@@ -180,10 +239,14 @@ class GraphClient:
         # Graph runs a batch's requests against the mailbox's concurrency limit: the
         # batch holds every slot, and each inner request costs one of the budget.
         answer = await self.transport.send(
-            "$batch", info, cost=len(ids) + 1, slots=self.transport.settings.concurrent_requests
+            f"$batch {what}",
+            info,
+            cost=len(ids) + 1,
+            slots=self.transport.settings.concurrent_requests,
         )
         if answer.status != 200:
-            raise self.transport.error("$batch", answer)
+            raise self.transport.error(f"$batch {what}", answer)
+        settled: set[str] = set()
         again: list[str] = []
         worst: OutlookRetriable | None = None
         for part in answer.json().get("responses") or []:
@@ -194,30 +257,21 @@ class GraphClient:
             except (ValueError, IndexError):
                 continue
             status = part.get("status")
-            if status == 200:
-                raw = _body_bytes(part.get("body"))
-                if raw is None:
-                    again.append(mid)
-                    worst = worst or OutlookUnavailable("$batch: a body that is not base64")
-                else:
-                    out.raw[mid] = raw
-            elif status == 404:
-                out.gone.add(mid)
-            elif status in (429, 503) or (isinstance(status, int) and status >= 500):
-                again.append(mid)
+            if not isinstance(status, int):
+                continue
+            if status == 429 or status >= 500:
                 inner = Answer(status, _headers(part), orjson.dumps(part.get("body")))
-                error = self.transport.error(f"$batch {mid}", inner)
+                error = self.transport.error(f"$batch {what} {mid}", inner)
                 if isinstance(error, OutlookRetriable) and (
                     worst is None or isinstance(error, OutlookThrottled)
                 ):
                     worst = error
-            else:
-                out.rejected[mid] = f"$value answered {status}"
-        missing = [mid for mid in ids if mid not in out.raw and mid not in out.gone]
-        missing = [mid for mid in missing if mid not in out.rejected and mid not in again]
-        if missing:  # an answer without some of our ids: ask again
-            again.extend(missing)
-            worst = worst or OutlookUnavailable("$batch: answers missing")
+                continue
+            if keep(mid, status, part.get("body")):
+                settled.add(mid)
+        again = [mid for mid in ids if mid not in settled]
+        if again and worst is None:  # an answer without some of our ids, or unreadable
+            worst = OutlookUnavailable(f"$batch {what}: answers missing or unreadable")
         return again, worst
 
     # --- subscriptions ----------------------------------------------------------------------

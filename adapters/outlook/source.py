@@ -13,7 +13,9 @@ The cursor is one delta position per synced folder (cursor.py). One run:
                     "which are stored" query per page), fetched raw by $batch
         labels      every message of the page now in the folder: [folder] (a copy
                     marked removed that is back in a synced folder is restored)
-        removed     `@removed` entries: "deleted", or "moved" out of the folder
+        removed     `@removed` entries of copies we store, looked up: gone → "deleted",
+                    in a folder we do not sync → "moved"; in another synced folder →
+                    its labels there instead (Graph says "deleted" for moves too)
         cursor_after  the whole cursor with this folder at the page's nextLink,
                     or at the round's deltaLink on its last page
     410 Gone / syncStateNotFound on a folder → CursorExpired(restart_from = the
@@ -100,6 +102,7 @@ class OutlookSource:
         self._transport: GraphTransport | None = None
         self._client: GraphClient | None = None
         self._transport_options = dict(transport_options or {})
+        self._folder_names: dict[str, str] | None = None  # folder id → configured name
 
     # --- the contract ----------------------------------------------------------------------
 
@@ -157,18 +160,42 @@ class OutlookSource:
     async def _download(
         self, client: GraphClient, folder: str, delta: DeltaPage, page: Page
     ) -> _Downloaded:
-        page.removed = dict(delta.removed)
-        # a message that left this folder may be in another synced one by now
-        page.removed_from = folder
         threads = {item.id: item.conversation_id for item in delta.items}
         # every message of the page is in this folder now (restores a removed copy)
-        page.labels = {mid: [folder] for mid in threads if mid not in page.removed}
+        page.labels = {mid: [folder] for mid in threads if mid not in delta.removed}
+        page.removed = await self._departures(client, delta.removed, page.labels)
+        # a message that left this folder may be in another synced one by now
+        page.removed_from = folder
         if not threads:
             return _Downloaded(page, folder)
         stored = await self._known(list(threads))
         todo = [mid for mid in threads if mid not in stored]
         batch = await client.get_raw_batch(todo) if todo else RawBatch()
         return _Downloaded(page, folder, threads, todo, batch)
+
+    async def _departures(
+        self, client: GraphClient, removed: Mapping[str, str], labels: dict[str, list[str]]
+    ) -> dict[str, str]:
+        """What `@removed` means for the copies we store: Graph says "deleted" for a
+        move out of the folder too, so each stored one is looked up (one $batch
+        request per message): in another synced folder → its labels there (no
+        removal, no event); gone (404) → deleted; elsewhere → moved out."""
+        out = dict(removed)
+        stored = await self._known(list(removed)) if removed else set()
+        if not stored:
+            return out
+        where = await client.locate(stored)
+        if self._folder_names is None:
+            self._folder_names = await client.folder_ids(self.mailbox.folders)
+        for mid, parent in where.items():
+            if parent is None:
+                out[mid] = "deleted"
+            elif parent in self._folder_names:
+                del out[mid]
+                labels[mid] = [self._folder_names[parent]]
+            else:
+                out[mid] = "moved"
+        return out
 
     async def _finish(self, downloaded: _Downloaded) -> Page:
         batch = downloaded.batch
