@@ -407,7 +407,7 @@ class RecordingTransport(GraphTransport):
 
     async def send(self, what: str, info: Any, *, cost: int = 1, slots: int = 1) -> Answer:
         answer = await super().send(what, info, cost=cost, slots=slots)
-        kind = "$batch" if what == "$batch" else "delta" if what.endswith("delta") else None
+        kind = "$batch" if what == "$batch $value" else "delta" if what.endswith("delta") else None
         wanted = CAPTURED_BATCHES if kind == "$batch" else CAPTURED_DELTA_PAGES
         if kind and answer.status == 200 and len(self.kept[kind]) < wanted:
             self.kept[kind].append(answer.body)

@@ -532,7 +532,11 @@ async def test_a_body_rate_limited_past_every_retry_holds_the_cursor_until_a_lat
         assert await _state_is(run, "ops", "idle")  # retriable: no operator needed
 
         run.fake.faults.clear()
-        await run.eventually(lambda: _unthrottled(run, "ops"), "the Retry-After passed")
+        # the mailbox's backoff (at least 30 s after a failure) runs out: time travel
+        await run.fetchval(
+            "UPDATE mailboxes SET throttle_until = now() WHERE mailbox_id = $1", "ops"
+        )
+        await run.eventually(lambda: _unthrottled(run, "ops"), "the backoff passed")
         await run.sync_now("ops")
         await run.eventually(
             lambda: run.has_copy("ops", limited.immutable_id), "the next run completes"
