@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from inboxd.pipeline import graph_subscriptions as subs
+from inboxd.pipeline.mailbox_status import mailbox_status
 
 T = "acme"
 EXPIRES = datetime(2026, 12, 3, 17, 0, tzinfo=UTC)
@@ -147,3 +148,18 @@ async def test_delete_subscriptions_of_a_mailbox_or_some_folders(pool, mailboxes
     assert await subs.subscriptions_of(pool, T, "support") == []
     assert [r.subscription_id for r in await subs.subscriptions_of(pool, T, "sales")] == ["sub-4"]
     assert len(await subs.subscriptions_of(pool, "globex", "support")) == 1
+
+
+async def test_a_failing_renewal_shows_on_the_mailbox_status_without_the_secret(
+    pool, mailboxes
+) -> None:
+    await save(pool, "support", "inbox", "sub-1", secret="s3cret-state")
+    [healthy] = await mailbox_status(pool, T, mailbox_id="support")
+    assert healthy.push_error is None
+    await subs.record_renew_failure(pool, T, "support", "inbox", "Graph answered 503")
+    [failing] = await mailbox_status(pool, T, mailbox_id="support")
+    assert failing.push_error == "inbox: Graph answered 503"
+    assert "s3cret-state" not in repr(failing)
+    await subs.record_renewal(pool, T, "support", "inbox", EXPIRES + timedelta(days=2))
+    [renewed] = await mailbox_status(pool, T, mailbox_id="support")
+    assert renewed.push_error is None
