@@ -41,6 +41,7 @@ from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 from inboxd.pipeline.rows import PLACEHOLDER_RE, clean, clean_item, insert_dead_items
+from inboxd.pipeline.statistics import IngestStatistics
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +69,7 @@ class IngestStage:
     def __init__(self, pool: asyncpg.Pool, store: ObjectStore) -> None:
         self._pool = pool
         self._store = store
+        self._statistics = IngestStatistics(pool)
         # mailbox address per (tenant, mailbox); addresses change only with config
         self._addresses: dict[tuple[str, str], str] = {}
 
@@ -81,7 +83,7 @@ class IngestStage:
         if not batch.items:
             return []
         try:
-            return await self._ingest_once(batch)
+            results = await self._ingest_once(batch)
         except DATABASE_ERRORS as exc:
             if blames_the_data(exc):
                 return await self._isolate(batch, exc)
@@ -100,6 +102,8 @@ class IngestStage:
                 ItemResult(i, Outcome.RETRIABLE_FAILURE, detail=_one_line(exc))
                 for i in range(len(batch.items))
             ]
+        await self._statistics.note_stored(sum(r.outcome is Outcome.NEW for r in results))
+        return results
 
     async def _isolate(self, batch: IngestBatch, exc: BaseException) -> list[ItemResult]:
         """A statement failed on the data: bisect to find the item that causes it."""
