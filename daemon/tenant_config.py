@@ -9,8 +9,9 @@ ids are unique across files, mailbox ids across all tenants; the first file (by
 name) keeps an id.
 
 Mailbox providers: `maildir`, `gmail` and `outlook` have their keys checked
-strictly (gmail's and outlook's by their adapter's config.py, called here so that
-check-config names the file and key); `imap` and `ses` get their
+strictly (gmail's and outlook's by their adapter's config.py, through
+daemon/provider_tables.py, so that check-config names the file and key); `imap`
+and `ses` get their
 generic keys checked, their secrets checked, and their other keys kept as they are
 (`settings`) for their adapter's own config.py to parse.
 """
@@ -19,16 +20,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from contextlib import suppress
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-from inboxd.adapters.gmail.errors import GmailConfigError
-from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
-from inboxd.adapters.outlook.errors import OutlookConfigError
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
@@ -37,6 +33,7 @@ from inboxd.daemon.config_reader import (
     join_key,
     relative_to,
 )
+from inboxd.daemon.provider_tables import TABLE_DOORS, parse_tables, table_mailbox
 from inboxd.daemon.secrets import Secret
 from inboxd.pipeline.scheduling import SyncMode
 
@@ -75,32 +72,6 @@ _MAILBOX_KEYS = ("id", "provider", "address", "sync_mode", "poll_interval_s")
 _MAILDIR_KEYS = ("path",)
 
 
-@dataclass(frozen=True)
-class _TableDoor:
-    """A provider whose mailboxes share a tenant table (`[gmail]`, `[outlook]`): the
-    adapter's config classes check both, called here so that check-config names
-    the file and key. The keys they read are their dataclasses' fields, checked
-    here first so that an unknown key gets a "did you mean" hint like every other
-    table."""
-
-    table: str
-    settings: Any  # from_settings(Mapping) -> settings
-    mailbox: Any  # from_settings(Mapping, address=) -> mailbox with check_against(settings)
-    error: type[ValueError]
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self.settings))
-
-    @property
-    def mailbox_keys(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self.mailbox) if f.name != "address")
-
-
-_TABLE_DOORS = {
-    "gmail": _TableDoor("gmail", GmailSettings, GmailMailbox, GmailConfigError),
-    "outlook": _TableDoor("outlook", OutlookSettings, OutlookMailbox, OutlookConfigError),
-}
 # A provider key this close to a generic mailbox key is taken for a typo of it
 # ("sync_mdoe", "poll_interval"): provider keys are free-form until their adapter
 # parses them, but a misspelt generic key would otherwise be silently ignored.
@@ -229,7 +200,7 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
     result.tenant_id = tenant_id
     name = r.string(raw, "name", "", default=tenant_id or "") or ""
     api_token = r.secret(raw["api_token"], "api_token") if "api_token" in raw else None
-    tables = _parse_tables(r, raw)
+    tables = parse_tables(r, raw)
     mailboxes = []
     for key, table in r.tables(raw, "mailboxes"):
         mailbox_id, mailbox = _parse_mailbox(r, table, key, tenant_id or "", path.parent, tables)
@@ -293,9 +264,10 @@ def _parse_mailbox(
             extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
         )
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
-    elif provider in _TABLE_DOORS:
+    elif provider in TABLE_DOORS:
         shared = tables.get(provider)
-        settings = _table_mailbox(r, _TABLE_DOORS[provider], extra, prefix, address, shared)
+        door = TABLE_DOORS[provider]
+        settings = table_mailbox(r, door, extra, prefix, address, shared, _MAILBOX_KEYS)
         tenant_settings = shared if shared is not None else tenant_settings
     else:
         for key in extra:
@@ -327,85 +299,6 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path)
     if path.exists() and not path.is_dir():
         r.problem(join_key(prefix, "path"), f"{path} exists and is not a directory")
     return {"path": path}
-
-
-# --- provider tables ([gmail], [outlook]) ---------------------------------------------
-
-# Stands in, while validating, for a credential whose reference was already reported
-# (freeze keeps None there): the adapter then checks the table's other keys instead
-# of reporting that credential a second time as missing.
-_REPORTED = Secret("env:INBOXD_REPORTED_ABOVE")
-
-
-def _parse_tables(r: Reader, raw: dict[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """Each provider table present, frozen (secrets as `Secret`) and checked by its
-    adapter's settings class."""
-    tables: dict[str, Mapping[str, Any]] = {}
-    for name, door in _TABLE_DOORS.items():
-        table = r.table(raw[name], name) if name in raw else None
-        if table is None:
-            continue
-        keys = door.keys
-        r.unknown_keys(table, keys, name)
-        frozen = r.freeze({k: v for k, v in table.items() if k in keys}, name)
-        try:
-            door.settings.from_settings(_for_check(frozen))
-        except door.error as exc:
-            _adapter_problem(r, name, exc)
-        tables[name] = frozen
-    return tables
-
-
-def _table_mailbox(
-    r: Reader,
-    door: _TableDoor,
-    extra: Mapping[str, Any],
-    prefix: str,
-    address: str,
-    table: Mapping[str, Any] | None,
-) -> Mapping[str, Any]:
-    """A mailbox's own keys frozen, checked by its adapter against the tenant table."""
-    own_keys = door.mailbox_keys
-    r.unknown_keys(extra, _MAILBOX_KEYS + own_keys, prefix, what=f'key for provider "{door.table}"')
-    frozen = r.freeze({k: v for k, v in extra.items() if k in own_keys}, prefix)
-    settings = None
-    if table is None:
-        r.problem(
-            join_key(prefix, "provider"),
-            f"{'an' if door.table[0] in 'aeiou' else 'a'} {door.table} mailbox needs"
-            f" a [{door.table}] table in its file",
-        )
-    else:
-        with suppress(door.error):  # a bad table is reported with the table
-            settings = door.settings.from_settings(_for_check(table))
-    # An address without "@" is reported by the generic check already.
-    checked_address = (address if "@" in address else "reported@invalid") if address else None
-    try:
-        mailbox = door.mailbox.from_settings(_for_check(frozen), address=checked_address)
-    except door.error as exc:
-        _adapter_problem(r, prefix, exc)
-        return frozen
-    try:
-        if settings is not None:
-            mailbox.check_against(settings)
-    except door.error as exc:
-        # The fix may be in the tenant table, but this mailbox is what cannot run: name it.
-        key, _, message = str(exc).partition(": ")
-        r.problem(join_key(prefix, key if key.isidentifier() else "provider"), message)
-    return frozen
-
-
-def _for_check(frozen: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _REPORTED if v is None else v for k, v in frozen.items()}
-
-
-def _adapter_problem(r: Reader, prefix: str, exc: ValueError) -> None:
-    """An adapter's config error ("key: message") as a problem at `prefix`.key."""
-    key, sep, message = str(exc).partition(": ")
-    if sep and key.isidentifier():
-        r.problem(join_key(prefix, key), message)
-    else:
-        r.problem(prefix, str(exc))
 
 
 def _parse_raw_tables(
