@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import asyncpg
+from aiohttp import web
 from fakes.graph import FakeGraph
 from helpers import eventually
 
@@ -25,7 +26,7 @@ from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.tenant_config import MailboxConfig
-from inboxd.pipeline import copies
+from inboxd.pipeline import copies, graph_subscriptions
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.objectstore import ObjectStore
 
@@ -267,3 +268,49 @@ async def test_a_link_expiring_mid_round_of_the_first_sync_restarts_the_round(
         assert resets == 1
         assert await pool.fetchval("SELECT count(*) FROM messages") == 250
         r.check_contract()
+
+
+async def test_a_removed_mailbox_deletes_its_subscriptions_at_graph_and_in_the_table(
+    pool, make_mailbox
+) -> None:
+    async def echo(request: web.Request) -> web.Response:  # the listener's validation answer
+        return web.Response(text=request.query.get("validationToken", ""))
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", echo)
+    listener = web.AppRunner(app)
+    await listener.setup()
+    site = web.TCPSite(listener, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{listener.addresses[0][1]}"
+    await make_mailbox(T, M, provider="outlook", address=USER)
+    try:
+        async with FakeGraph([USER]) as fake:
+            settings = OutlookSettings(
+                directory_id=fake.directory_id,
+                client_id=fake.client_id,
+                client_secret=Ref(fake.client_secret),
+                notification_url=base,
+                graph_url=fake.graph_url,
+                authority_url=fake.authority_url,
+            )
+            mailbox = OutlookMailbox(address=USER, backfill="all")
+
+            async def known(ids: list[str]) -> set[str]:
+                return set()
+
+            source = OutlookSource(T, M, settings, mailbox, known, pool)
+            try:
+                async for _ in source.pages(None):
+                    pass
+                rows = await graph_subscriptions.subscriptions_of(pool, T, M)
+                assert sorted(r.folder for r in rows) == ["inbox", "sentitems"]
+                assert set(fake.subscriptions.by_id) == {r.subscription_id for r in rows}
+
+                await source.forget()
+                assert await graph_subscriptions.subscriptions_of(pool, T, M) == []
+                assert not fake.subscriptions.by_id
+            finally:
+                await source.aclose()
+    finally:
+        await listener.cleanup()
