@@ -5,6 +5,9 @@ Server choice (README "Tests"): INBOXD_TEST_DSN when set, else the server on
 unprivileged INBOXD_EMBEDDED_PG_USER, default `nobody`). Every test gets its
 own database cloned from a template that has schema.sql applied, so tests
 never see each other's rows.
+
+Fixtures every folder shares but that live in tests/helpers are registered here
+as plugins: `moto_endpoint` (moto's S3/SQS server, tests/helpers/moto_server.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from inboxd.pipeline.tenancy import ensure_mailbox
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO / "tests" / "corpus"))
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+# Fixture modules of tests/helpers (importable as `helpers`: pyproject's pythonpath).
+pytest_plugins = ["helpers.moto_server"]
 
 
 def _answers(host: str, port: int) -> bool:

@@ -3,9 +3,11 @@
 
 - waiting: `wait_for` / `eventually`, the one poll-until-true-with-a-deadline;
 - cli: `run_cli` / `run_cli_async`, the one runner of the `inboxd` command line;
-- keys: self-signed certificates and SNS signatures made independently of the code.
+- keys: self-signed certificates and SNS signatures made independently of the code;
+- moto_server: the `moto_endpoint` session fixture (moto's S3/SQS server, fake AWS
+  credentials), registered for every folder by tests/conftest.py.
 
-Fixtures stay in the conftest.py of the folder that needs them.
+Other fixtures stay in the conftest.py of the folder that needs them.
 """
 
 from helpers.cli import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, run_cli, run_cli_async
