@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inboxd.adapters.ses.config import SES_KEYS, SesSettings
+from inboxd.adapters.ses.errors import SesConfigError
 from inboxd.daemon.config_reader import ConfigProblem, Options, Reader, describe, relative_to
 from inboxd.daemon.data_dir import default_data_dir
 from inboxd.daemon.database import ENV_DSN, dsn_has_password, mask_dsn
@@ -79,6 +81,7 @@ _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "sync": ("lease_ttl_s", "poll_scan_interval_s", "push_quiet_after_s"),
     "tenants": ("dir",),
     "log": ("level",),
+    "ses": tuple(sorted(SES_KEYS)),
 }
 # Same keys as adapters/objectstore/config.py accepts, per kind.
 _OBJECT_STORE_KEYS: dict[str, tuple[str, ...]] = {
@@ -130,6 +133,7 @@ class MainConfig:
     poll_scan_interval_s: float = 5.0
     push_quiet_after_s: float = 900.0
     log_level: str = "info"
+    ses: SesSettings | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
 
@@ -305,6 +309,7 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
             sync, "push_quiet_after_s", "sync", defaults.push_quiet_after_s
         ),
         log_level=r.choice(log, "level", "log", LOG_LEVELS, None) or defaults.log_level,
+        ses=_ses(r, section("ses")) if isinstance(raw.get("ses"), dict) else None,
         raw=raw,
     )
     return main, r.problems
@@ -323,6 +328,16 @@ def _database_dsn(r: Reader, database: dict[str, Any]) -> str | None:
             f"contains a literal password ({mask_dsn(dsn)}): {USE_A_REFERENCE}, or set {ENV_DSN}",
         )
     return dsn
+
+
+def _ses(r: Reader, table: dict[str, Any]) -> SesSettings | None:
+    """`[ses]`: the SQS poller's settings (adapters/ses/config.py); absent, no poller."""
+    try:  # unknown keys were reported by _parse_main, with a "did you mean"
+        return SesSettings.from_settings({k: v for k, v in table.items() if k in SES_KEYS})
+    except SesConfigError as exc:
+        key, _, why = str(exc).partition(": ")
+        r.problem(f"ses.{key}", why)
+        return None
 
 
 def _object_store(r: Reader, value: Any, base: Path) -> dict[str, Any]:

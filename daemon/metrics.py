@@ -161,6 +161,19 @@ class Metrics:
         self.sse_events_sent = Counter(
             "inboxd_sse_events_sent", "Events written to SSE clients.", registry=r
         )
+        self.queue_door_messages = Counter(
+            "inboxd_queue_door_messages",
+            "Queue door (SES SQS) messages, by door and what happened: received, stored, "
+            "duplicate, dead, unrouted, poison, left (for redelivery), released, deleted.",
+            ["door", "what"],
+            registry=r,
+        )
+        self.queue_door_errors = Counter(
+            "inboxd_queue_door_errors",
+            "Queue door failures (receive, S3, ingest left for redelivery), by door.",
+            ["door"],
+            registry=r,
+        )
         # Show every outcome from the start (a 0 is information; a missing series is not).
         for outcome in Outcome:
             self.ingest_items.labels(outcome=outcome.value)
@@ -258,6 +271,12 @@ class Metrics:
         self.sse_events_sent.inc(n)
 
     # exposition --------------------------------------------------------------
+
+    def queue_door_counted(self, door: str, what: str, n: int = 1) -> None:
+        self.queue_door_messages.labels(door=door, what=what).inc(n)
+
+    def queue_door_failed(self, door: str) -> None:
+        self.queue_door_errors.labels(door=door).inc()
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (serve with `CONTENT_TYPE_LATEST`)."""

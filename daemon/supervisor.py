@@ -9,6 +9,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
            ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… /push/gmail/…
            │                     /push/outlook/… (daemon/http/, daemon/webhooks/)
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
+                             ├─ SES poller          SQS receive loops (daemon/ses_door.py),
+                             │                      stops receiving at the stop signal
                              ├─ fleet               presence, runners, poll scanner,
                              │                      doorbell (sync/)
                              ├─ attachment sweep    re-derives failed attachments
@@ -41,11 +43,12 @@ from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.config import MainConfig, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.ses_door import SesDoor
 from inboxd.daemon.sync.fleet import MailboxFleet
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import RunnerDeps
-from inboxd.daemon.tenant_config import MailboxConfig, TenantConfig
+from inboxd.daemon.tenant_config import QUEUE_PROVIDERS, MailboxConfig, TenantConfig
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
@@ -110,6 +113,18 @@ class Daemon:
             poll_scan_interval_s=main.poll_scan_interval_s,
             push_quiet_after_s=main.push_quiet_after_s,
         )
+        self.ses = (
+            SesDoor(
+                main.ses,
+                tenants,
+                pool=pool,
+                queue=self.queue,
+                metrics=self.metrics,
+                owner=self.owner,
+            )
+            if main.ses is not None
+            else None
+        )
         self.intake = DeliveryIntake(pool)
         self.hooks = HookTable()
         self.gmail_push = GmailPushTable()
@@ -148,7 +163,11 @@ class Daemon:
                 async with anyio.create_task_group() as workers:
                     for _ in range(main.ingest_workers):
                         await workers.start(self.queue.run_worker)
-                    await self._run_fleet(port)
+                    # the queue's producers; it closes once they all returned
+                    async with anyio.create_task_group() as doors:
+                        if self.ses is not None:
+                            await doors.start(self.ses.run, self._stop)
+                        await self._run_fleet(port)
                     self.queue.close()
             if self._workers_scope.cancelled_caught:
                 self._log.warning("daemon_drain_abandoned")
@@ -158,7 +177,7 @@ class Daemon:
         """Runners, scanner, doorbell and watchdog until the stop signal."""
         with anyio.CancelScope() as self._fleet_scope:
             async with anyio.create_task_group() as tg:
-                await tg.start(self.fleet.run, _mailboxes(self.tenants))
+                await tg.start(self.fleet.run, _synced(self.tenants))
                 tg.start_soon(AttachmentSweeper(self.pool, self.store).run)
                 await tg.start(refresh_attention, self.pool, self.metrics)
                 tg.start_soon(systemd.run_watchdog, self._ready)
@@ -211,10 +230,12 @@ class Daemon:
                 if old.source_file == problem_file:
                     merged[tenant_id] = old  # keep running what worked
         await self._sync_mailbox_rows(merged)
-        mailboxes = _mailboxes(merged)
+        mailboxes = _synced(merged)
         # routes first: a runner started by reconcile creates Graph subscriptions at
         # once, and Graph validates them against this tenant's notification URLs
         self._load_hooks(merged)
+        if self.ses is not None:
+            self.ses.reload(merged)
         await self.fleet.reconcile(mailboxes)
         self.tenants = merged
         try:
@@ -289,4 +310,10 @@ def _api_tokens(tenants: dict[str, TenantConfig]) -> dict[str, str]:
 
 
 def _mailboxes(tenants: dict[str, TenantConfig]) -> list[MailboxConfig]:
+    """Every configured mailbox (their rows must exist, whoever feeds them)."""
     return [m for t in sorted(tenants.values(), key=lambda t: t.tenant_id) for m in t.mailboxes]
+
+
+def _synced(tenants: dict[str, TenantConfig]) -> list[MailboxConfig]:
+    """The mailboxes a sync runner serves; queue doors (ses) feed theirs themselves."""
+    return [m for m in _mailboxes(tenants) if m.provider not in QUEUE_PROVIDERS]

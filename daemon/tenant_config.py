@@ -8,12 +8,12 @@ and `[[processors]]`, kept as written for the modules that implement them.
 ids are unique across files, mailbox ids across all tenants; the first file (by
 name) keeps an id.
 
-Mailbox providers: `maildir`, `gmail` and `outlook` have their keys checked
-strictly (gmail's and outlook's by their adapter's config.py, through
-daemon/provider_tables.py, so that check-config names the file and key); `imap`
-and `ses` get their
-generic keys checked, their secrets checked, and their other keys kept as they are
-(`settings`) for their adapter's own config.py to parse.
+Mailbox providers: `maildir`, `gmail`, `outlook` and `ses` have their keys
+checked strictly (gmail's and outlook's by their adapter's config.py, through
+daemon/provider_tables.py, ses's by adapters/ses/config.py, so that check-config
+names the file and key; no two ses mailboxes may route one address or @domain);
+`imap` gets its generic keys checked, its secrets checked, and its other keys
+kept as they are (`settings`) for its adapter's own config.py to parse.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from inboxd.adapters.ses.config import MAILBOX_KEYS, SesMailbox
+from inboxd.adapters.ses.errors import SesConfigError
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
@@ -39,6 +41,7 @@ from inboxd.pipeline.scheduling import SyncMode
 
 __all__ = [
     "PROVIDERS",
+    "QUEUE_PROVIDERS",
     "RUNNABLE_PROVIDERS",
     "SYNC_MODES",
     "MailboxConfig",
@@ -48,7 +51,9 @@ __all__ = [
 ]
 
 PROVIDERS = ("maildir", "gmail", "outlook", "imap", "ses")
-RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail", "outlook"})
+RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail", "outlook", "ses"})
+# Mailboxes fed by a queue poller ([ses] in the main file), not by a sync runner.
+QUEUE_PROVIDERS = frozenset({"ses"})
 SYNC_MODES = ("push", "poll", "auto")
 # A Maildir has no push channel of its own: "auto" watches new/ and also rescans
 # every poll_interval_s (a missed inotify event or an NFS mount costs one interval).
@@ -168,6 +173,7 @@ def parse_tenant_files(files: list[Path], options: Options) -> TenantSet:
     """
     parsed = [_parse_tenant_file(path, options) for path in files]
     _check_unique_ids(parsed)
+    _check_unique_routes(parsed)
     tenants = {
         p.tenant.tenant_id: p.tenant
         for p in parsed
@@ -187,6 +193,8 @@ class _TenantFile:
     tenant_id: str | None = None
     # (key, mailbox id) of every mailbox with a valid id, whatever else is wrong
     mailbox_ids: list[tuple[str, str]] = field(default_factory=list)
+    # (key, address or @domain) of every ses mailbox's routing entry
+    ses_routes: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
@@ -208,6 +216,9 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
             result.mailbox_ids.append((f"{key}.id", mailbox_id))
         if mailbox is not None:
             mailboxes.append(mailbox)
+            if mailbox.provider == "ses":
+                for entry in mailbox.settings.get("addresses", ()):
+                    result.ses_routes.append((f"{key}.addresses", entry))
     delivery_sources = _parse_raw_tables(r, raw, "delivery_sources", "delivery source")
     processors = _parse_raw_tables(r, raw, "processors", "processor")
     if tenant_id is not None:
@@ -264,6 +275,8 @@ def _parse_mailbox(
             extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
         )
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
+    elif provider == "ses":
+        settings = _ses_settings(r, extra, prefix)
     elif provider in TABLE_DOORS:
         shared = tables.get(provider)
         door = TABLE_DOORS[provider]
@@ -299,6 +312,43 @@ def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path)
     if path.exists() and not path.is_dir():
         r.problem(join_key(prefix, "path"), f"{path} exists and is not a directory")
     return {"path": path}
+
+
+def _ses_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str, Any]:
+    """An ses mailbox's keys, checked by the adapter; kept normalised (addresses
+    lower-cased) so that routing and the duplicate check compare like with like."""
+    r.unknown_keys(extra, _MAILBOX_KEYS + MAILBOX_KEYS, prefix, what='key for provider "ses"')
+    try:
+        mailbox = SesMailbox.from_settings({k: v for k, v in extra.items() if k in MAILBOX_KEYS})
+    except SesConfigError as exc:
+        key, _, why = str(exc).partition(": ")
+        r.problem(join_key(prefix, key), why)
+        return MappingProxyType({})
+    return MappingProxyType(
+        {
+            "addresses": mailbox.addresses,
+            "allowed_senders": mailbox.allowed_senders,
+            "keep_objects": mailbox.keep_objects,
+        }
+    )
+
+
+def _check_unique_routes(files: list[_TenantFile]) -> None:
+    """No two ses mailboxes claim one address or @domain: a message for it would have
+    two owners. The first file (by name) keeps it; the later claim is the problem."""
+    owner: dict[str, tuple[Path, str, str]] = {}
+    for parsed in files:
+        r = parsed.reader
+        for key, entry in parsed.ses_routes:
+            first = owner.setdefault(entry, (r.file, parsed.tenant_id or "?", key))
+            if first == (r.file, parsed.tenant_id or "?", key):
+                continue
+            where = (
+                f"{first[2]} of this file"
+                if first[0] == r.file
+                else f'tenant "{first[1]}" ({first[0]}: {first[2]})'
+            )
+            r.problem(key, f'"{entry}" is already routed to another ses mailbox: {where}')
 
 
 def _parse_raw_tables(

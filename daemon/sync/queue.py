@@ -46,6 +46,8 @@ class IngestQueue:
         self._send: MemoryObjectSendStream[_Job] = send
         self._receive: MemoryObjectReceiveStream[_Job] = receive
         self._queued_items = 0
+        self._capacity_pages = capacity_pages
+        self._taken = anyio.Event()  # set (and replaced) whenever a worker takes a page
 
     async def ingest(self, batch: IngestBatch) -> list[ItemResult]:
         """Queue a batch (waiting while the queue is full) and wait for its results."""
@@ -64,6 +66,12 @@ class IngestQueue:
         assert job.results is not None
         return job.results
 
+    async def wait_for_room(self) -> None:
+        """Return once a page would be queued without waiting: a queue door (the SES
+        poller) receives nothing it could not hand over at once."""
+        while self._send.statistics().current_buffer_used >= self._capacity_pages:
+            await self._taken.wait()
+
     def close(self) -> None:
         """No more pages: workers finish what is queued, then return."""
         self._send.close()
@@ -76,6 +84,8 @@ class IngestQueue:
         task_status.started()
         async with self._receive.clone() as jobs:
             async for job in jobs:
+                self._taken.set()  # a page left the buffer: room for another
+                self._taken = anyio.Event()
                 if job.taken:  # its producer gave up before we got to it
                     continue
                 job.taken = True
