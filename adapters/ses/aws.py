@@ -237,12 +237,15 @@ class AwsClients:
         except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SesTransient(f"s3 get {where}: {type(exc).__name__}") from exc
         size = int(response.get("ContentLength") or 0)
-        async with response["Body"] as stream:
+        body = response["Body"]  # aiobotocore's StreamingBody: read(amt) streams
+        try:
             if size > max_bytes:
                 raise SesPermanent(
                     "too_large", f"{where}: {size} bytes, over max_message_bytes {max_bytes}"
                 )
-            return await _read_limited(stream, where, size, max_bytes)
+            return await _read_limited(body, where, size, max_bytes)
+        finally:
+            body.close()  # an unread remainder is dropped with the connection
 
     async def delete_object(self, bucket: str, key: str) -> None:
         try:
