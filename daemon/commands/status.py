@@ -35,6 +35,7 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.mailbox_status import MailboxStatus, mailbox_status
+from inboxd.pipeline.queue_doors import PollerRow, queue_summary
 from inboxd.pipeline.tenancy import validate_id
 
 # A few small statements; a server that does not answer within this is stuck.
@@ -70,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         "objects with all fields. Run `inboxd migrate` first on a new database.",
     )
     parser.add_argument("--tenant", metavar="T", help="only this tenant's mailboxes")
+    parser.add_argument(
+        "--queues",
+        action="store_true",
+        help="show the queue pollers (SES SQS) instead: queue, messages received, stored, "
+        "duplicate, dead, unrouted, left for redelivery, last error (with --json, a list)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -80,6 +87,11 @@ async def run(args: argparse.Namespace) -> int:
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
             statuses = await mailbox_status(pool, tenant)
+            # tenant-less: shown to the operator's whole view only
+            pollers = [] if tenant else await _pollers(pool)
+    if args.queues:
+        _print_pollers(pollers, as_json=args.json)
+        return EXIT_OK
     if args.json:
         sys.stdout.buffer.write(
             orjson.dumps([as_json(s) for s in statuses], option=orjson.OPT_APPEND_NEWLINE)
@@ -95,7 +107,57 @@ async def run(args: argparse.Namespace) -> int:
         _print_rich([table_row(s) for s in statuses])
     else:
         print(plain_table([table_row(s) for s in statuses]))
+    if pollers and not args.json:
+        print()
+        _print_pollers(pollers, as_json=False)
     return EXIT_OK
+
+
+POLLER_COLUMNS = (
+    "QUEUE",
+    "DAEMON",
+    "RECEIVED",
+    "STORED",
+    "DUPLICATE",
+    "DEAD",
+    "UNROUTED",
+    "UNROUTED OPEN",
+    "LEFT",
+    "LAST ERROR",
+)
+
+
+async def _pollers(pool: asyncpg.Pool) -> list[PollerRow]:
+    async with pool.acquire() as conn:
+        return await queue_summary(conn)
+
+
+def _print_pollers(pollers: list[PollerRow], *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.buffer.write(
+            orjson.dumps([dataclasses.asdict(p) for p in pollers], option=orjson.OPT_APPEND_NEWLINE)
+        )
+        sys.stdout.flush()
+        return
+    if not pollers:
+        print("no queue pollers running (a daemon with an [ses] table runs one)")
+        return
+    rows = [
+        (
+            p.door,
+            p.owner,
+            str(p.received),
+            str(p.stored),
+            str(p.duplicates),
+            str(p.dead),
+            str(p.unrouted),
+            str(p.unrouted_open),
+            str(p.left_for_retry),
+            shorten_end(p.last_error, ERROR_SHOWN_CHARS) if p.last_error else "-",
+        )
+        for p in pollers
+    ]
+    print(plain_table(rows, POLLER_COLUMNS))
 
 
 @contextmanager
@@ -144,12 +206,12 @@ def table_row(s: MailboxStatus) -> tuple[str, ...]:
     )
 
 
-def plain_table(rows: list[tuple[str, ...]]) -> str:
-    """COLUMNS and rows as text, columns padded to their widest cell, no trailing blanks."""
-    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+def plain_table(rows: list[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS) -> str:
+    """Columns and rows as text, columns padded to their widest cell, no trailing blanks."""
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
-        for r in [COLUMNS, *rows]
+        for r in [columns, *rows]
     )
 
 
