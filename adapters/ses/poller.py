@@ -166,6 +166,7 @@ class SesPoller:
         """One long poll (after waiting for room in the ingest queue), abandoned when
         `stop` is set: a receive cut short loses nothing, SQS shows the messages again."""
         received: list[QueueMessage] = []
+        error: SesTransient | None = None
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -174,8 +175,13 @@ class SesPoller:
 
             tg.start_soon(watch)
             await self._room()
-            received = await self._aws.receive()
+            try:
+                received = await self._aws.receive()
+            except SesTransient as exc:  # raised here, it would leave as an exception group
+                error = exc
             tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
         if received:
             self._events.counted("received", len(received))
         return received
@@ -392,10 +398,17 @@ class SesPoller:
         period = self.settings.visibility_timeout_s * HEARTBEAT_SHARE
         while True:
             await anyio.sleep(period)
-            if self._in_flight:
-                await self._aws.set_visibility(
+            if not self._in_flight:
+                continue
+            try:
+                lost = await self._aws.set_visibility(
                     list(self._in_flight.values()), self.settings.visibility_timeout_s
                 )
+            except Exception as exc:  # the next beat tries again; SQS redelivers at worst
+                log.warning("ses_visibility_not_extended", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if lost:  # another consumer may get them: the cascade makes that harmless
+                log.warning("ses_visibility_lost", messages=len(lost))
 
 
 _COUNTER = {
