@@ -136,6 +136,11 @@ class Daemon:
         self._fleet_scope: anyio.CancelScope | None = None
         self._log = log.bind(owner=self.owner)
         self._load_hooks(self.tenants)
+        if self.ses is None and any(m.provider == "ses" for m in _mailboxes(self.tenants)):
+            self._log.warning(
+                "ses_mailboxes_without_poller",
+                hint="the main file has no [ses] table: nothing reads these mailboxes' queue",
+            )
 
     # lifecycle ------------------------------------------------------------------------
 
