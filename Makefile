@@ -42,11 +42,13 @@ import-demo: venv
 # The whole suite, after the quality gates (CI runs exactly this).
 test: check
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-dovecot.sh
 	$(BIN)/python -m pytest -q
 
 # The suite without the tests marked slow (subprocess daemons, benchmarks at tiny size).
 test-fast: venv
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-dovecot.sh
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Quality gates: lint, formatting, types (mypy settings in pyproject.toml).
