@@ -130,8 +130,10 @@ def _s3_records(records: object) -> list[Pointer]:
 
 
 def _versioned(document: dict[str, Any]) -> Pointer:
-    if document.get("version") != 1:
-        raise _invalid(f"pointer version {_short(document.get('version'))} is not 1")
+    version = document.get("version")
+    # bool is an int in Python: `true == 1` must not pass for version 1
+    if isinstance(version, bool) or version != 1:
+        raise _invalid(f"pointer version {_short(version)} is not 1")
     if document.get("provider") != "ses":
         raise _invalid("pointer provider is not ses")
     return Pointer(

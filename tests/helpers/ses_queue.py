@@ -1,15 +1,27 @@
-"""SES door test helpers: a moto queue and bucket, SES notifications, corpus bytes."""
+"""SES door test helpers: a moto queue and bucket, the notification shapes, corpus bytes.
+
+The bodies follow the published examples, field for field where it matters:
+`ses_notification` the SES developer guide ("Amazon SNS notification contents for
+receipts", an S3 action with a topic), `sns_envelope` what SNS puts on an SQS queue
+without raw message delivery (SNS developer guide, "Amazon SNS message and JSON
+formats"), `s3_event` / `s3_test_event` the S3 user guide ("Event message
+structure"), `versioned_pointer` inboxd's own shape (issue 12).
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote_plus
 
 import boto3
 import orjson
 
 REGION = "us-east-1"
+# Arbitrary but realistic ARNs: SES publishes the S3 action's notification here.
+TOPIC_ARN = "arn:aws:sns:us-east-1:123456789012:ses-inbound"
 
 
 @dataclass
@@ -17,19 +29,19 @@ class Aws:
     endpoint: str
     queue_url: str
     bucket: str
-    sqs: object
-    s3: object
+    sqs: Any
+    s3: Any
 
     def put(self, key: str, raw: bytes) -> None:
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=raw)  # type: ignore[attr-defined]
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=raw)
 
     def send(self, body: object) -> None:
         text = body if isinstance(body, str) else orjson.dumps(body).decode()
-        self.sqs.send_message(QueueUrl=self.queue_url, MessageBody=text)  # type: ignore[attr-defined]
+        self.sqs.send_message(QueueUrl=self.queue_url, MessageBody=text)
 
     def queue_counts(self) -> tuple[int, int]:
         """(visible, in flight) messages of the queue."""
-        attrs = self.sqs.get_queue_attributes(  # type: ignore[attr-defined]
+        attrs = self.sqs.get_queue_attributes(
             QueueUrl=self.queue_url,
             AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
         )["Attributes"]
@@ -39,8 +51,23 @@ class Aws:
         )
 
     def keys(self) -> list[str]:
-        answer = self.s3.list_objects_v2(Bucket=self.bucket)  # type: ignore[attr-defined]
-        return [o["Key"] for o in answer.get("Contents", [])]
+        answer = self.s3.list_objects_v2(Bucket=self.bucket)
+        return sorted(o["Key"] for o in answer.get("Contents", []))
+
+    def receive_and_release(self) -> int:
+        """Receive every visible message once and make it visible again at once, as a
+        consumer that crashed would (ApproximateReceiveCount goes up by one)."""
+        answer = self.sqs.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0
+        )
+        return len(answer.get("Messages", []))
+
+    def release(self, receipt_handles: list[str]) -> None:
+        """Make in-flight messages visible again (the visibility timeout, run out now)."""
+        for handle in receipt_handles:
+            self.sqs.change_message_visibility(
+                QueueUrl=self.queue_url, ReceiptHandle=handle, VisibilityTimeout=0
+            )
 
 
 def make_queue(endpoint: str) -> Aws:
@@ -54,35 +81,156 @@ def make_queue(endpoint: str) -> Aws:
 
 
 def ses_notification(
-    bucket: str, key: str, message_id: str, recipients: list[str], *, sns: bool = False
-) -> dict[str, object]:
-    """The SES receipt-rule notification of an S3 action (SES developer guide)."""
+    bucket: str,
+    key: str,
+    message_id: str,
+    recipients: list[str],
+    *,
+    sns: bool = False,
+    destination: list[str] | None = None,
+) -> dict[str, Any]:
+    """The SES receipt notification of an S3 action (SES developer guide's example):
+    `receipt.recipients` are the envelope recipients this rule matched, `mail.destination`
+    every envelope recipient of the message. `sns`: wrapped in SNS's envelope."""
     notification = {
         "notificationType": "Received",
         "mail": {
             "timestamp": "2026-12-01T10:00:00.000Z",
-            "source": "sender@example.org",
+            "source": "0000014fbe1c09cf-7cb9f704@amazonses.com",
             "messageId": message_id,
-            "destination": recipients,
+            "destination": recipients if destination is None else destination,
+            "headersTruncated": False,
+            "headers": [
+                {"name": "Return-Path", "value": "<sender@example.org>"},
+                {"name": "From", "value": "Sender <sender@example.org>"},
+                {"name": "To", "value": ", ".join(recipients)},
+                {"name": "Subject", "value": "Example subject"},
+            ],
+            "commonHeaders": {
+                "returnPath": "sender@example.org",
+                "from": ["Sender <sender@example.org>"],
+                "date": "Tue, 1 Dec 2026 10:00:00 +0000",
+                "to": recipients,
+                "messageId": "<example@example.org>",
+                "subject": "Example subject",
+            },
         },
         "receipt": {
             "timestamp": "2026-12-01T10:00:00.100Z",
+            "processingTimeMillis": 222,
             "recipients": recipients,
-            "action": {"type": "S3", "bucketName": bucket, "objectKey": key},
+            "spamVerdict": {"status": "PASS"},
+            "virusVerdict": {"status": "PASS"},
+            "spfVerdict": {"status": "PASS"},
+            "dkimVerdict": {"status": "PASS"},
+            "dmarcVerdict": {"status": "PASS"},
+            "action": {
+                "type": "S3",
+                "topicArn": TOPIC_ARN,
+                "bucketName": bucket,
+                "objectKeyPrefix": key.rpartition("/")[0],
+                "objectKey": key,
+            },
         },
     }
-    if not sns:
-        return notification
-    return {
+    return (
+        sns_envelope(notification, subject="Amazon SES Email Receipt Notification")
+        if sns
+        else notification
+    )
+
+
+def sns_envelope(message: object, *, subject: str | None = None) -> dict[str, Any]:
+    """What SNS delivers to an SQS subscriber without raw message delivery: the
+    payload as a JSON string in `Message` (SNS developer guide, notification JSON)."""
+    envelope: dict[str, Any] = {
         "Type": "Notification",
         "MessageId": str(uuid.uuid4()),
-        "TopicArn": "arn:aws:sns:us-east-1:123456789012:ses-inbound",
-        "Subject": "Amazon SES Email Receipt Notification",
-        "Message": orjson.dumps(notification).decode(),
+        "TopicArn": TOPIC_ARN,
+        "Message": message if isinstance(message, str) else orjson.dumps(message).decode(),
         "Timestamp": "2026-12-01T10:00:00.200Z",
+        "SignatureVersion": "1",
+        "Signature": "EXAMPLEpH+DcEwjAPg8O9mY8dReBSwksfg2S7WKQcikcNKWLQjwu6A4VbeS0QHVCkhRS7fUQvi",
+        "SigningCertURL": "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0000.pem",
+        "UnsubscribeURL": "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe",
+    }
+    if subject is not None:
+        envelope["Subject"] = subject
+    return envelope
+
+
+def s3_record(
+    bucket: str, key: str, *, event_name: str = "ObjectCreated:Put", encode: bool = True
+) -> dict[str, Any]:
+    """One record of an S3 event notification; the key URL-encoded as S3 sends it
+    (spaces as '+'), unless `encode` is false (the key is given encoded already)."""
+    return {
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "awsRegion": REGION,
+        "eventTime": "2026-12-01T10:00:00.300Z",
+        "eventName": event_name,
+        "userIdentity": {"principalId": "AWS:AIDAINPONIXQXHT3IKHL2"},
+        "requestParameters": {"sourceIPAddress": "10.0.0.1"},
+        "responseElements": {
+            "x-amz-request-id": "C3D13FE58DE4C810",
+            "x-amz-id-2": "FMyUVURIY8/IgAtTv8xRjskZQpcIZ9KG4V5Wp6S7S/JRWeUWerMUE5JgHvANOjpD",
+        },
+        "s3": {
+            "s3SchemaVersion": "1.0",
+            "configurationId": "inbound-mail",
+            "bucket": {
+                "name": bucket,
+                "ownerIdentity": {"principalId": "A3NL1KOZZKExample"},
+                "arn": f"arn:aws:s3:::{bucket}",
+            },
+            "object": {
+                "key": quote_plus(key, safe="/") if encode else key,
+                "size": 1024,
+                "eTag": "d41d8cd98f00b204e9800998ecf8427e",
+                "sequencer": "0055AED6DCD90281E5",
+            },
+        },
+    }
+
+
+def s3_event(bucket: str, *keys: str) -> dict[str, Any]:
+    """An S3 event notification announcing these new objects (S3 user guide)."""
+    return {"Records": [s3_record(bucket, key) for key in keys]}
+
+
+def s3_test_event(bucket: str) -> dict[str, Any]:
+    """What S3 sends to the queue once, when the notification is configured."""
+    return {
+        "Service": "Amazon S3",
+        "Event": "s3:TestEvent",
+        "Time": "2026-12-01T09:59:00.000Z",
+        "Bucket": bucket,
+        "RequestId": "5582815E1AEA5ADF",
+        "HostId": "8cLeGAmw098X5cv4Zkwcmo8vvZa3eH3eKxsPzbB9wrR+YYz5NCZHaPoWJPEvB7l0",
+    }
+
+
+def versioned_pointer(
+    bucket: str, key: str, ses_message_id: str | None, recipients: list[str]
+) -> dict[str, Any]:
+    """inboxd's own pointer, version 1 (issue 12)."""
+    return {
+        "version": 1,
+        "provider": "ses",
+        "sesMessageId": ses_message_id,
+        "s3Bucket": bucket,
+        "s3Key": key,
+        "recipients": recipients,
+        "receivedAt": "2026-12-01T10:00:00Z",
     }
 
 
 def corpus_files(corpus: Path, n: int) -> list[bytes]:
     files = sorted(p for p in (corpus / "mime").rglob("*.eml"))[:n]
     return [p.read_bytes() for p in files]
+
+
+def corpus_file(corpus: Path, name: str) -> bytes:
+    """One corpus message by its path under tests/corpus/mime."""
+    return (corpus / "mime" / name).read_bytes()
