@@ -102,6 +102,8 @@ SES_KEYS = frozenset(
     }
 )
 MAILBOX_KEYS = ("addresses", "allowed_senders", "keep_objects")
+# fnmatch's wildcard characters (allowed_senders patterns are fnmatch patterns).
+_WILDCARDS = "*?["
 
 
 def normalise_address(text: str) -> str:
@@ -233,14 +235,21 @@ def _check_sender_pattern(pattern: str) -> None:
     local, at, domain = pattern.rpartition("@")
     if not at or not domain:
         raise SesConfigError("allowed_senders: each entry is an address pattern (*@example.com)")
-    wild_local = any(c in local for c in "*?[")
-    if any(c in domain for c in "*?[") and not domain.startswith("*."):
+    wild_local = any(c in local for c in _WILDCARDS)
+    base = domain.removeprefix("*.")
+    # A domain wildcard is only the leading "*." of a subdomain pattern: "*.*.com" or
+    # "*.?.example" would admit any domain of that shape.
+    if any(c in base for c in _WILDCARDS):
         raise SesConfigError(
             "allowed_senders: a wildcard domain must be a subdomain pattern (*@*.example.com)"
         )
-    base = domain.removeprefix("*.")
-    too_wide = base in PUBLIC_MAILBOX_DOMAINS or (domain.startswith("*.") and "." not in base)
-    if wild_local and too_wide:
+    if base != domain and "." not in base:
+        # *.com: anyone who registers a domain there, whatever the local part
+        raise SesConfigError(
+            "allowed_senders: a wildcard over a top-level domain admits anyone who "
+            "registers a domain there; name the domain (*@*.example.com)"
+        )
+    if wild_local and base in PUBLIC_MAILBOX_DOMAINS:
         raise SesConfigError(
             "allowed_senders: a wildcard over a public mailbox domain admits anyone who "
             "opens an account there; list the addresses themselves"
