@@ -22,6 +22,7 @@ __all__ = [
     "Backfill",
     "Revealable",
     "backfill",
+    "is_loopback",
     "optional_secret",
     "optional_text",
     "refuse_unknown",
@@ -82,14 +83,15 @@ def url(settings: Mapping[str, object], key: str, default: str, error: ConfigErr
     parts = urlsplit(value)
     if parts.scheme == "https" and parts.hostname:
         return value.rstrip("/")
-    if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+    if parts.scheme == "http" and parts.hostname and is_loopback(parts.hostname):
         # Plain http only to this machine (test fakes): tokens never cross a network
         # in clear text.
         return value.rstrip("/")
     raise error(f"{key}: expected an https:// URL (http:// only for loopback)")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback address: traffic that never leaves this machine."""
     if host == "localhost":
         return True
     try:

@@ -12,8 +12,7 @@ Mailbox providers: `maildir`, `gmail`, `outlook` and `ses` have their keys
 checked strictly (gmail's and outlook's by their adapter's config.py, through
 daemon/provider_tables.py, ses's by adapters/ses/config.py, so that check-config
 names the file and key; no two ses mailboxes may route one address or @domain);
-`imap` gets its generic keys checked, its secrets checked, and its other keys
-kept as they are (`settings`) for its adapter's own config.py to parse.
+`imap`'s by adapters/imap/config.py, its secrets wrapped first.
 """
 
 from __future__ import annotations
@@ -25,6 +24,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from inboxd.adapters.imap.config import MAILBOX_KEYS as IMAP_KEYS
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.errors import ImapConfigError
 from inboxd.adapters.ses.config import MAILBOX_KEYS, SesMailbox
 from inboxd.adapters.ses.errors import SesConfigError
 from inboxd.daemon.config_reader import (
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 PROVIDERS = ("maildir", "gmail", "outlook", "imap", "ses")
-RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail", "outlook", "ses"})
+RUNNABLE_PROVIDERS = frozenset({"maildir", "gmail", "outlook", "ses", "imap"})
 # Mailboxes fed by a queue poller ([ses] in the main file), not by a sync runner.
 QUEUE_PROVIDERS = frozenset({"ses"})
 SYNC_MODES = ("push", "poll", "auto")
@@ -277,6 +279,8 @@ def _parse_mailbox(
         settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
     elif provider == "ses":
         settings = _ses_settings(r, extra, prefix)
+    elif provider == "imap":
+        settings = _imap_settings(r, extra, prefix)
     elif provider in TABLE_DOORS:
         shared = tables.get(provider)
         door = TABLE_DOORS[provider]
@@ -331,6 +335,18 @@ def _ses_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str,
             "keep_objects": mailbox.keep_objects,
         }
     )
+
+
+def _imap_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str, Any]:
+    """An imap mailbox's keys, checked by the adapter (secrets wrapped first)."""
+    r.unknown_keys(extra, _MAILBOX_KEYS + tuple(IMAP_KEYS), prefix, what='key for provider "imap"')
+    frozen = r.freeze({k: v for k, v in extra.items() if k in IMAP_KEYS}, prefix)
+    try:
+        ImapMailbox.from_settings(frozen)
+    except ImapConfigError as exc:
+        key, _, why = str(exc).partition(": ")
+        r.problem(join_key(prefix, key), why)
+    return frozen
 
 
 def _check_unique_routes(files: list[_TenantFile]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -206,7 +206,7 @@ def table_row(s: MailboxStatus) -> tuple[str, ...]:
     )
 
 
-def plain_table(rows: list[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS) -> str:
+def plain_table(rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS) -> str:
     """Columns and rows as text, columns padded to their widest cell, no trailing blanks."""
     widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     return "\n".join(

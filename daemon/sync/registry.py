@@ -17,6 +17,8 @@ import asyncpg
 from inboxd.adapters.base import Source
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.source import GmailSource
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.source import ImapSource
 from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
@@ -88,6 +90,13 @@ def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source
     )
 
 
+def _imap(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+    # Pages are UID windows (adapters/imap/source.py IMAP_WINDOW), not [workers] batch_size.
+    return ImapSource(
+        mailbox.tenant_id, mailbox.mailbox_id, ImapMailbox.from_settings(mailbox.settings)
+    )
+
+
 async def _record_watch(
     pool: asyncpg.Pool, tenant: str, mailbox_id: str, expires_at: datetime | None
 ) -> None:
@@ -105,6 +114,7 @@ _BUILDERS: dict[str, Callable[[MailboxConfig, int, SourceDeps], Source]] = {
     "maildir": _maildir,
     "gmail": _gmail,
     "outlook": _outlook,
+    "imap": _imap,
 }
 
 

@@ -1,0 +1,1 @@
+"""IMAP door: any mail server's folders, synced by UID windows (source.py)."""

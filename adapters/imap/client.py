@@ -1,0 +1,274 @@
+"""One IMAP connection (aioimaplib): connect with TLS, STARTTLS or (loopback only) in
+clear, log in, EXAMINE a folder, UID SEARCH, UID FETCH BODY.PEEK[], IDLE.
+
+Folders are opened with EXAMINE (read-only) and bodies fetched with BODY.PEEK[],
+so nothing we do marks mail read (RFC 3501 §6.3.2, §6.4.5). aioimaplib has no
+STARTTLS (its command table names it, but nothing upgrades the transport): we send
+the command and upgrade aioimaplib's asyncio transport with loop.start_tls, then
+ask for CAPABILITY again (RFC 3501 §6.2.1: capabilities before TLS are void).
+
+Every call runs under a deadline; a connection that misses one is closed, and
+its errors are translated: NO to LOGIN/AUTHENTICATE → ImapAuthError (the
+server's text kept, credentials never), a dropped connection, BYE or a timeout →
+ImapUnavailable, an answer we cannot use → ImapProtocolError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import re
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import aioimaplib
+
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.errors import ImapAuthError, ImapProtocolError, ImapUnavailable
+
+__all__ = ["FolderState", "ImapConnection", "encode_folder"]
+
+# Connect + greeting + TLS handshake. A server that has not greeted in 20 s is down.
+CONNECT_TIMEOUT_S = 20.0
+# One command's answer. A UID FETCH of a window of ~100 typical messages (~1 MB)
+# takes well under a second on a LAN; 60 s covers a slow link and a large window.
+COMMAND_TIMEOUT_S = 60.0
+# LOGOUT at close is a courtesy; never allowed to hold a shutdown.
+LOGOUT_TIMEOUT_S = 3.0
+
+_FETCH_RE = re.compile(rb"^(\d+) FETCH \(")
+_UID_RE = re.compile(rb"UID (\d+)")
+_CODE_RE = re.compile(rb"\[(UIDVALIDITY|UIDNEXT|HIGHESTMODSEQ) (\d+)\]")
+_EXISTS_RE = re.compile(rb"^(\d+) EXISTS")
+
+
+@dataclass(frozen=True, slots=True)
+class FolderState:
+    """What EXAMINE said: the folder's identity, next UID, modseq (CONDSTORE) and size."""
+
+    uidvalidity: int
+    uidnext: int | None
+    highestmodseq: int | None
+    exists: int
+
+
+class ImapConnection:
+    """A logged-in connection to one account; `await ImapConnection.open(mailbox)`."""
+
+    def __init__(self, mailbox: ImapMailbox, client: Any) -> None:
+        self.mailbox = mailbox
+        self._client = client
+        self.selected: str | None = None
+
+    @property
+    def capabilities(self) -> set[str]:
+        return set(self._client.protocol.capabilities)
+
+    @classmethod
+    async def open(cls, mailbox: ImapMailbox) -> ImapConnection:
+        where = f"{mailbox.host}:{mailbox.port}"
+        context = _tls_context(mailbox) if mailbox.security != "none" else None
+        try:
+            if mailbox.security == "tls":
+                client = aioimaplib.IMAP4_SSL(
+                    mailbox.host, mailbox.port, timeout=COMMAND_TIMEOUT_S, ssl_context=context
+                )
+            else:
+                client = aioimaplib.IMAP4(mailbox.host, mailbox.port, timeout=COMMAND_TIMEOUT_S)
+            await asyncio.wait_for(client.wait_hello_from_server(), CONNECT_TIMEOUT_S)
+            connection = cls(mailbox, client)
+            if mailbox.security == "starttls":
+                assert context is not None
+                await connection._starttls(context)
+        except (OSError, TimeoutError, ssl.SSLError, aioimaplib.AioImapException) as exc:
+            raise ImapUnavailable(f"imap connect {where}: {_describe(exc)}") from exc
+        await connection._login()
+        return connection
+
+    async def _starttls(self, context: ssl.SSLContext) -> None:
+        caps = self.capabilities
+        if "STARTTLS" not in caps:
+            raise ImapUnavailable(f"imap {self.mailbox.host}: the server does not offer STARTTLS")
+        answer = await self._call(self._client.protocol.simple_command("STARTTLS"), "STARTTLS")
+        if answer.result != "OK":
+            raise ImapUnavailable(f"imap {self.mailbox.host}: STARTTLS refused")
+        protocol = self._client.protocol
+        loop = asyncio.get_running_loop()
+        protocol.transport = await asyncio.wait_for(
+            loop.start_tls(
+                protocol.transport, protocol, context, server_hostname=self.mailbox.host
+            ),
+            CONNECT_TIMEOUT_S,
+        )
+        await self._call(protocol.capability(), "CAPABILITY")
+
+    async def _login(self) -> None:
+        m = self.mailbox
+        try:
+            if m.oauth2_token is not None:
+                answer = await asyncio.wait_for(
+                    self._client.xoauth2(m.username, m.oauth2_token.reveal()), COMMAND_TIMEOUT_S
+                )
+            else:
+                assert m.password is not None
+                answer = await asyncio.wait_for(
+                    self._client.login(m.username, m.password.reveal()), COMMAND_TIMEOUT_S
+                )
+        except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
+            await self.close()
+            raise ImapUnavailable(f"imap login {m.host}: {_describe(exc)}") from exc
+        if answer.result != "OK":
+            text = _text(answer.lines[-1:]) or answer.result
+            await self.close()
+            raise ImapAuthError(f"imap {m.host} refused the login of {m.username}: {text}")
+
+    async def examine(self, folder: str) -> FolderState:
+        """Open `folder` read-only; its UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ, EXISTS."""
+        answer = await self._call(self._client.examine(encode_folder(folder)), f"EXAMINE {folder}")
+        if answer.result != "OK":
+            raise ImapProtocolError(
+                f"imap {self.mailbox.host}: EXAMINE {folder!r}: {_text(answer.lines[-1:])}"
+            )
+        codes: dict[bytes, int] = {}
+        exists = 0
+        for line in answer.lines:
+            if not isinstance(line, bytes):
+                continue
+            for name, value in _CODE_RE.findall(line):
+                codes[name] = int(value)
+            if match := _EXISTS_RE.match(line):
+                exists = int(match.group(1))
+        if b"UIDVALIDITY" not in codes:
+            raise ImapProtocolError(f"imap {self.mailbox.host}: {folder!r} has no UIDVALIDITY")
+        self.selected = folder
+        return FolderState(
+            uidvalidity=codes[b"UIDVALIDITY"],
+            uidnext=codes.get(b"UIDNEXT"),
+            highestmodseq=codes.get(b"HIGHESTMODSEQ"),
+            exists=exists,
+        )
+
+    async def search_uids(self, *criteria: str) -> list[int]:
+        """UID SEARCH in the selected folder, answered sorted."""
+        answer = await self._call(self._client.uid_search(*criteria, charset=None), "UID SEARCH")
+        if answer.result != "OK":
+            raise ImapProtocolError(
+                f"imap {self.mailbox.host}: UID SEARCH: {_text(answer.lines[-1:])}"
+            )
+        uids: set[int] = set()
+        for line in answer.lines:
+            if isinstance(line, bytes) and line.startswith(b"SEARCH"):
+                uids.update(int(t) for t in line.split()[1:] if t.isdigit())
+        return sorted(uids)
+
+    async def fetch_raw(self, uids: list[int]) -> tuple[dict[int, bytes], bool]:
+        """UID FETCH BODY.PEEK[] of `uids`: the bytes by UID, and whether the server
+        answered OK (a NO still carries the messages it could deliver)."""
+        if not uids:
+            return {}, True
+        answer = await self._call(
+            self._client.uid("fetch", _uid_set(uids), "(UID BODY.PEEK[])"), "UID FETCH"
+        )
+        return _fetched(answer.lines), answer.result == "OK"
+
+    async def close(self) -> None:
+        """LOGOUT, bounded; the connection is gone afterwards whatever the server says."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        with contextlib.suppress(Exception):  # a courtesy: the transport is closed below
+            await asyncio.wait_for(client.logout(), LOGOUT_TIMEOUT_S)
+        transport = getattr(client.protocol, "transport", None)
+        if transport is not None:
+            transport.close()
+
+    async def _call(self, awaitable: Any, what: str) -> Any:
+        if self._client is None:
+            raise ImapUnavailable(f"imap {self.mailbox.host}: connection closed")
+        try:
+            return await asyncio.wait_for(awaitable, COMMAND_TIMEOUT_S)
+        except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
+            await self.close()
+            raise ImapUnavailable(f"imap {self.mailbox.host}: {what}: {_describe(exc)}") from exc
+
+
+def _tls_context(mailbox: ImapMailbox) -> ssl.SSLContext:
+    context = ssl.create_default_context(
+        cafile=None if mailbox.ca_file is None else str(mailbox.ca_file)
+    )
+    if not mailbox.verify_certificate:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _fetched(lines: list[Any]) -> dict[int, bytes]:
+    """The literals of an UID FETCH answer by UID (aioimaplib hands the FETCH line,
+    then the literal as a bytearray, then the rest of the line)."""
+    out: dict[int, bytes] = {}
+    uid: int | None = None
+    literal: bytes | None = None
+    for line in lines:
+        if isinstance(line, bytes) and _FETCH_RE.match(line):
+            if uid is not None and literal is not None:
+                out[uid] = literal
+            uid, literal = None, None
+            if m := _UID_RE.search(line):
+                uid = int(m.group(1))
+        elif isinstance(line, bytearray):
+            literal = bytes(line)
+        elif isinstance(line, bytes) and uid is None and (m := _UID_RE.search(line)):
+            uid = int(m.group(1))  # "UID n" after the literal: `BODY[] {n}` came first
+    if uid is not None and literal is not None:
+        out[uid] = literal
+    return out
+
+
+def _uid_set(uids: list[int]) -> str:
+    """A compact sequence set: 3,5:9,12."""
+    ordered = sorted(set(uids))
+    ranges: list[str] = []
+    start = prev = ordered[0]
+    for uid in ordered[1:]:
+        if uid == prev + 1:
+            prev = uid
+            continue
+        ranges.append(f"{start}:{prev}" if start != prev else str(start))
+        start = prev = uid
+    ranges.append(f"{start}:{prev}" if start != prev else str(start))
+    return ",".join(ranges)
+
+
+def encode_folder(name: str) -> str:
+    """A folder name as an IMAP astring: modified UTF-7 (RFC 3501 §5.1.3), quoted."""
+    out: list[str] = []
+    pending: list[str] = []
+
+    def flush() -> None:
+        if pending:
+            utf16 = "".join(pending).encode("utf-16-be")
+            out.append("&" + base64.b64encode(utf16).decode().rstrip("=").replace("/", ",") + "-")
+            pending.clear()
+
+    for char in name:
+        if 0x20 <= ord(char) <= 0x7E:
+            flush()
+            out.append("&-" if char == "&" else char)
+        else:
+            pending.append(char)
+    flush()
+    text = "".join(out)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _text(lines: list[Any]) -> str:
+    return " ".join(
+        bytes(line).decode("utf-8", "replace") for line in lines if isinstance(line, bytes)
+    ).strip()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
