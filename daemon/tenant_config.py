@@ -340,7 +340,9 @@ def _ses_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str,
 def _imap_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str, Any]:
     """An imap mailbox's keys, checked by the adapter (secrets wrapped first)."""
     r.unknown_keys(extra, _MAILBOX_KEYS + tuple(IMAP_KEYS), prefix, what='key for provider "imap"')
-    frozen = r.freeze({k: v for k, v in extra.items() if k in IMAP_KEYS}, prefix)
+    # every key's secrets checked (a literal password under a misspelt key is still
+    # refused), the adapter's keys kept
+    frozen = MappingProxyType({k: v for k, v in r.freeze(extra, prefix).items() if k in IMAP_KEYS})
     try:
         ImapMailbox.from_settings(frozen)
     except ImapConfigError as exc:

@@ -215,12 +215,10 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
         provider = "imap"
         address = "support@acme.example"
         sync_mode = "push"
-        subscription = "inbox-changes"
-        folder_ids = ["INBOX"]
-        credentials = "file:/run/secrets/imap.json"
-        [mailboxes.oauth]
-        client_id = "abc"
-        client_secret = "env:IMAP_CLIENT_SECRET"
+        host = "imap.acme.example"
+        username = "support@acme.example"
+        password = "file:/run/secrets/imap-password"
+        folders = ["INBOX", {name = "Sent", direction = "outbound"}]
         [[delivery_sources]]
         id = "postmark"
         provider = "postmark"
@@ -237,16 +235,15 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
     acme = tenants.tenants["acme"]
     assert acme.api_token == Secret("env:ACME_TOKEN")
     (imap,) = acme.mailboxes
-    assert not imap.runnable
+    assert imap.runnable
     assert (imap.sync_mode, imap.poll_interval_s) == ("push", 60.0)
-    assert imap.settings["subscription"] == "inbox-changes"
-    assert imap.settings["folder_ids"] == ("INBOX",)
-    assert imap.settings["credentials"] == Secret("file:/run/secrets/imap.json")
-    assert imap.settings["oauth"]["client_secret"] == Secret("env:IMAP_CLIENT_SECRET")
+    assert imap.settings["host"] == "imap.acme.example"
+    assert imap.settings["password"] == Secret("file:/run/secrets/imap-password")
+    assert imap.settings["folders"][1]["direction"] == "outbound"
     assert acme.delivery_sources[0]["webhook_secret"] == Secret("env:POSTMARK_SECRET")
     assert acme.processors[0]["provider"] == "invoice_extractor"
     with pytest.raises(TypeError):
-        imap.settings["subscription"] = "x"  # type: ignore[index]
+        imap.settings["host"] = "x"  # type: ignore[index]
 
 
 def test_gmail_table_and_mailboxes_are_runnable_with_secrets_wrapped(tmp_path: Path) -> None:
@@ -845,9 +842,10 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
             [[mailboxes]]
             id = "imap"
             provider = "imap"
-            password = "env:ACME_IMAP_PASSWORD"
-            client_secret = "file:{secret_file}"
-            refresh_token = "{LITERAL}"
+            host = "imap.acme.example"
+            username = "support"
+            password = "file:{secret_file}"
+            oauth2_token = "{LITERAL}"
             [[delivery_sources]]
             id = "pm"
             provider = "postmark"
@@ -875,7 +873,7 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
                 'reference, "env:NAME" or "file:/path" (the value is not shown)'
                 for key in (
                     "api_token",
-                    "mailboxes[0].refresh_token",
+                    "mailboxes[0].oauth2_token",
                     "delivery_sources[0].webhook_secret",
                 )
             ),
