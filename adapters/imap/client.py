@@ -91,10 +91,11 @@ class ImapConnection:
         caps = self.capabilities
         if "STARTTLS" not in caps:
             raise ImapUnavailable(f"imap {self.mailbox.host}: the server does not offer STARTTLS")
-        answer = await self._call(self._client.protocol.simple_command("STARTTLS"), "STARTTLS")
+        protocol = self._client.protocol
+        command = aioimaplib.Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
+        answer = await self._call(protocol.execute(command), "STARTTLS")
         if answer.result != "OK":
             raise ImapUnavailable(f"imap {self.mailbox.host}: STARTTLS refused")
-        protocol = self._client.protocol
         loop = asyncio.get_running_loop()
         protocol.transport = await asyncio.wait_for(
             loop.start_tls(
@@ -142,6 +143,9 @@ class ImapConnection:
                 exists = int(match.group(1))
         if b"UIDVALIDITY" not in codes:
             raise ImapProtocolError(f"imap {self.mailbox.host}: {folder!r} has no UIDVALIDITY")
+        # aioimaplib moves to SELECTED only for its select(); EXAMINE selects too
+        # (RFC 3501 §6.3.2), and its UID commands check that state
+        self._client.protocol.state = aioimaplib.SELECTED
         self.selected = folder
         return FolderState(
             uidvalidity=codes[b"UIDVALIDITY"],
@@ -158,9 +162,11 @@ class ImapConnection:
                 f"imap {self.mailbox.host}: UID SEARCH: {_text(answer.lines[-1:])}"
             )
         uids: set[int] = set()
-        for line in answer.lines:
-            if isinstance(line, bytes) and line.startswith(b"SEARCH"):
-                uids.update(int(t) for t in line.split()[1:] if t.isdigit())
+        # aioimaplib hands the untagged `* SEARCH 1 2 3` as b"1 2 3" (its name
+        # stripped), then the tagged completion's text as the last line
+        for line in answer.lines[:-1]:
+            if isinstance(line, bytes):
+                uids.update(int(t) for t in line.removeprefix(b"SEARCH").split() if t.isdigit())
         return sorted(uids)
 
     async def fetch_raw(self, uids: list[int]) -> tuple[dict[int, bytes], bool]:

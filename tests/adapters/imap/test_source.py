@@ -1,0 +1,128 @@
+"""The IMAP source against a real Dovecot (tests/helpers/dovecot.py), in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers.dovecot import DovecotServer
+
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.cursor import load_cursor
+from inboxd.adapters.imap.errors import ImapAuthError, ImapUnavailable
+from inboxd.adapters.imap.source import ImapSource
+from inboxd.pipeline.errors import CursorExpired
+from inboxd.pipeline.message import MessageData
+
+pytestmark = pytest.mark.slow
+
+
+class _Secret:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def reveal(self) -> str:
+        return self.value
+
+
+def _corpus(corpus: Path, n: int, skip: int = 0) -> list[bytes]:
+    files = sorted((corpus / "mime").rglob("*.eml"))[skip : skip + n]
+    return [p.read_bytes() for p in files]
+
+
+def _mailbox(server: DovecotServer, user, **over: object) -> ImapMailbox:
+    settings: dict[str, object] = {
+        "host": server.host,
+        "port": server.plain_port,
+        "security": "none",
+        "username": user.username,
+        "password": _Secret(user.password),
+        "backfill": "all",
+        **over,
+    }
+    return ImapMailbox.from_settings(settings)
+
+
+async def _run(source: ImapSource, cursor: str | None) -> tuple[list, str | None]:
+    items: list = []
+    async for page in source.pages(cursor):
+        items.extend(page.items)
+        cursor = page.cursor_after or cursor
+    return items, cursor
+
+
+async def test_backfill_then_only_new_mail_and_nothing_marked_read(
+    dovecot: DovecotServer, corpus: Path
+) -> None:
+    user = dovecot.new_user()
+    for raw in _corpus(corpus, 3):
+        dovecot.deliver(user.username, "INBOX", raw)
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user), window=2)
+    try:
+        first, cursor = await _run(source, None)
+        status = dovecot.status(user.username, "INBOX")
+        assert [i.external_id for i in first] == [
+            f"INBOX:{status.uidvalidity}:{uid}" for uid in (1, 2, 3)
+        ]
+        assert load_cursor(cursor)["INBOX"].last_uid == 3
+        for raw in _corpus(corpus, 2, skip=3):
+            dovecot.deliver(user.username, "INBOX", raw)
+        second, cursor = await _run(source, cursor)
+        assert [i.external_id.rsplit(":", 1)[1] for i in second] == ["4", "5"]
+        nothing, _ = await _run(source, cursor)
+        assert nothing == []
+    finally:
+        await source.aclose()
+    assert all("\\Seen" not in flags for flags in dovecot.flags(user.username, "INBOX").values())
+    assert all(isinstance(i, MessageData) and i.raw for i in first + second)
+
+
+async def test_a_recreated_folder_is_an_expired_cursor(dovecot: DovecotServer, corpus) -> None:
+    user = dovecot.new_user()
+    for raw in _corpus(corpus, 2):
+        dovecot.deliver(user.username, "INBOX", raw)
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+    try:
+        _, cursor = await _run(source, None)
+        dovecot.recreate_folder(user.username, "INBOX")
+        with pytest.raises(CursorExpired):
+            await _run(source, cursor)
+    finally:
+        await source.aclose()
+
+
+async def test_tls_and_starttls_verify_the_certificate(dovecot: DovecotServer, corpus) -> None:
+    user = dovecot.new_user()
+    dovecot.deliver(user.username, "INBOX", _corpus(corpus, 1)[0])
+    for security, port in (("tls", dovecot.tls_port), ("starttls", dovecot.plain_port)):
+        mailbox = _mailbox(
+            dovecot,
+            user,
+            host=dovecot.cert_hostname,
+            port=port,
+            security=security,
+            ca_file=str(dovecot.ca_file),
+        )
+        source = ImapSource("acme", "imap", mailbox)
+        try:
+            items, _ = await _run(source, None)
+        finally:
+            await source.aclose()
+        assert len(items) == 1, security
+        wrong = _mailbox(
+            dovecot,
+            user,
+            host=dovecot.mismatch_host,
+            port=port,
+            security=security,
+            ca_file=str(dovecot.ca_file),
+        )
+        with pytest.raises(ImapUnavailable):
+            await _run(ImapSource("acme", "imap", wrong), None)
+
+
+async def test_a_wrong_password_is_an_auth_error(dovecot: DovecotServer) -> None:
+    user = dovecot.new_user()
+    mailbox = _mailbox(dovecot, user, password=_Secret("not-the-password"))
+    with pytest.raises(ImapAuthError):
+        await _run(ImapSource("acme", "imap", mailbox), None)
