@@ -179,6 +179,33 @@ class ImapConnection:
         )
         return _fetched(answer.lines), answer.result == "OK"
 
+    async def idle(self, renew_after_s: float) -> bool:
+        """IDLE in the selected folder until the server reports a change (True when it
+        announced new or expunged mail) or `renew_after_s` passed (False); then DONE."""
+        client = self._client
+        if client is None:
+            raise ImapUnavailable(f"imap {self.mailbox.host}: connection closed")
+        try:
+            idle = await asyncio.wait_for(
+                client.idle_start(timeout=renew_after_s), COMMAND_TIMEOUT_S
+            )
+            changed = False
+            while not changed:
+                pushed = await client.wait_server_push(timeout=renew_after_s + COMMAND_TIMEOUT_S)
+                if pushed == aioimaplib.STOP_WAIT_SERVER_PUSH:
+                    break  # the renewal timer: end this IDLE, start the next
+                lines = pushed if isinstance(pushed, list) else [pushed]
+                changed = any(
+                    isinstance(line, bytes) and (b"EXISTS" in line or b"EXPUNGE" in line)
+                    for line in lines
+                )
+            client.idle_done()
+            await asyncio.wait_for(idle, COMMAND_TIMEOUT_S)
+            return changed
+        except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
+            await self.close()
+            raise ImapUnavailable(f"imap {self.mailbox.host}: IDLE: {_describe(exc)}") from exc
+
     async def close(self) -> None:
         """LOGOUT, bounded; the connection is gone afterwards whatever the server says."""
         client, self._client = self._client, None

@@ -25,21 +25,23 @@ raw bytes are kept byte-exact. Folders with `direction = "outbound"` (Sent) stor
 outbound copies, which reconcile with `POST /v1/outbound` placeholders.
 
 The connection is opened on the first run and kept between runs (reopened after
-any failure, closed by `aclose` when the runner stops).
+any failure, closed by `aclose` when the runner stops). `watch` keeps a second
+one in IDLE (RFC 2177) on the first folder and rings the doorbell on new mail.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
+import anyio
 import structlog
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.imap.client import FolderState, ImapConnection
 from inboxd.adapters.imap.config import Folder, ImapMailbox
 from inboxd.adapters.imap.cursor import FolderCursor, dump_cursor, load_cursor
-from inboxd.adapters.imap.errors import ImapUnavailable
+from inboxd.adapters.imap.errors import ImapAuthError, ImapProtocolError, ImapUnavailable
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
 from inboxd.pipeline.outcomes import ItemResult
@@ -49,6 +51,12 @@ __all__ = ["ImapSource"]
 
 log = structlog.get_logger(__name__)
 
+# IDLE is ended and re-issued after this long: servers may drop an IDLE after 30
+# minutes of inactivity (RFC 2177), so 25 leaves room for a slow round trip.
+IDLE_RENEW_S = 25 * 60
+# After a failed IDLE connection, wait before the next: doubling from 1 s to 5 min.
+IDLE_BACKOFF_MIN_S = 1.0
+IDLE_BACKOFF_MAX_S = 300.0
 # UIDs per UID FETCH and per page (one ingest transaction). 100 typical messages
 # are ~0.5-1 MB on the wire: one round trip amortised over many messages, and a
 # window small enough that a NO costs at most 100 single fetches.
@@ -73,6 +81,41 @@ class ImapSource:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
+
+    async def watch(self, ring: Callable[[], None]) -> None:
+        """IDLE on a connection of its own in the first configured folder (where new
+        mail lands: INBOX by default) and ring the doorbell when the server reports
+        new mail; polling covers the other folders. Needs `idle = true` and
+        `max_connections` ≥ 2 (the sync keeps the other)."""
+        if not self.mailbox.idle or self.mailbox.max_connections < 2:
+            return
+        folder = self.mailbox.folders[0].name
+        backoff = IDLE_BACKOFF_MIN_S
+        while True:
+            try:
+                await self._idle_once(folder, ring)
+                return  # the server has no IDLE: polling only
+            except ImapAuthError:
+                return  # the sync run reports it (needs_attention)
+            except (ImapUnavailable, ImapProtocolError) as exc:
+                log.info("imap_idle_reconnect", error=str(exc), retry_s=backoff)
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, IDLE_BACKOFF_MAX_S)
+
+    async def _idle_once(self, folder: str, ring: Callable[[], None]) -> None:
+        connection = await ImapConnection.open(self.mailbox)
+        try:
+            if "IDLE" not in connection.capabilities:
+                log.info("imap_idle_unsupported", host=self.mailbox.host)
+                return
+            await connection.examine(folder)
+            ring()  # anything that arrived while we were not listening
+            while True:
+                if await connection.idle(IDLE_RENEW_S):
+                    ring()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await connection.close()
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
         return None  # the cursor is the only state; nothing to do on the server

@@ -115,18 +115,27 @@ class MailboxRunner:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             with self._life:
-                task_status.started()
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    while self._pending:
-                        self._pending = False
-                        attention = await self._one_run()
-                        if attention:
-                            return
+                async with anyio.create_task_group() as tg:
+                    watch = getattr(self.source, "watch", None)
+                    if watch is not None and self.config.sync_mode in ("push", "auto"):
+                        # the door's own push channel (IMAP IDLE) rings this runner
+                        tg.start_soon(watch, self.ring)
+                    task_status.started()
+                    await self._serve()
+                    tg.cancel_scope.cancel()
         finally:
             self._finished = True
             await self._close_source()
+
+    async def _serve(self) -> None:
+        """Runs, one per doorbell (coalesced), until the mailbox needs an operator."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._pending:
+                self._pending = False
+                if await self._one_run():
+                    return
 
     async def _close_source(self) -> None:
         """A source holding connections (provider doors) releases them with the runner."""

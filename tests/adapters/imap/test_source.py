@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 from helpers.dovecot import DovecotServer
+from helpers.waiting import eventually
 
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.cursor import load_cursor
@@ -126,3 +128,18 @@ async def test_a_wrong_password_is_an_auth_error(dovecot: DovecotServer) -> None
     mailbox = _mailbox(dovecot, user, password=_Secret("not-the-password"))
     with pytest.raises(ImapAuthError):
         await _run(ImapSource("acme", "imap", mailbox), None)
+
+
+async def test_idle_rings_when_mail_arrives(dovecot: DovecotServer, corpus) -> None:
+    user = dovecot.new_user()
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+    rings: list[float] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.watch, lambda: rings.append(anyio.current_time()))
+        # the first ring says the watch is listening (and covers mail from before)
+        await eventually(lambda: len(rings), 10, what="the IDLE watch listening")
+        listening = len(rings)
+        dovecot.deliver(user.username, "INBOX", _corpus(corpus, 1)[0])
+        # the issue: such mail is stored within 2 s, so it must ring well within that
+        await eventually(lambda: len(rings) > listening, 2, what="a ring for the new mail")
+        tg.cancel_scope.cancel()
