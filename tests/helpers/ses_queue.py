@@ -20,6 +20,9 @@ import boto3
 import orjson
 
 REGION = "us-east-1"
+# The door name the in-process tests' unrouted records carry (the daemon's is
+# ses:<queue name>).
+TEST_DOOR = "ses:test"
 # Arbitrary but realistic ARNs: SES publishes the S3 action's notification here.
 TOPIC_ARN = "arn:aws:sns:us-east-1:123456789012:ses-inbound"
 
@@ -224,6 +227,41 @@ def versioned_pointer(
         "recipients": recipients,
         "receivedAt": "2026-12-01T10:00:00Z",
     }
+
+
+async def drain(poller: Any) -> list[Any]:
+    """Receive and process until the queue shows nothing more (in-flight messages
+    are invisible); answers the QueueMessages received."""
+    received: list[Any] = []
+    while batch := await poller._aws.receive():
+        received.extend(batch)
+        await poller.process(batch)
+    return received
+
+
+async def copies(pool: Any) -> list[tuple[str, str, str]]:
+    """(tenant, mailbox, external id) of every stored copy."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT tenant_id, mailbox_id, external_id FROM message_copies ORDER BY 1, 2, 3"
+        )
+    return [tuple(r) for r in rows]
+
+
+async def dead(pool: Any) -> list[tuple[str, str, str, str]]:
+    """(tenant, mailbox, external id, reason) of every dead item."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT tenant_id, mailbox_id, external_id, reason FROM dead_items ORDER BY 1, 2, 3"
+        )
+    return [tuple(r) for r in rows]
+
+
+async def unrouted(pool: Any) -> list[dict[str, Any]]:
+    """Every unrouted record, as a dict of its columns."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT * FROM unrouted_items ORDER BY external_id")
+    return [dict(r) for r in rows]
 
 
 def corpus_files(corpus: Path, n: int) -> list[bytes]:

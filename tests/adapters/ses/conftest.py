@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import asyncpg
 import pytest
-from helpers.ses_queue import REGION, Aws, make_queue
+from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
 from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
 from inboxd.pipeline.ingest import IngestStage
@@ -34,12 +36,20 @@ def aws(moto_endpoint: str) -> Aws:
 
 
 @pytest.fixture
-def make_poller(
-    aws: Aws, pool, stage: IngestStage
-) -> Callable[..., AsyncIterator[tuple[SesPoller, Events]]]:
-    """Factory: an SesPoller on the test's queue, mailboxes as (tenant, mailbox, SesMailbox)."""
+def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
+    """Factory: `async with make_poller(mailboxes, **settings) as (poller, events)`, an
+    SesPoller on the test's queue; mailboxes as (tenant, mailbox, SesMailbox).
+    `ingest` / `unrouted_pool` replace the real ingest stage / the pool unrouted
+    records are written to (a database that is down)."""
 
-    def make(mailboxes: list[tuple[str, str, SesMailbox]], **settings: object):
+    @asynccontextmanager
+    async def make(
+        mailboxes: Sequence[tuple[str, str, SesMailbox]],
+        *,
+        ingest: Callable | None = None,
+        unrouted_pool: asyncpg.Pool | None = None,
+        **settings: object,
+    ) -> AsyncIterator[tuple[SesPoller, Events]]:
         config = SesSettings.from_settings(
             {
                 "queue_url": aws.queue_url,
@@ -53,8 +63,8 @@ def make_poller(
 
         async def unrouted(item: Unrouted) -> None:
             await record_unrouted(
-                pool,
-                "ses:test",
+                unrouted_pool or pool,
+                TEST_DOOR,
                 item.external_id,
                 item.reason,
                 item.detail,
@@ -65,23 +75,18 @@ def make_poller(
         async def room() -> None:
             return None
 
-        class _Ctx:
-            async def __aenter__(self):
-                self.clients = AwsClients(config)
-                aws_clients = await self.clients.__aenter__()
-                return SesPoller(
+        async with AwsClients(config) as clients:
+            yield (
+                SesPoller(
                     config,
-                    aws_clients,
+                    clients,
                     router=Router(mailboxes),
-                    ingest=stage.ingest,
+                    ingest=ingest or stage.ingest,
                     room=room,
                     record_unrouted=unrouted,
                     events=events,
-                ), events
-
-            async def __aexit__(self, *exc: object) -> None:
-                await self.clients.__aexit__(*exc)
-
-        return _Ctx()
+                ),
+                events,
+            )
 
     return make
