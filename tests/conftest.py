@@ -32,7 +32,7 @@ CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO / "tests" / "corpus"))
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # Fixture modules of tests/helpers (importable as `helpers`: pyproject's pythonpath).
-pytest_plugins = ["helpers.moto_server"]
+pytest_plugins = ["helpers.moto_server", "helpers.dovecot"]
 
 
 def _answers(host: str, port: int) -> bool:
