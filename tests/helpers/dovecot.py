@@ -107,6 +107,8 @@ HOST = "127.0.0.1"
 MISMATCH_HOST = "127.0.0.2"
 CERT_HOSTNAME = "localhost"
 DH_PARAMS = Path("/usr/share/dovecot/dh.pem")  # Debian's dovecot-core ships it
+# Where dovecot-core installs them (a non-root PATH often lacks /usr/sbin).
+DOVECOT_PROGRAMS = {"dovecot": Path("/usr/sbin/dovecot"), "doveadm": Path("/usr/bin/doveadm")}
 # Names a passwd-file line and a doveadm argument can carry as they are.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
@@ -216,6 +218,11 @@ def _greets(port: int, greeting: str) -> bool:
             return sock.recv(512).rstrip().endswith(greeting.encode())
     except OSError:
         return False
+
+
+def _binary(name: str) -> str:
+    """Path of a Dovecot program; Debian's places when PATH lacks them (/usr/sbin)."""
+    return shutil.which(name) or str(DOVECOT_PROGRAMS[name])
 
 
 def _user_exists(name: str) -> bool:
@@ -404,7 +411,7 @@ class DovecotServer:
                     raise
 
     def _start_once(self) -> None:
-        dovecot = shutil.which("dovecot") or "/usr/sbin/dovecot"
+        dovecot = _binary("dovecot")
         if not os.path.exists(dovecot):
             raise DovecotError(
                 "dovecot is not installed: run `bash scripts/ensure-dovecot.sh` "
@@ -613,7 +620,7 @@ service anvil {{
 
     def _auth_ok(self, name: str, password: str) -> bool:
         done = subprocess.run(
-            ["doveadm", "-c", str(self.config_path), "auth", "test", name, password],
+            [_binary("doveadm"), "-c", str(self.config_path), "auth", "test", name, password],
             capture_output=True,
             timeout=DOVEADM_TIMEOUT_S,
             check=False,
@@ -637,7 +644,7 @@ service anvil {{
 
         Fails with doveadm's stderr and the server's log tail.
         """
-        argv = ["doveadm", "-c", str(self.config_path), *args]
+        argv = [_binary("doveadm"), "-c", str(self.config_path), *args]
         try:
             done = subprocess.run(
                 argv,
