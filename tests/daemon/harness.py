@@ -187,3 +187,31 @@ class DaemonProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._log.close()
+
+
+def ses_table(queue_url: str, endpoint_url: str, **settings: int | str) -> str:
+    """The main file's `[ses]` table (for write_config's `extra_main`): the queue on
+    `endpoint_url` (moto's server in tests) and any other `[ses]` keys as given."""
+    lines = [
+        "[ses]",
+        f'queue_url = "{queue_url}"',
+        f'endpoint_url = "{endpoint_url}"',
+        'region = "us-east-1"',
+    ]
+    for key, value in settings.items():
+        lines.append(f"{key} = {orjson.dumps(value).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+def write_ses_tenant(tmp: Path, tenant: str, mailboxes: dict[str, dict[str, Any]]) -> Path:
+    """tenants/<tenant>.toml with one `provider = "ses"` mailbox per entry of
+    `mailboxes` ({mailbox_id: {"addresses": [...], "allowed_senders": [...],
+    "keep_objects": bool}}), replacing any file write_config wrote for it."""
+    blocks = []
+    for mailbox, keys in mailboxes.items():
+        body = "".join(f"{key} = {orjson.dumps(value).decode()}\n" for key, value in keys.items())
+        blocks.append(f'\n[[mailboxes]]\nid = "{mailbox}"\nprovider = "ses"\n{body}')
+    (tmp / "tenants").mkdir(exist_ok=True)
+    path = tmp / "tenants" / f"{tenant}.toml"
+    path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n' + "".join(blocks))
+    return path
