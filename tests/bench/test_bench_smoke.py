@@ -237,6 +237,37 @@ def test_outlook(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_outlook", pid)
 
 
+# A moto-alone row: msgs, wall s, msg/s.
+SES_REF = r"\s+200\s+[\d.]+\s+[\d,]+\s"
+
+
+def test_ses(server_dsn: str) -> None:
+    pid, out = run_bench("ses.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^moto server on http://127\.0\.0\.1:\d+ ready",
+            r"^generated 200 messages",
+            *(
+                rf"^  moto alone: {what}, {loops} loops" + SES_REF
+                for what in (r"receive\+delete", r"receive\+get\+delete")
+                for loops in (2, 4)
+            ),
+            r"^  daemon\s+200\s+[\d.]+\s+[\d,]+\s",
+            r"^  import\s+200\s+[\d.]+\s+[\d,]+\s",
+            r"SIGTERM → exit 0 .*rows 200, copies 200, dead 0",
+            r"outcomes \{new: 200\}",
+            r"^  poller totals: received \d+, stored 200, deleted \d+, .*dead 0, left 0",
+            r"^    daemon_ready → done \(.*daemon main \d+ % .*PostgreSQL \d+ % .*moto \d+ %",
+            r"^  same raw files in both databases \(raw_sha256\): yes",
+            r"^  ratios, same run: daemon / receive\+delete, 2 loops = [\d.]+; "
+            r"daemon / receive\+get\+delete, 2 loops = [\d.]+; daemon / import = [\d.]+",
+            r"^  daemon peak RSS [\d.]+ MB .*growth 10 % → 90 % of the rows",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_ses", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
     """A new benchmark in bench/ gets a test here too (vocabulary.py is data,
     door_run.py the machinery gmail.py and outlook.py share)."""
@@ -247,6 +278,7 @@ def test_every_script_has_a_smoke_test() -> None:
         "webhooks.py",
         "gmail.py",
         "outlook.py",
+        "ses.py",
     }
     scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py", "door_run.py"}
     assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
