@@ -25,6 +25,7 @@ from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSe
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.queue_doors import record_unrouted, write_totals
 
@@ -92,6 +93,7 @@ class SesDoor:
                 room=self._queue.wait_for_room,
                 record_unrouted=self._record_unrouted,
                 events=self,
+                stored=self._stored,
             )
             log.info("ses_poller_started", door=self.door, pollers=self.settings.pollers)
             try:
@@ -130,6 +132,13 @@ class SesDoor:
             item.body,
             item.recipients,
         )
+
+    async def _stored(self, mailboxes: list[tuple[str, str]], external_id: str) -> bool:
+        async with self._pool.acquire() as conn:
+            for tenant, mailbox in mailboxes:
+                if await known_copies(conn, tenant, mailbox, [external_id]):
+                    return True
+        return False
 
     async def _flush_every(self) -> None:
         while True:

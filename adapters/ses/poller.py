@@ -14,8 +14,10 @@ One SQS message, from receipt to deletion:
       │   sender allowlist (refused → a dead item in that mailbox)
       ├─ ingest, one transaction per mailbox (the daemon's bounded queue)
       │     any item retriable (database down…) → leave the message
-      └─ every item settled → (keep_objects = false: delete the S3 object) →
-         DeleteMessageBatch.  Nothing is deleted before its rows committed.
+      └─ every item settled → DeleteMessageBatch → (keep_objects = false in every
+         mailbox it reached: delete the S3 object). Nothing is deleted before its
+         rows committed; a pointer whose object is gone but whose message is
+         stored is a redelivery (duplicate), not a loss.
 
 "Dead": a dead_items row in each mailbox the message routes to, or, when it
 routes nowhere (no recipient is ours, the pointer is unreadable), an unrouted
@@ -95,6 +97,8 @@ class PollerEvents(Protocol):
 
 Ingest = Callable[[IngestBatch], Awaitable[list[ItemResult]]]
 RecordUnrouted = Callable[[Unrouted], Awaitable[None]]
+# Is this external id stored in any of these (tenant, mailbox)?
+StoredIn = Callable[[list[tuple[str, str]], str], Awaitable[bool]]
 
 
 @dataclass(slots=True)
@@ -122,6 +126,7 @@ class SesPoller:
         room: Callable[[], Awaitable[None]],
         record_unrouted: RecordUnrouted,
         events: PollerEvents,
+        stored: StoredIn,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -129,6 +134,7 @@ class SesPoller:
         self._ingest = ingest
         self._room = room
         self._record_unrouted = record_unrouted
+        self._stored = stored
         self._events = events
         self._in_flight: dict[str, QueueMessage] = {}
 
@@ -233,11 +239,13 @@ class SesPoller:
         )
         groups: dict[tuple[str, str], list[tuple[_Work, MessageData | DeadItem]]] = {}
         for (work, pointer, raw), item in zip(fetched, parsed, strict=True):
-            for route, copy in await self._place(work, pointer, raw, item):
+            placed = await self._place(work, pointer, raw, item)
+            for route, copy in placed:
                 groups.setdefault((route.tenant_id, route.mailbox_id), []).append((work, copy))
                 work.pending += 1
-                if not route.mailbox.keep_objects:
-                    work.objects.append(pointer)
+            # the object goes only when no mailbox it reached keeps it as its raw copy
+            if placed and not any(route.mailbox.keep_objects for route, _ in placed):
+                work.objects.append(pointer)
         async with anyio.create_task_group() as tg:
             for (tenant, mailbox), entries in groups.items():
                 tg.start_soon(self._ingest_group, tenant, mailbox, entries)
@@ -251,6 +259,8 @@ class SesPoller:
                     pointer.bucket, pointer.key, max_bytes=self.settings.max_message_bytes
                 )
             except SesPermanent as exc:
+                if exc.reason == "object_missing" and await self._stored_already(work, pointer):
+                    return  # keep_objects = false deleted it after a commit: a redelivery
                 await self._dead(work, pointer, exc.reason, exc.detail)
             except SesTransient as exc:
                 self._leave(work, str(exc))
@@ -316,6 +326,20 @@ class SesPoller:
             work.pending -= 1
             self._events.counted(_COUNTER.get(outcome, "stored"))
 
+    async def _stored_already(self, work: _Work, pointer: Pointer) -> bool:
+        """True when the message behind a missing object is stored in a mailbox it
+        reaches (every ses mailbox when the pointer names no recipients)."""
+        routes = self.router.route(pointer.recipients) if pointer.recipients else []
+        candidates = [(r.tenant_id, r.mailbox_id) for r in routes] or self.router.mailboxes()
+        try:
+            stored = await self._stored(candidates, pointer.external_id)
+        except Exception as exc:  # the database: decide when SQS redelivers
+            self._leave(work, f"stored copy not checked: {type(exc).__name__}")
+            return True
+        if stored:
+            self._events.counted("duplicate")
+        return stored
+
     # --- permanent failures ----------------------------------------------------------------
 
     async def _poison(self, work: _Work) -> None:
@@ -326,7 +350,8 @@ class SesPoller:
         )
         self._events.counted("poison")
         for pointer in work.pointers or [None]:  # type: ignore[list-item]
-            await self._dead(work, pointer, "poison", detail)
+            where = f"s3://{pointer.bucket}/{pointer.key} " if pointer is not None else ""
+            await self._dead(work, pointer, "poison", where + detail)
 
     async def _dead(self, work: _Work, pointer: Pointer | None, reason: str, detail: str) -> None:
         """Record a permanent failure where an operator sees it, or leave the message
@@ -380,17 +405,23 @@ class SesPoller:
     # --- after commit ----------------------------------------------------------------------
 
     async def _finish(self, works: list[_Work]) -> None:
-        """Delete the messages whose every item settled (and, keep_objects = false,
-        their S3 objects first); the others wait for SQS to redeliver them."""
+        """Delete the messages whose every item settled (then, keep_objects = false,
+        their S3 objects); the others wait for SQS to redeliver them."""
         done = [w for w in works if not w.failed and w.pending == 0]
+        stale = await self._aws.delete([w.message for w in done])
+        self._events.counted("deleted", len(done) - len(stale))
+        # objects last, and only of messages that left the queue: one that comes back
+        # still finds its object (and a later redelivery is told apart from a loss by
+        # _stored_already)
+        left = {m.receipt_handle for m in stale}
         for work in done:
+            if work.message.receipt_handle in left:
+                continue
             for pointer in work.objects:
                 try:
                     await self._aws.delete_object(pointer.bucket, pointer.key)
                 except SesTransient as exc:  # the rows are committed; the object only lingers
                     log.warning("ses_object_not_deleted", error=str(exc))
-        stale = await self._aws.delete([w.message for w in done])
-        self._events.counted("deleted", len(done) - len(stale))
 
     # --- visibility --------------------------------------------------------------------------
 
@@ -429,4 +460,4 @@ def _header_recipients(raw: bytes, item: MessageData | DeadItem) -> list[str]:
     else:
         values = head.get_all("To", []) + head.get_all("Cc", [])
         found += [a for _, a in getaddresses([str(v) for v in values])]
-    return [a for a in found if a]
+    return list(dict.fromkeys(a.lower() for a in found if a))

@@ -38,6 +38,10 @@ class Router:
     def __len__(self) -> int:
         return len(self._table)
 
+    def mailboxes(self) -> list[tuple[str, str]]:
+        """Every (tenant, mailbox) the table routes to."""
+        return list(dict.fromkeys((r.tenant_id, r.mailbox_id) for r in self._table.values()))
+
     def route(self, recipients: Iterable[str]) -> list[Route]:
         """The mailboxes these recipients reach, each once, in recipient order."""
         found: dict[tuple[str, str], Route] = {}

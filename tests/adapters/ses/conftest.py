@@ -11,6 +11,7 @@ import pytest
 from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
 from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
+from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.queue_doors import record_unrouted
 
@@ -75,6 +76,12 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
         async def room() -> None:
             return None
 
+        async def stored(mailboxes: list[tuple[str, str]], external_id: str) -> bool:
+            for tenant, mailbox in mailboxes:
+                if await known_copies(unrouted_pool or pool, tenant, mailbox, [external_id]):
+                    return True
+            return False
+
         async with AwsClients(config) as clients:
             yield (
                 SesPoller(
@@ -85,6 +92,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
                     room=room,
                     record_unrouted=unrouted,
                     events=events,
+                    stored=stored,
                 ),
                 events,
             )

@@ -187,12 +187,6 @@ async def test_redelivery_of_a_stored_message_is_a_duplicate(
     assert aws.queue_counts() == (0, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="poller.py _finish deletes the S3 object (keep_objects = false) before "
-    "DeleteMessageBatch: a lost delete brings the message back to a missing object, "
-    "recorded as an object_missing dead item although the message is stored",
-)
 async def test_redelivery_after_a_lost_delete_with_keep_objects_false_is_a_duplicate(
     aws, make_poller, make_mailbox, pool, corpus, monkeypatch
 ) -> None:
@@ -284,12 +278,6 @@ async def test_poison_message_with_a_mailbox_becomes_a_dead_item_and_is_deleted(
     assert events.counts.get("poison") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="poller.py _poison: the dead item of a poison message says how often it was "
-    "received but not where its object is (issue 12: 'dead item with its pointer'); only "
-    "the SES id is kept, and an operator cannot replay it",
-)
 async def test_poison_dead_item_names_its_object(
     aws, make_poller, make_mailbox, pool, corpus
 ) -> None:
@@ -503,11 +491,6 @@ async def test_no_mailbox_for_any_recipient_is_unrouted_with_the_recipients(
     assert events.counts.get("unrouted") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="poller.py _header_recipients does not deduplicate: Delivered-To and To both "
-    "name info@test.org, and unrouted_items.recipients lists it twice",
-)
 async def test_no_mailbox_for_the_header_recipients_is_unrouted_with_them(
     aws, make_poller, pool, corpus
 ) -> None:
@@ -629,11 +612,6 @@ async def test_keep_objects_false_keeps_the_object_until_the_rows_commit(
     assert aws.queue_counts() == (0, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="poller.py _settle queues the object for deletion when any mailbox it reached "
-    "has keep_objects = false, though another keeps it as its raw copy",
-)
 async def test_keep_objects_false_elsewhere_does_not_delete_a_kept_object(
     aws, make_poller, make_mailbox, pool, corpus
 ) -> None:
@@ -651,13 +629,6 @@ async def test_keep_objects_false_elsewhere_does_not_delete_a_kept_object(
     assert aws.keys() == ["in/m"]  # acme keeps the S3 object as its raw copy
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="poller.py: with keep_objects = false the object is deleted after commit; a second "
-    "delivery of the notification (SQS at-least-once, or a lost DeleteMessageBatch: _finish "
-    "deletes the object before the SQS message) finds it gone and records object_missing "
-    "for a message that is stored",
-)
 async def test_keep_objects_false_duplicate_delivery_is_no_dead_item(
     aws, make_poller, make_mailbox, pool, corpus
 ) -> None:
