@@ -1,0 +1,431 @@
+"""The IMAP door under `inboxd run` (issue 13): a real daemon process against Dovecot.
+
+The session's private Dovecot (tests/helpers/dovecot.py) serves a user of its own
+to each test; the tenant file points an `provider = "imap"` mailbox at its
+plain-text loopback listener (`security = "none"`), the password a reference to a
+variable in the daemon's environment. Mail is put in with `doveadm save`, as an
+MTA's delivery would, and the test watches what a user of inboxd sees: rows in
+message_copies, the mailbox's sync_state, `inboxd status --json`, events.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from email.parser import BytesHeaderParser
+from email.policy import compat32
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+from harness import DaemonProcess, deliver, generated_messages, maildir, write_config
+from helpers import cli_env, run_cli
+from helpers.dovecot import DovecotServer, ImapAccount
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+WAIT_S = 60
+# Issue 13: with IDLE, a delivered message is stored within 2 s.
+IDLE_DELIVERY_S = 2.0
+# Long enough that only IDLE (never a scheduled poll) can bring mail within a test.
+LONG_POLL_S = 300
+
+
+@dataclass(frozen=True)
+class Imap:
+    """One imap mailbox of a tenant file: its id, the account and its options."""
+
+    mailbox: str
+    account: ImapAccount
+    sync_mode: str = "poll"
+    poll_interval_s: float = 1
+    folders: tuple[str, ...] = ("INBOX",)
+    password: str | None = None  # a wrong one; default: the account's
+
+    @property
+    def env_var(self) -> str:
+        return f"INBOXD_TEST_IMAP_{self.mailbox.upper()}_PASSWORD"
+
+
+def imap_tenant(tmp: Path, tenant: str, server: DovecotServer, boxes: list[Imap]) -> Path:
+    """tenants/<tenant>.toml with the imap mailboxes `boxes` (replacing any file)."""
+    blocks = "".join(
+        f"""
+[[mailboxes]]
+id = "{box.mailbox}"
+provider = "imap"
+address = "{box.mailbox}@{tenant}.example"
+sync_mode = "{box.sync_mode}"
+poll_interval_s = {box.poll_interval_s}
+host = "{server.host}"
+port = {server.plain_port}
+security = "none"
+username = "{box.account.username}"
+password = "env:{box.env_var}"
+folders = {orjson.dumps(list(box.folders)).decode()}
+backfill = "all"
+"""
+        for box in boxes
+    )
+    (tmp / "tenants").mkdir(exist_ok=True)
+    path = tmp / "tenants" / f"{tenant}.toml"
+    path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n{blocks}')
+    return path
+
+
+def passwords(*boxes: Imap) -> dict[str, str]:
+    return {box.env_var: box.password or box.account.password for box in boxes}
+
+
+def corpus_messages(
+    corpus: Path, n: int, skip: int = 0, *, identified: bool = False
+) -> list[bytes]:
+    """n corpus files (after `skip`), in name order. `identified`: only files with a
+    Message-ID, a From and a Date, as most mail has (the first files of the corpus
+    have none of them)."""
+    raws = [path.read_bytes() for path in sorted((corpus / "mime").rglob("*.eml"))]
+    if identified:
+        raws = [raw for raw in raws if _identified(raw)]
+    chosen = raws[skip : skip + n]
+    assert len(chosen) == n, f"the corpus has fewer than {skip + n} such messages"
+    return chosen
+
+
+def _identified(raw: bytes) -> bool:
+    headers = BytesHeaderParser(policy=compat32).parsebytes(raw)
+    return all(headers.get(name) for name in ("Message-ID", "From", "Date"))
+
+
+def start(tmp: Path, config: Path, dsn: str, env: dict[str, str]) -> DaemonProcess:
+    daemon = DaemonProcess(config, dsn, tmp / "daemon.log", env=env)
+    try:
+        daemon.wait_ready()
+    except BaseException:
+        daemon.kill()
+        raise
+    return daemon
+
+
+def stop(daemon: DaemonProcess) -> None:
+    """SIGTERM; the daemon must exit 0 (killed if it hangs)."""
+    if daemon.exited() is None:
+        daemon.signal(signal.SIGTERM)
+    try:
+        code = daemon.wait_exit(60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        code = None
+    assert code == 0, daemon.log_tail()
+
+
+async def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def fetchval(dsn: str, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def copies(dsn: str, tenant: str, mailbox: str) -> set[str]:
+    """The external ids of the mailbox's rows in message_copies."""
+    rows = await fetch(
+        dsn,
+        "SELECT external_id FROM message_copies WHERE tenant_id = $1 AND mailbox_id = $2",
+        tenant,
+        mailbox,
+    )
+    return {row["external_id"] for row in rows}
+
+
+async def sync_state(dsn: str, tenant: str, mailbox: str) -> str | None:
+    return await fetchval(
+        dsn,
+        "SELECT sync_state FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+        tenant,
+        mailbox,
+    )
+
+
+async def a_later_sync(dsn: str, daemon: DaemonProcess, tenant: str, mailbox: str) -> None:
+    """Wait until a sync run of the mailbox finishes cleanly after now."""
+    now = await fetchval(dsn, "SELECT now()")
+    await daemon.eventually(
+        lambda: fetchval(
+            dsn,
+            "SELECT last_success_at FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+            tenant,
+            mailbox,
+        ),
+        WAIT_S,
+        what=f"a clean sync run of {tenant}/{mailbox} after {now}",
+        until=lambda at: at is not None and at > now,
+    )
+
+
+def external_ids(server: DovecotServer, user: str, folder: str, uids: list[int]) -> set[str]:
+    """The external ids the door gives those UIDs: folder:uidvalidity:uid."""
+    uidvalidity = server.status(user, folder).uidvalidity
+    return {f"{folder}:{uidvalidity}:{uid}" for uid in uids}
+
+
+async def status_json(tmp: Path, dsn: str) -> dict[tuple[str, str], dict[str, Any]]:
+    result = await anyio.to_thread.run_sync(
+        lambda: run_cli("status", "--json", "--dsn", dsn, env=cli_env(tmp / "data"))
+    )
+    assert result.code == 0, result.stderr
+    return {(s["tenant_id"], s["mailbox_id"]): s for s in orjson.loads(result.stdout)}
+
+
+async def test_backfill_then_new_mail_stored_once_and_left_unread(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    user = dovecot.new_user()
+    first = [dovecot.deliver(user.username, "INBOX", raw) for raw in corpus_messages(corpus, 3)]
+    box = Imap("support", user)
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        want = external_ids(dovecot, user.username, "INBOX", first)
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="the 3 delivered messages backfilled",
+            until=lambda got: got == want,
+        )
+
+        more = corpus_messages(corpus, 2, skip=3)
+        second = [dovecot.deliver(user.username, "INBOX", raw) for raw in more]
+        want = external_ids(dovecot, user.username, "INBOX", first + second)
+        assert len(want) == 5
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="the 2 new messages synced",
+            until=lambda got: got == want,
+        )
+        # a later sync run (poll_interval_s 1) brings nothing twice
+        await a_later_sync(db_dsn, daemon, "acme", "support")
+        assert await copies(db_dsn, "acme", "support") == want
+        assert await fetchval(db_dsn, "SELECT count(*) FROM messages") == 5
+    finally:
+        stop(daemon)
+    flags = dovecot.flags(user.username, "INBOX")
+    assert sorted(flags) == sorted(first + second)
+    assert all("\\Seen" not in f for f in flags.values()), flags
+
+
+async def test_idle_stores_a_delivered_message_within_two_seconds(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    user = dovecot.new_user()
+    box = Imap("support", user, sync_mode="auto", poll_interval_s=LONG_POLL_S)
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        await daemon.eventually(
+            lambda: fetchval(
+                db_dsn,
+                "SELECT cursor IS NOT NULL FROM mailboxes WHERE tenant_id = 'acme'"
+                " AND mailbox_id = 'support'",
+            ),
+            WAIT_S,
+            what="the first sync of the empty folder",
+        )
+        # The first message proves the watch is listening (no poll is due for 300 s);
+        # the second is timed.
+        warm, timed = corpus_messages(corpus, 2)
+        uid = dovecot.deliver(user.username, "INBOX", warm)
+        want = external_ids(dovecot, user.username, "INBOX", [uid])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="a message brought by IDLE",
+            until=lambda got: got == want,
+        )
+
+        delivered_at = time.monotonic()
+        uid = dovecot.deliver(user.username, "INBOX", timed)
+        want |= external_ids(dovecot, user.username, "INBOX", [uid])
+        left_s = IDLE_DELIVERY_S - (time.monotonic() - delivered_at)
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            max(left_s, 0.0),
+            what=f"the delivered message stored within {IDLE_DELIVERY_S} s",
+            until=lambda got: got == want,
+        )
+    finally:
+        stop(daemon)
+
+
+async def test_a_wrong_password_needs_attention_while_another_tenant_syncs(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    wrong_user, good_user = dovecot.new_user(), dovecot.new_user()
+    for user in (wrong_user, good_user):
+        dovecot.deliver(user.username, "INBOX", corpus_messages(corpus, 1)[0])
+    wrong = Imap("support", wrong_user, password="not-" + wrong_user.password)
+    good = Imap("sales", good_user)
+    config = write_config(tmp_path, tenants={"acme": [], "globex": [], "initech": ["inbox"]})
+    imap_tenant(tmp_path, "acme", dovecot, [wrong])
+    imap_tenant(tmp_path, "globex", dovecot, [good])
+    local = maildir(tmp_path, "initech", "inbox")
+    daemon = start(tmp_path, config, db_dsn, passwords(wrong, good))
+    try:
+        await daemon.eventually(
+            lambda: sync_state(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="acme/support needs attention",
+            until=lambda state: state == "needs_attention",
+        )
+        await daemon.eventually(
+            lambda: copies(db_dsn, "globex", "sales"),
+            WAIT_S,
+            what="globex/sales backfilled",
+            until=lambda got: len(got) == 1,
+        )
+
+        # after the failure, the others keep syncing
+        uid = dovecot.deliver(good_user.username, "INBOX", corpus_messages(corpus, 1, skip=1)[0])
+        deliver(local, generated_messages(2, tag="initech"))
+        want = external_ids(dovecot, good_user.username, "INBOX", [1, uid])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "globex", "sales"),
+            WAIT_S,
+            what="globex/sales: the new message",
+            until=lambda got: got == want,
+        )
+        await daemon.eventually(
+            lambda: copies(db_dsn, "initech", "inbox"),
+            WAIT_S,
+            what="initech/inbox (maildir) synced",
+            until=lambda got: len(got) == 2,
+        )
+
+        status = await status_json(tmp_path, db_dsn)
+        assert status[("acme", "support")]["sync_state"] == "needs_attention"
+        assert status[("globex", "sales")]["sync_state"] != "needs_attention"
+        assert await copies(db_dsn, "acme", "support") == set()
+        error = await fetchval(
+            db_dsn, "SELECT last_error FROM mailboxes WHERE mailbox_id = 'support'"
+        )
+        assert error and wrong.password not in error and wrong_user.password not in error
+    finally:
+        stop(daemon)
+    assert wrong.password not in daemon.log_path.read_text(errors="replace")
+
+
+async def recreate_archive(
+    tmp: Path, dsn: str, dovecot: DovecotServer, inbox: list[bytes], archived: list[bytes]
+) -> None:
+    """Sync INBOX and Archive, give Archive a new UIDVALIDITY with the same mail
+    (dovecot.recreate_folder), then check the daemon read it again from scratch
+    (one mailbox.cursor_reset, the cursor at Archive's new UIDVALIDITY) and
+    stored nothing twice: the same messages, and the new copies are of them."""
+    user = dovecot.new_user()
+    dovecot.create_folder(user.username, "Archive")
+    inbox_uids = [dovecot.deliver(user.username, "INBOX", raw) for raw in inbox]
+    archive_uids = [dovecot.deliver(user.username, "Archive", raw) for raw in archived]
+    box = Imap("support", user, folders=("INBOX", "Archive"))
+    config = write_config(tmp, tenants={"acme": []})
+    imap_tenant(tmp, "acme", dovecot, [box])
+    daemon = start(tmp, config, dsn, passwords(box))
+    try:
+        before = external_ids(dovecot, user.username, "INBOX", inbox_uids)
+        before |= external_ids(dovecot, user.username, "Archive", archive_uids)
+        await daemon.eventually(
+            lambda: copies(dsn, "acme", "support"),
+            WAIT_S,
+            what="both folders backfilled",
+            until=lambda got: got == before,
+        )
+        messages = await message_ids(dsn)
+        assert len(messages) == len(inbox) + len(archived)
+
+        old, new = dovecot.recreate_folder(user.username, "Archive")
+        renumbered = external_ids(
+            dovecot, user.username, "Archive", dovecot.uids(user.username, "Archive")
+        )
+        assert len(renumbered) == len(archived)
+        await daemon.eventually(
+            lambda: archive_position(dsn),
+            WAIT_S,
+            what=f"the cursor at Archive {new}:{len(archived)} (was UIDVALIDITY {old})",
+            until=lambda position: position == (new, len(archived)),
+        )
+        await daemon.eventually(
+            lambda: copies(dsn, "acme", "support"),
+            WAIT_S,
+            what="copies of the re-read Archive",
+            until=lambda got: renumbered <= got,
+        )
+        await a_later_sync(dsn, daemon, "acme", "support")
+
+        resets = await fetch(
+            dsn,
+            "SELECT payload FROM events WHERE tenant_id = 'acme' AND mailbox_id = 'support'"
+            " AND kind = 'mailbox.cursor_reset'",
+        )
+        assert len(resets) == 1, resets
+        # nothing stored twice: the same messages rows as before the change
+        assert await message_ids(dsn) == messages
+        rows = await fetch(
+            dsn,
+            "SELECT message_id FROM message_copies WHERE tenant_id = 'acme'"
+            " AND mailbox_id = 'support' AND external_id = ANY($1::text[])",
+            sorted(renumbered),
+        )
+        assert {row["message_id"] for row in rows} <= set(messages)
+    finally:
+        stop(daemon)
+
+
+async def message_ids(dsn: str) -> list[int]:
+    rows = await fetch(dsn, "SELECT message_id FROM messages WHERE tenant_id = 'acme' ORDER BY 1")
+    return [row["message_id"] for row in rows]
+
+
+async def archive_position(dsn: str) -> tuple[int, int] | None:
+    """(uidvalidity, last_uid) of Archive in acme/support's cursor."""
+    cursor = await fetchval(
+        dsn, "SELECT cursor FROM mailboxes WHERE tenant_id = 'acme' AND mailbox_id = 'support'"
+    )
+    folder = orjson.loads(cursor)["folders"].get("Archive") if cursor else None
+    return None if folder is None else (folder["uidvalidity"], folder["last_uid"])
+
+
+async def test_a_recreated_folder_resets_the_cursor_and_stores_nothing_twice(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    mail = corpus_messages(corpus, 5, identified=True)
+    await recreate_archive(tmp_path, db_dsn, dovecot, mail[:2], mail[2:])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a message with no Message-ID, From or Date (corpus/mime/apache-james-mime4j/"
+    "base64encoded-rfc822message.eml) re-read under a new UIDVALIDITY gets a second "
+    "messages row: its new external id misses tier 2 and no other tier of "
+    "pipeline/cascade.py can match it, though its raw_sha256 and content_fingerprint "
+    "equal the stored copy's (issue 13: 'nothing stored twice')",
+)
+async def test_a_recreated_folder_does_not_store_headerless_mail_twice(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    # the first corpus files: no Message-ID, most without From or Date either
+    mail = corpus_messages(corpus, 5)
+    await recreate_archive(tmp_path, db_dsn, dovecot, mail[:2], mail[2:])
