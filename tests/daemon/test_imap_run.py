@@ -19,6 +19,7 @@ from email.policy import compat32
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 import asyncpg
 import orjson
@@ -34,6 +35,9 @@ WAIT_S = 60
 IDLE_DELIVERY_S = 2.0
 # Long enough that only IDLE (never a scheduled poll) can bring mail within a test.
 LONG_POLL_S = 300
+# daemon/attention_metric.py re-reads the mailboxes table every 15 s.
+ATTENTION_METRIC_S = 40
+HTTP_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,16 @@ async def a_later_sync(dsn: str, daemon: DaemonProcess, tenant: str, mailbox: st
     )
 
 
+async def metrics_text(daemon: DaemonProcess) -> str:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(
+            f"http://127.0.0.1:{daemon.port}/metrics",
+            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
+        ) as response:
+            assert response.status == 200
+            return await response.text()
+
+
 def external_ids(server: DovecotServer, user: str, folder: str, uids: list[int]) -> set[str]:
     """The external ids the door gives those UIDs: folder:uidvalidity:uid."""
     uidvalidity = server.status(user, folder).uidvalidity
@@ -228,11 +242,12 @@ async def test_backfill_then_new_mail_stored_once_and_left_unread(
     assert all("\\Seen" not in f for f in flags.values()), flags
 
 
+@pytest.mark.parametrize("sync_mode", ["auto", "push"])
 async def test_idle_stores_a_delivered_message_within_two_seconds(
-    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path, sync_mode: str
 ) -> None:
     user = dovecot.new_user()
-    box = Imap("support", user, sync_mode="auto", poll_interval_s=LONG_POLL_S)
+    box = Imap("support", user, sync_mode=sync_mode, poll_interval_s=LONG_POLL_S)
     config = write_config(tmp_path, tenants={"acme": []})
     imap_tenant(tmp_path, "acme", dovecot, [box])
     daemon = start(tmp_path, config, db_dsn, passwords(box))
@@ -320,10 +335,30 @@ async def test_a_wrong_password_needs_attention_while_another_tenant_syncs(
         assert status[("acme", "support")]["sync_state"] == "needs_attention"
         assert status[("globex", "sales")]["sync_state"] != "needs_attention"
         assert await copies(db_dsn, "acme", "support") == set()
-        error = await fetchval(
-            db_dsn, "SELECT last_error FROM mailboxes WHERE mailbox_id = 'support'"
+        # the server's own words, for the operator; never the password
+        error = status[("acme", "support")]["last_error"]
+        assert "authentication failed" in (error or "").lower(), error
+        assert wrong.password not in error
+        # one outbox event for the application, and no retry loop against the server
+        events = await fetch(
+            db_dsn,
+            "SELECT tenant_id, payload FROM events WHERE kind = 'mailbox.needs_attention'",
         )
-        assert error and wrong.password not in error and wrong_user.password not in error
+        assert [e["tenant_id"] for e in events] == ["acme"], events
+        attempts = [
+            e
+            for e in daemon.events()
+            if e.get("event") == "sync_needs_attention" and e.get("mailbox") == "support"
+        ]
+        assert len(attempts) == 1, attempts
+        await daemon.eventually(
+            lambda: metrics_text(daemon),
+            ATTENTION_METRIC_S,
+            what="the needs-attention gauge at 1 for acme/support",
+            until=lambda text: (
+                'inboxd_mailbox_needs_attention{mailbox="support",tenant="acme"} 1.0' in text
+            ),
+        )
     finally:
         stop(daemon)
     assert wrong.password not in daemon.log_path.read_text(errors="replace")
