@@ -42,16 +42,22 @@ _FETCH_RE = re.compile(rb"^(\d+) FETCH \(")
 _UID_RE = re.compile(rb"UID (\d+)")
 _CODE_RE = re.compile(rb"\[(UIDVALIDITY|UIDNEXT|HIGHESTMODSEQ) (\d+)\]")
 _EXISTS_RE = re.compile(rb"^(\d+) EXISTS")
+_VANISHED_RE = re.compile(rb"^VANISHED \(EARLIER\) ([0-9:,]+)")
+# A VANISHED range wider than this is a server listing UIDs it never had (RFC 7162
+# lets it); the ones that matter are ≤ our last UID, which bounds it anyway.
+_MAX_VANISHED_RANGE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class FolderState:
-    """What EXAMINE said: the folder's identity, next UID, modseq (CONDSTORE) and size."""
+    """What EXAMINE said: the folder's identity, next UID, modseq (CONDSTORE) and size,
+    and with QRESYNC the UIDs expunged since the modseq we gave (RFC 7162 §3.2.5)."""
 
     uidvalidity: int
     uidnext: int | None
     highestmodseq: int | None
     exists: int
+    vanished: tuple[int, ...] = ()
 
 
 class ImapConnection:
@@ -61,6 +67,7 @@ class ImapConnection:
         self.mailbox = mailbox
         self._client = client
         self.selected: str | None = None
+        self.qresync = False  # ENABLE QRESYNC accepted: EXAMINE reports VANISHED
 
     @property
     def capabilities(self) -> set[str]:
@@ -85,7 +92,16 @@ class ImapConnection:
         except (OSError, TimeoutError, ssl.SSLError, aioimaplib.AioImapException) as exc:
             raise ImapUnavailable(f"imap connect {where}: {_describe(exc)}") from exc
         await connection._login()
+        await connection._enable_qresync()
         return connection
+
+    async def _enable_qresync(self) -> None:
+        """ENABLE QRESYNC (RFC 7162 §3.2.3) where offered: expunges are then reported
+        by EXAMINE as VANISHED (EARLIER), at no extra round trip."""
+        if "QRESYNC" not in self.capabilities:
+            return
+        answer = await self._call(self._client.enable("QRESYNC"), "ENABLE QRESYNC")
+        self.qresync = answer.result == "OK"
 
     async def _starttls(self, context: ssl.SSLContext) -> None:
         caps = self.capabilities
@@ -125,22 +141,31 @@ class ImapConnection:
             await self.close()
             raise ImapAuthError(f"imap {m.host} refused the login of {m.username}: {text}")
 
-    async def examine(self, folder: str) -> FolderState:
-        """Open `folder` read-only; its UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ, EXISTS."""
-        answer = await self._call(self._client.examine(encode_folder(folder)), f"EXAMINE {folder}")
+    async def examine(self, folder: str, since: tuple[int, int] | None = None) -> FolderState:
+        """Open `folder` read-only; its UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ, EXISTS.
+
+        `since` = (uidvalidity, modseq) known from the last sync: with QRESYNC
+        enabled, the answer lists the UIDs expunged since then (`vanished`)."""
+        name = encode_folder(folder)
+        if since is not None and self.qresync:
+            name += f" (QRESYNC ({since[0]} {since[1]}))"
+        answer = await self._call(self._client.examine(name), f"EXAMINE {folder}")
         if answer.result != "OK":
             raise ImapProtocolError(
                 f"imap {self.mailbox.host}: EXAMINE {folder!r}: {_text(answer.lines[-1:])}"
             )
         codes: dict[bytes, int] = {}
         exists = 0
+        vanished: list[int] = []
         for line in answer.lines:
             if not isinstance(line, bytes):
                 continue
-            for name, value in _CODE_RE.findall(line):
-                codes[name] = int(value)
+            for code, value in _CODE_RE.findall(line):
+                codes[code] = int(value)
             if match := _EXISTS_RE.match(line):
                 exists = int(match.group(1))
+            if match := _VANISHED_RE.match(line):
+                vanished.extend(_expand(match.group(1)))
         if b"UIDVALIDITY" not in codes:
             raise ImapProtocolError(f"imap {self.mailbox.host}: {folder!r} has no UIDVALIDITY")
         # aioimaplib moves to SELECTED only for its select(); EXAMINE selects too
@@ -152,6 +177,7 @@ class ImapConnection:
             uidnext=codes.get(b"UIDNEXT"),
             highestmodseq=codes.get(b"HIGHESTMODSEQ"),
             exists=exists,
+            vanished=tuple(sorted(set(vanished))),
         )
 
     async def search_uids(self, *criteria: str) -> list[int]:
@@ -256,6 +282,17 @@ def _fetched(lines: list[Any]) -> dict[int, bytes]:
             uid = int(m.group(1))  # "UID n" after the literal: `BODY[] {n}` came first
     if uid is not None and literal is not None:
         out[uid] = literal
+    return out
+
+
+def _expand(uid_set: bytes) -> list[int]:
+    """3,5:7 → [3, 5, 6, 7] (a range too wide to be real is cut, see above)."""
+    out: list[int] = []
+    for part in uid_set.split(b","):
+        low, _, high = part.partition(b":")
+        first, last = int(low), int(high or low)
+        first, last = min(first, last), max(first, last)
+        out.extend(range(first, min(last, first + _MAX_VANISHED_RANGE) + 1))
     return out
 
 

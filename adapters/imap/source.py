@@ -14,6 +14,9 @@ One sync run, per folder (in the configured order):
       └─ incremental: UID SEARCH UID last+1:* — a server answers `n:*` with the
           highest UID even when it is ≤ last (RFC 3501 §6.4.8), which is not new
           mail and is dropped here
+      with QRESYNC (RFC 7162) the EXAMINE names the cursor's modseq and the server
+      answers the UIDs expunged since (VANISHED): the first page records them on
+      the stored copies (`removed`, reason expunged) before the cursor moves
     then windows of IMAP_WINDOW UIDs: UID FETCH BODY.PEEK[] (nothing marked read)
       → parse (worker process) → Page(cursor_after = the folder at the window's
       last UID). A window the server answers NO is fetched one UID at a time; a UID
@@ -142,8 +145,9 @@ class ImapSource:
     async def _folder_pages(
         self, connection: ImapConnection, folder: Folder, positions: dict[str, FolderCursor]
     ) -> AsyncGenerator[Page, None]:
-        state = await connection.examine(folder.name)
         known = positions.get(folder.name)
+        since = (known.uidvalidity, known.modseq) if known and known.modseq else None
+        state = await connection.examine(folder.name, since)
         if known is not None and known.uidvalidity != state.uidvalidity:
             rest = {name: p for name, p in positions.items() if name != folder.name}
             raise CursorExpired(
@@ -151,6 +155,11 @@ class ImapSource:
                 f"{state.uidvalidity}",
                 restart_from=dump_cursor(rest) if rest else None,
             )
+        removed = {
+            _external_id(folder, state, uid): "expunged"
+            for uid in state.vanished
+            if known is not None and uid <= known.last_uid
+        }
         end = (state.uidnext - 1) if state.uidnext else None
         if known is None:
             uids = await self._backfill_uids(connection)
@@ -160,19 +169,30 @@ class ImapSource:
             uids = [u for u in await connection.search_uids("UID", f"{floor + 1}:*") if u > floor]
         if not uids:
             last = max(floor, end or 0)
-            if known is None or last != known.last_uid:
+            moved = known is None or (last, state.highestmodseq) != (known.last_uid, known.modseq)
+            if moved or removed:
                 positions[folder.name] = FolderCursor(state.uidvalidity, last, state.highestmodseq)
-                yield Page(items=[], cursor_after=dump_cursor(positions), backfill=known is None)
+                yield Page(
+                    items=[],
+                    cursor_after=dump_cursor(positions),
+                    backfill=known is None,
+                    removed=removed,
+                )
             return
         for start in range(0, len(uids), self.window):
             window = uids[start : start + self.window]
             items = await self._fetch_window(connection, folder, state, window)
             final = start + self.window >= len(uids)
             last = max(window[-1], end or 0) if final and known is None else window[-1]
-            positions[folder.name] = FolderCursor(
-                state.uidvalidity, last, state.highestmodseq if final else None
+            # every page may carry this EXAMINE's modseq: the expunges before it were
+            # reported by VANISHED and are recorded with the first page
+            positions[folder.name] = FolderCursor(state.uidvalidity, last, state.highestmodseq)
+            yield Page(
+                items=items,
+                cursor_after=dump_cursor(positions),
+                backfill=known is None,
+                removed=removed if start == 0 else {},
             )
-            yield Page(items=items, cursor_after=dump_cursor(positions), backfill=known is None)
 
     async def _backfill_uids(self, connection: ImapConnection) -> list[int]:
         backfill = self.mailbox.backfill

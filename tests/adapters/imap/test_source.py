@@ -143,3 +143,25 @@ async def test_idle_rings_when_mail_arrives(dovecot: DovecotServer, corpus) -> N
         # the issue: such mail is stored within 2 s, so it must ring well within that
         await eventually(lambda: len(rings) > listening, 2, what="a ring for the new mail")
         tg.cancel_scope.cancel()
+
+
+async def test_expunged_mail_is_reported_once_through_qresync(
+    dovecot: DovecotServer, corpus: Path
+) -> None:
+    user = dovecot.new_user()
+    for raw in _corpus(corpus, 3):
+        dovecot.deliver(user.username, "INBOX", raw)
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+    try:
+        removed: dict[str, str] = {}
+        _, cursor = await _run(source, None)
+        dovecot.expunge(user.username, "INBOX", 2)
+        async for page in source.pages(cursor):
+            removed.update(page.removed)
+            cursor = page.cursor_after or cursor
+        uidvalidity = dovecot.status(user.username, "INBOX").uidvalidity
+        assert removed == {f"INBOX:{uidvalidity}:2": "expunged"}
+        again = [p.removed async for p in source.pages(cursor)]
+        assert all(not r for r in again)
+    finally:
+        await source.aclose()
