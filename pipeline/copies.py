@@ -4,6 +4,8 @@ Provider doors that report changes (Gmail history, Graph delta, IMAP flags and
 expunges) tell the ingest stage about new mail and tell this module about the
 rest, each call in one transaction with its outbox events:
 
+    live_copies_under  the copies of one IMAP folder still in the mailbox, for a
+                     server without QRESYNC (a periodic UID SEARCH comparison)
     known_copies     which of a page's provider ids this mailbox already stores,
                      asked once per page before any body is downloaded (a full
                      resync of a mailbox we hold downloads nothing again)
@@ -50,6 +52,25 @@ async def known_copies(
         ids,
     )
     return {r[0] for r in rows}
+
+
+async def live_copies_under(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, mailbox_id: str, prefix: str
+) -> list[str]:
+    """External ids starting with `prefix` (an IMAP folder's `folder:uidvalidity:`)
+    of this mailbox's copies that have not left it; a range scan of the primary key."""
+    if not prefix:
+        raise ValueError("live_copies_under needs a non-empty prefix")
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    rows = await conn.fetch(
+        "SELECT external_id FROM message_copies WHERE tenant_id = $1 AND mailbox_id = $2 "
+        "AND external_id >= $3 AND external_id < $4 AND removed_at IS NULL",
+        tenant_id,
+        mailbox_id,
+        prefix,
+        upper,
+    )
+    return [r[0] for r in rows]
 
 
 async def record_removed(

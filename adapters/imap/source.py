@@ -16,7 +16,9 @@ One sync run, per folder (in the configured order):
           mail and is dropped here
       with QRESYNC (RFC 7162) the EXAMINE names the cursor's modseq and the server
       answers the UIDs expunged since (VANISHED): the first page records them on
-      the stored copies (`removed`, reason expunged) before the cursor moves
+      the stored copies (`removed`, reason expunged) before the cursor moves;
+      without it, at most hourly, the folder's UIDs on the server are compared
+      with the stored copies (one UID SEARCH, one index range scan)
     then windows of IMAP_WINDOW UIDs: UID FETCH BODY.PEEK[] (nothing marked read)
       → parse (worker process) → Page(cursor_after = the folder at the window's
       last UID). A window the server answers NO is fetched one UID at a time; a UID
@@ -35,7 +37,7 @@ one in IDLE (RFC 2177) on the first folder and rings the doorbell on new mail.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import anyio
 import structlog
@@ -50,10 +52,17 @@ from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
 from inboxd.pipeline.outcomes import ItemResult
 from inboxd.pipeline.parsing import parse_in_workers
 
-__all__ = ["ImapSource"]
+__all__ = ["ImapSource", "StoredUnder"]
+
+# The external ids of the live stored copies under a prefix (pipeline/copies.py).
+StoredUnder = Callable[[str], Awaitable[list[str]]]
 
 log = structlog.get_logger(__name__)
 
+# Without QRESYNC, expunges are found by comparing a folder's UIDs on the server
+# (one UID SEARCH) with the stored copies (one index range scan) at most this often:
+# an hour bounds the cost for a large folder to two cheap queries an hour.
+EXPUNGE_SCAN_INTERVAL_S = 3600.0
 # IDLE is ended and re-issued after this long: servers may drop an IDLE after 30
 # minutes of inactivity (RFC 2177), so 25 leaves room for a slow round trip.
 IDLE_RENEW_S = 25 * 60
@@ -72,13 +81,21 @@ class ImapSource:
     provider = "imap"
 
     def __init__(
-        self, tenant_id: str, mailbox_id: str, mailbox: ImapMailbox, *, window: int = IMAP_WINDOW
+        self,
+        tenant_id: str,
+        mailbox_id: str,
+        mailbox: ImapMailbox,
+        *,
+        stored_under: StoredUnder | None = None,
+        window: int = IMAP_WINDOW,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
         self.mailbox = mailbox
         self.window = window
+        self._stored_under = stored_under
         self._connection: ImapConnection | None = None
+        self._scanned: dict[str, float] = {}  # folder → when its expunge scan ran
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
@@ -160,6 +177,8 @@ class ImapSource:
             for uid in state.vanished
             if known is not None and uid <= known.last_uid
         }
+        if known is not None and not connection.qresync:
+            removed.update(await self._scan_expunged(connection, folder, state, known))
         end = (state.uidnext - 1) if state.uidnext else None
         if known is None:
             uids = await self._backfill_uids(connection)
@@ -193,6 +212,28 @@ class ImapSource:
                 backfill=known is None,
                 removed=removed if start == 0 else {},
             )
+
+    async def _scan_expunged(
+        self, connection: ImapConnection, folder: Folder, state: FolderState, known: FolderCursor
+    ) -> dict[str, str]:
+        """Stored copies whose UID the server no longer has (servers without QRESYNC),
+        at most every EXPUNGE_SCAN_INTERVAL_S per folder."""
+        now = anyio.current_time()
+        last = self._scanned.get(folder.name)
+        if self._stored_under is None or (
+            last is not None and now - last < EXPUNGE_SCAN_INTERVAL_S
+        ):
+            return {}
+        prefix = _external_id(folder, state, 0)[:-1]  # "folder:uidvalidity:"
+        stored = await self._stored_under(prefix)
+        on_server = set(await connection.search_uids("UID", f"1:{max(known.last_uid, 1)}"))
+        self._scanned[folder.name] = now
+        gone: dict[str, str] = {}
+        for external_id in stored:
+            uid = external_id[len(prefix) :]
+            if uid.isdigit() and int(uid) <= known.last_uid and int(uid) not in on_server:
+                gone[external_id] = "expunged"
+        return gone
 
     async def _backfill_uids(self, connection: ImapConnection) -> list[int]:
         backfill = self.mailbox.backfill

@@ -24,7 +24,7 @@ from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.daemon.tenant_config import MailboxConfig
-from inboxd.pipeline.copies import known_copies
+from inboxd.pipeline.copies import known_copies, live_copies_under
 from inboxd.pipeline.errors import ConfigError
 
 __all__ = ["SourceDeps", "build_source"]
@@ -92,8 +92,16 @@ def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source
 
 def _imap(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
     # Pages are UID windows (adapters/imap/source.py IMAP_WINDOW), not [workers] batch_size.
+    tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
+
+    async def stored_under(prefix: str) -> list[str]:
+        return await live_copies_under(deps.pool, tenant, mailbox_id, prefix)
+
     return ImapSource(
-        mailbox.tenant_id, mailbox.mailbox_id, ImapMailbox.from_settings(mailbox.settings)
+        tenant,
+        mailbox_id,
+        ImapMailbox.from_settings(mailbox.settings),
+        stored_under=stored_under,
     )
 
 

@@ -30,6 +30,16 @@ async def test_known_copies_answers_once_per_page(pool, stage, make_mailbox) -> 
     assert await copies.known_copies(pool, "acme", "inbox", []) == set()
 
 
+async def test_live_copies_under_one_imap_folder(pool, stage, make_mailbox) -> None:
+    await make_mailbox("acme", "inbox")
+    for external_id in ("INBOX:7:1", "INBOX:7:2", "INBOX:70:1", "INBOX:8:1", "Sent:7:1"):
+        await stored_copy(stage, external_id, ["x"])
+    async with pool.acquire() as conn:
+        await copies.record_removed(conn, "acme", "inbox", ["INBOX:7:2"], "expunged")
+    assert await copies.live_copies_under(pool, "acme", "inbox", "INBOX:7:") == ["INBOX:7:1"]
+    assert await copies.live_copies_under(pool, "acme", "other", "INBOX:7:") == []
+
+
 async def test_a_removed_copy_keeps_its_message_and_is_announced_once(
     pool, stage, make_mailbox
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 from helpers.dovecot import DovecotServer
 from helpers.waiting import eventually
 
+from inboxd.adapters.imap.client import ImapConnection
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.cursor import load_cursor
 from inboxd.adapters.imap.errors import ImapAuthError, ImapUnavailable
@@ -163,5 +164,39 @@ async def test_expunged_mail_is_reported_once_through_qresync(
         assert removed == {f"INBOX:{uidvalidity}:2": "expunged"}
         again = [p.removed async for p in source.pages(cursor)]
         assert all(not r for r in again)
+    finally:
+        await source.aclose()
+
+
+async def test_without_qresync_expunges_are_found_by_a_bounded_scan(
+    dovecot: DovecotServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_qresync(self: ImapConnection) -> None:
+        return None  # a server that does not offer QRESYNC (Gmail's IMAP, for one)
+
+    monkeypatch.setattr(ImapConnection, "_enable_qresync", no_qresync)
+    user = dovecot.new_user()
+    for raw in _corpus(corpus, 3):
+        dovecot.deliver(user.username, "INBOX", raw)
+    stored: list[str] = []
+    scans: list[str] = []
+
+    async def stored_under(prefix: str) -> list[str]:
+        scans.append(prefix)
+        return [i for i in stored if i.startswith(prefix)]
+
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user), stored_under=stored_under)
+    try:
+        items, cursor = await _run(source, None)
+        stored.extend(i.external_id for i in items)
+        dovecot.expunge(user.username, "INBOX", 2)
+        removed: dict[str, str] = {}
+        async for page in source.pages(cursor):
+            removed.update(page.removed)
+            cursor = page.cursor_after or cursor
+        assert removed == {stored[1]: "expunged"}
+        assert len(scans) == 1
+        again = [p.removed async for p in source.pages(cursor)]
+        assert all(not r for r in again) and len(scans) == 1  # not before the interval
     finally:
         await source.aclose()
