@@ -14,6 +14,8 @@ import hashlib
 import http.client
 import signal
 import subprocess
+import time
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -26,7 +28,7 @@ import pytest
 import yarl
 from aiohttp import web
 from harness import DaemonProcess, generated_messages, ses_table, write_config, write_ses_tenant
-from helpers import cli_env, run_cli_async
+from helpers import CliResult, cli_env, run_cli_async
 from helpers.ses_queue import Aws, make_queue, ses_notification
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -138,6 +140,13 @@ async def door_counters(port: int) -> dict[str, float]:
     return out
 
 
+async def status(tmp: Path, dsn: str, *args: str) -> CliResult:
+    """`inboxd status ARGS` against the test's database; it must exit 0."""
+    result = await run_cli_async("status", *args, "--dsn", dsn, env=cli_env(tmp / "data"))
+    assert result.code == 0, result.stderr
+    return result
+
+
 def sha256(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
@@ -187,7 +196,8 @@ class AwsProxy:
       Content-Length, as a server that does not announce sizes would send it;
     - `lose_first_deletes`: DeleteMessageBatch entries of a message's first delivery
       answer a server-side failure (SQS's partial-failure answer), so that message
-      stays in the queue and comes back after its visibility timeout.
+      stays in the queue and comes back after its visibility timeout;
+    - `throttle_gets[key]`: that many GETs of the object answer S3's 503 SlowDown.
     """
 
     def __init__(self, upstream: str, bucket: str) -> None:
@@ -198,6 +208,7 @@ class AwsProxy:
         self.hide_length: set[str] = set()
         self.lose_first_deletes = False
         self.lost_deletes = 0
+        self.throttle_gets: dict[str, int] = {}
         self._seen: set[str] = set()  # SQS message ids delivered at least once
         self._first_handles: set[str] = set()  # receipt handles of first deliveries
         self._session: aiohttp.ClientSession | None = None
@@ -220,6 +231,10 @@ class AwsProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        key = request.path.removeprefix(f"/{self.bucket}/")
+        if request.method == "GET" and self.throttle_gets.get(key, 0) > 0:
+            self.throttle_gets[key] -= 1
+            return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
         target = request.headers.get("X-Amz-Target", "")
         lost: list[dict[str, Any]] = []
         if target == "AmazonSQS.DeleteMessageBatch" and self.lose_first_deletes:
@@ -304,6 +319,13 @@ class AwsProxy:
         return response
 
 
+# S3's throttling answer (S3 API reference, "Error responses": SlowDown, 503).
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>T1</RequestId></Error>"
+)
+
+
 def _failed(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
@@ -384,6 +406,92 @@ async def test_a_forwarded_mail_of_each_pointer_shape_becomes_rows_and_leaves_th
         assert await fetchval(db_dsn, "SELECT count(*) FROM dead_items") == 0
         assert await fetchval(db_dsn, "SELECT count(*) FROM unrouted_items") == 0
         assert sorted(aws.keys()) == sorted(keys)  # keep_objects defaults to true
+    finally:
+        stop(daemon)
+
+
+def message_from(sender: str, to: str, tag: str) -> bytes:
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = to
+    msg["Subject"] = f"Invoice {tag}"
+    msg["Date"] = "Mon, 02 Nov 2026 09:30:00 +0000"
+    msg["Message-ID"] = f"<{tag}@vendor.example>"
+    msg.set_content(f"Invoice {tag}.\n")
+    return msg.as_bytes()
+
+
+async def test_recipients_route_to_each_tenant_and_an_allowlist_refuses_in_its_own_mailbox(
+    tmp_path: Path, db_dsn: str, aws: Aws
+) -> None:
+    tenants = {
+        "acme": {"support": {"addresses": [SUPPORT]}},
+        "beta": {
+            "help": {
+                "addresses": ["help@beta.example", "@billing.beta.example"],
+                "allowed_senders": ["*@vendor.example"],
+            }
+        },
+    }
+    aws.put("in/both", generated_messages(1, tag="both")[0])  # From sender0@example.org
+    aws.put("in/invoice", message_from("billing@vendor.example", "ap@billing.beta.example", "i1"))
+    aws.put("in/sub", generated_messages(1, tag="sub")[0])
+    aws.send(ses_notification(aws.bucket, "in/both", "ses-both", [SUPPORT, "help@beta.example"]))
+    aws.send(ses_notification(aws.bucket, "in/invoice", "ses-invoice", ["AP@Billing.Beta.example"]))
+    aws.send(ses_notification(aws.bucket, "in/sub", "ses-sub", ["Support+orders@ACME.example"]))
+
+    daemon = start(tmp_path, ses_config(tmp_path, aws, tenants=tenants), db_dsn)
+    try:
+        await wait_copies(db_dsn, daemon, 3)
+        await wait_queue_empty(aws, daemon)
+        stored = await fetch(
+            db_dsn, "SELECT tenant_id, mailbox_id, external_id FROM message_copies ORDER BY 1, 3"
+        )
+        assert [tuple(r) for r in stored] == [
+            ("acme", "support", "ses-both"),
+            ("acme", "support", "ses-sub"),
+            ("beta", "help", "ses-invoice"),
+        ]
+        dead = await fetch(
+            db_dsn, "SELECT tenant_id, mailbox_id, external_id, reason FROM dead_items"
+        )
+        assert [tuple(r) for r in dead] == [("beta", "help", "ses-both", "sender_refused")]
+        assert await fetchval(db_dsn, "SELECT count(*) FROM unrouted_items") == 0
+    finally:
+        stop(daemon)
+
+
+async def test_sighup_routes_a_new_ses_mailbox(tmp_path: Path, db_dsn: str, aws: Aws) -> None:
+    sales = "sales@acme.example"
+    raws = generated_messages(2, tag="hup")
+    aws.put("in/0", raws[0])
+    aws.put("in/1", raws[1])
+    daemon = start(tmp_path, ses_config(tmp_path, aws), db_dsn)
+    try:
+        aws.send(ses_notification(aws.bucket, "in/0", "ses-before", [sales]))
+        await daemon.eventually(
+            lambda: fetchval(db_dsn, "SELECT reason FROM unrouted_items"),
+            WAIT_S,
+            what="an unrouted item for a mailbox not configured yet",
+        )
+        write_ses_tenant(
+            tmp_path,
+            "acme",
+            {"support": {"addresses": [SUPPORT]}, "sales": {"addresses": [sales]}},
+        )
+        daemon.signal(signal.SIGHUP)
+        await daemon.eventually(
+            lambda: any(e.get("event") == "config_reloaded" for e in daemon.events()),
+            WAIT_S,
+            what="config_reloaded",
+        )
+        aws.send(ses_notification(aws.bucket, "in/1", "ses-after", [sales]))
+        await wait_copies(db_dsn, daemon, 1)
+        await wait_queue_empty(aws, daemon)
+        stored = await fetch(db_dsn, "SELECT mailbox_id, external_id FROM message_copies")
+        assert [tuple(r) for r in stored] == [("sales", "ses-after")]
+        unrouted = await fetch(db_dsn, "SELECT external_id, reason FROM unrouted_items")
+        assert [tuple(r) for r in unrouted] == [("ses-before", "no_mailbox")]
     finally:
         stop(daemon)
 
@@ -500,6 +608,49 @@ async def test_messages_received_while_the_database_is_away_are_stored_once_afte
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
         stop(daemon)
+
+
+async def test_an_s3_throttle_leaves_the_message_for_redelivery_and_status_says_why(
+    tmp_path: Path, db_dsn: str, aws: Aws
+) -> None:
+    raws = generated_messages(2, tag="slow")
+    aws.put("in/slow", raws[0])
+    aws.put("in/fine", raws[1])
+    async with AwsProxy(aws.endpoint, aws.bucket) as proxy:
+        proxy.throttle_gets["in/slow"] = 1
+        daemon = DaemonProcess(
+            ses_config(tmp_path, aws, endpoint=proxy.url), db_dsn, tmp_path / "daemon.log"
+        )
+        try:
+            port = await anyio.to_thread.run_sync(daemon.wait_ready)
+            aws.send(ses_notification(aws.bucket, "in/slow", "ses-slow", [SUPPORT]))
+            aws.send(ses_notification(aws.bucket, "in/fine", "ses-fine", [SUPPORT]))
+            await wait_copies(db_dsn, daemon, 2, timeout_s=VISIBILITY_S + WAIT_S)
+            await wait_queue_empty(aws, daemon)
+            assert proxy.throttle_gets["in/slow"] == 0
+            counters = await door_counters(port)
+            assert {k: counters.get(k) for k in ("received", "stored", "left", "dead")} == {
+                "received": 3,
+                "stored": 2,
+                "left": 1,
+                "dead": None,
+            }
+            assert await fetchval(db_dsn, "SELECT count(*) FROM dead_items") == 0
+
+            async def pollers() -> list[dict[str, Any]]:
+                answer = await status(tmp_path, db_dsn, "--queues", "--json")
+                return orjson.loads(answer.stdout)
+
+            (row,) = await daemon.eventually(
+                pollers,
+                WAIT_S,
+                what="the poller's totals in inboxd status",
+                until=lambda rows: len(rows) == 1 and rows[0]["stored"] == 2,
+            )
+            assert row["left_for_retry"] == 1
+            assert "SlowDown" in row["last_error"] and "in/slow" in row["last_error"]
+        finally:
+            await anyio.to_thread.run_sync(stop, daemon)
 
 
 # --- 4. redelivery of a message already stored -------------------------------------------
@@ -689,6 +840,7 @@ async def test_sigterm_while_a_batch_cannot_commit_releases_it_and_a_restart_sto
     put_raw(aws, [(f"held/{i}", raw) for i, raw in enumerate(generated_messages(32, tag="held"))])
     config = ses_config(tmp_path, aws, shutdown_deadline_s=SHORT_DEADLINE_S)
     first = start(tmp_path, config, db_dsn, "first")
+    port = first.port or 0
     lock = await asyncpg.connect(db_dsn)
     lock_tx = None
     try:
@@ -711,6 +863,18 @@ async def test_sigterm_while_a_batch_cannot_commit_releases_it_and_a_restart_sto
         await first.eventually(
             aws.queue_counts, WAIT_S, what="batches in flight", until=lambda c: c[1] >= 10
         )
+        # held past their visibility timeout: the heartbeat keeps them ours, so none
+        # became visible again (nor was received twice)
+        held_since = time.monotonic()
+        await first.eventually(
+            lambda: time.monotonic() - held_since,
+            VISIBILITY_S * 3,
+            what="one and a half visibility timeouts",
+            until=lambda held_s: held_s > VISIBILITY_S * 1.5,
+        )
+        visible, in_flight = aws.queue_counts()
+        assert (await door_counters(port)).get("received") == 2 + in_flight
+        assert visible + in_flight == 30
         first.signal(signal.SIGTERM)
         code = await anyio.to_thread.run_sync(first.wait_exit, SHORT_DEADLINE_S + 30)
         assert code == 0, first.log_tail()
@@ -777,12 +941,6 @@ async def test_sigterm_mid_stream_loses_nothing_and_deletes_only_what_was_stored
 
 
 # --- 8. the poller in `inboxd status` and /metrics ----------------------------------------
-
-
-async def status(tmp: Path, dsn: str, *args: str) -> Any:
-    result = await run_cli_async("status", *args, "--dsn", dsn, env=cli_env(tmp / "data"))
-    assert result.code == 0, result.stderr
-    return result
 
 
 async def test_status_and_metrics_show_the_poller(tmp_path: Path, db_dsn: str, aws: Aws) -> None:
