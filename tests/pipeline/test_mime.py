@@ -90,9 +90,12 @@ def test_empty_input_is_dead(raw: bytes) -> None:
 def test_hostile_headers_parse_quickly(corpus) -> None:
     slowest = 0.0
     for f in sorted((corpus / "mime").rglob("*.eml")):
-        start = time.perf_counter()
+        # CPU time of this thread (parse_raw runs in it), not wall time: on a loaded
+        # machine (parallel test workers, a shared CI runner) the wall clock also
+        # counts the time other processes hold the cores, and measured 3 s here.
+        start = time.thread_time()
         parse_raw(f.read_bytes(), tenant_id="t", mailbox_id="m")
-        slowest = max(slowest, time.perf_counter() - start)
+        slowest = max(slowest, time.thread_time() - start)
     # a budget, not a benchmark: the 135 KB To / 210 KB Subject files must not stall
     assert slowest < 2.0
 
