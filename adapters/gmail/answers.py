@@ -78,6 +78,15 @@ class WatchResult:
         return datetime.fromtimestamp(self.expiration_ms / 1000, tz=UTC)
 
 
+@dataclass(frozen=True, slots=True)
+class HttpAnswer:
+    """One HTTP answer as the client read it; header names lowercased."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
 @dataclass(slots=True)
 class RawBatch:
     """What get_raw_batch fetched: `raw` bytes by id (byte-exact), the ids that are

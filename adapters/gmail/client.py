@@ -31,19 +31,15 @@ deadline (rule 7), and is translated at this boundary (rule 4, errors.py):
     other 4xx                             GmailRequestRejected (permanent)
 
 Batches (batch.py, "Batching requests" guide): at most GMAIL_BATCH_SIZE calls
-each. Parts answer on their own: 200 → the raw bytes; 404 → the message is
-gone (deleted between list and get: permanent, reported, never retried);
-other 4xx → rejected for that id; 429 / 5xx / a missing part → retried, only
-those ids, in groups half as large each round, with backoff and jitter; ids
-still failing after BATCH_ATTEMPTS make the whole call raise the retriable
-error, so the page is read again next run. `get_raw_batch` takes any number of
+each; what each part's answer means, and the retries of only the failed ids in
+halved groups, are raw_batches.py's (its docstring has the ladder); the HTTP of
+one batch request is `_send_batch` here. `get_raw_batch` takes any number of
 ids: nothing is silently capped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -61,6 +57,7 @@ from tenacity import (
 
 from inboxd.adapters.gmail.answers import (
     HistoryPage,
+    HttpAnswer,
     MessagePage,
     MessageRef,
     Profile,
@@ -71,19 +68,11 @@ from inboxd.adapters.gmail.answers import (
     json_object,
     list_of_objects,
     optional_text_field,
-    raw_of,
     retry_after_of,
     text_field,
 )
 from inboxd.adapters.gmail.auth import TokenSource
-from inboxd.adapters.gmail.batch import (
-    BATCH_PATH,
-    BatchCall,
-    BatchFormatError,
-    BatchPart,
-    decode_batch,
-    encode_batch,
-)
+from inboxd.adapters.gmail.batch import BATCH_PATH, BatchCall, encode_batch
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import (
     GmailAuthError,
@@ -96,13 +85,18 @@ from inboxd.adapters.gmail.errors import (
 )
 from inboxd.adapters.gmail.http_body import read_capped
 from inboxd.adapters.gmail.pacer import (
-    BATCH_UNITS_PER_CALL,
     GET_PROFILE_UNITS,
     HISTORY_LIST_UNITS,
     MESSAGES_LIST_UNITS,
     STOP_UNITS,
     WATCH_UNITS,
     QuotaPacer,
+)
+from inboxd.adapters.gmail.raw_batches import (
+    BATCH_ATTEMPTS,
+    GMAIL_BATCH_SIZE,
+    RawBatchFetcher,
+    content_id,
 )
 
 __all__ = [
@@ -119,9 +113,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-#: Calls per batch: larger batches draw per-part 429s (the Gmail door's issue, measured
-#: against Gmail); the batch guide allows 100 and advises at most 50.
-GMAIL_BATCH_SIZE = 20
 #: messages.list / history.list page size: "The maximum allowed value for this field is
 #: 500" (reference pages). A list costs the same units whatever its size.
 LIST_PAGE_SIZE = 500
@@ -131,8 +122,6 @@ CALL_TIMEOUT_S = 30.0
 BATCH_TIMEOUT_S = 180.0
 #: Attempts of one JSON call before its retriable error goes to the runner.
 CALL_ATTEMPTS = 4
-#: Rounds of a batch group (each round retries only the failed ids, in halved groups).
-BATCH_ATTEMPTS = 6
 #: Exponential backoff between attempts, with full jitter (tenacity), seconds.
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 32.0
@@ -141,22 +130,11 @@ BACKOFF_MAX_S = 32.0
 RATE_LIMIT_HOLD_S = 1.0
 #: Largest JSON answer read from a non-batch call (a 500-record history page is far less).
 MAX_JSON_ANSWER_BYTES = 32 * 1024 * 1024
-#: Batch answers at least this large are decoded in a worker thread, off the event loop.
-THREAD_DECODE_MIN_BYTES = 4 * 1024 * 1024
 #: 403 reasons that mean "too much", not "forbidden" (handle-errors guide, "Resolve a 403
 #: error: Usage limit exceeded"; the Usage limits page names the per-user/project ones).
 RATE_LIMIT_REASONS = frozenset(
     {"rateLimitExceeded", "userRateLimitExceeded", "dailyLimitExceeded", "quotaExceeded"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """One HTTP answer; header names lowercased."""
-
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
 
 
 class GmailClient:
@@ -183,13 +161,15 @@ class GmailClient:
         self._pacer = pacer
         self._tokens = tokens
         self._call_attempts = call_attempts
-        self._batch_attempts = batch_attempts
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._rate_limit_hold_s = rate_limit_hold_s
         self._users_url = f"{settings.api_url}/gmail/v1/users/me"
         self._batch_url = f"{settings.api_url}{BATCH_PATH}"
         self._log = log.bind(mailbox=mailbox.address)
+        self._raw = RawBatchFetcher(
+            self._send_batch, pacer, tokens, self._error, self._retrying, attempts=batch_attempts
+        )
 
     # --- the methods ----------------------------------------------------------------------
 
@@ -285,12 +265,9 @@ class GmailClient:
         """The raw RFC 822 bytes of every message in `ids` (messages.get format=raw,
         batched by GMAIL_BATCH_SIZE; duplicates fetched once). Ids Gmail answers
         404 for are in `gone`, other 4xx in `rejected`; a retriable failure that
-        outlasts BATCH_ATTEMPTS raises GmailRateLimited / GmailUnavailable."""
-        wanted = list(dict.fromkeys(ids))
-        out = RawBatch()
-        for start in range(0, len(wanted), GMAIL_BATCH_SIZE):
-            await self._fetch_group(wanted[start : start + GMAIL_BATCH_SIZE], out)
-        return out
+        outlasts BATCH_ATTEMPTS raises GmailRateLimited / GmailUnavailable
+        (raw_batches.py)."""
+        return await self._raw.fetch(ids)
 
     # --- JSON calls -----------------------------------------------------------------------
 
@@ -322,7 +299,9 @@ class GmailClient:
 
         return await self._retrying(what, self._call_attempts, attempt)
 
-    async def _authorised(self, units: int, send: Callable[[str], Awaitable[_Answer]]) -> _Answer:
+    async def _authorised(
+        self, units: int, send: Callable[[str], Awaitable[HttpAnswer]]
+    ) -> HttpAnswer:
         """Pay `units`, send with the current token; on 401 drop the token and send
         once more with a fresh one (paying again); a second 401 is GmailAuthError."""
         for first in (True, False):
@@ -343,7 +322,7 @@ class GmailClient:
         token: str,
         params: list[tuple[str, str]] | None,
         json_body: Mapping[str, Any] | None,
-    ) -> _Answer:
+    ) -> HttpAnswer:
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         try:
             with anyio.fail_after(CALL_TIMEOUT_S):
@@ -365,98 +344,16 @@ class GmailClient:
             raise GmailUnavailable(
                 f"{verb} {url}: answer larger than {MAX_JSON_ANSWER_BYTES} bytes"
             )
-        return _Answer(status, answer_headers, body)
+        return HttpAnswer(status, answer_headers, body)
 
     # --- batches --------------------------------------------------------------------------
 
-    async def _fetch_group(self, ids: list[str], out: RawBatch) -> None:
-        """Fetch `ids` (≤ GMAIL_BATCH_SIZE) into `out`; retriable failures are retried
-        in halved groups for BATCH_ATTEMPTS rounds, then raised."""
-        pending = list(ids)
-        group_size = len(pending)
-
-        async def attempt() -> None:
-            nonlocal pending, group_size
-            failures: dict[str, GmailRetriable] = {}
-            for start in range(0, len(pending), group_size):
-                failures |= await self._batch_once(pending[start : start + group_size], out)
-            if not failures:
-                return
-            pending = [i for i in pending if i in failures]
-            group_size = max(1, group_size // 2)
-            raise _worst(failures, len(ids))
-
-        await self._retrying("messages.get batch", self._batch_attempts, attempt)
-
-    async def _batch_once(self, ids: list[str], out: RawBatch) -> dict[str, GmailRetriable]:
-        """One batch request for `ids`; fills `out`, answers the retriable failures by id.
-        A per-part or whole 401 re-sends those ids once with a fresh token."""
-        todo, refreshed = list(ids), False
-        failures: dict[str, GmailRetriable] = {}
-        while True:
-            await self._pacer.spend(BATCH_UNITS_PER_CALL * len(todo))
-            token = await self._tokens.token()
-            try:
-                answer = await self._send_batch(todo, token)
-            except GmailUnavailable as exc:
-                return failures | dict.fromkeys(todo, exc)
-            if answer.status == 401:
-                unauthorized = todo
-            elif answer.status != 200:
-                error = self._error("batch", answer.status, answer.headers, answer.body)
-                if isinstance(error, GmailRetriable):
-                    return failures | dict.fromkeys(todo, error)
-                raise error
-            else:
-                try:
-                    parts = await _decode_answer(answer)
-                except BatchFormatError as exc:
-                    return failures | dict.fromkeys(todo, exc)
-                unauthorized = []
-                for index, message_id in enumerate(todo):
-                    part = parts.get(_content_id(index))
-                    if part is not None and part.status == 401:
-                        unauthorized.append(message_id)
-                    else:
-                        self._settle_part(message_id, part, out, failures)
-            if not unauthorized:
-                return failures
-            self._tokens.invalidate(token)
-            if refreshed:
-                raise GmailAuthError("Gmail answered 401 to a freshly issued access token")
-            todo, refreshed = unauthorized, True
-
-    def _settle_part(
-        self,
-        message_id: str,
-        part: BatchPart | None,
-        out: RawBatch,
-        failures: dict[str, GmailRetriable],
-    ) -> None:
-        what = f"messages.get {message_id}"
-        if part is None:
-            failures[message_id] = GmailUnavailable(f"{what}: no part in the batch answer")
-        elif part.status == 200:
-            raw = raw_of(part.body, message_id)
-            if raw is None:
-                failures[message_id] = GmailUnavailable(f"{what}: answer without raw bytes")
-            else:
-                out.raw[message_id] = raw
-        elif part.status in (404, 410):
-            out.gone.add(message_id)  # deleted between list and get (sync guide)
-        else:
-            error = self._error(what, part.status, part.headers, part.body)
-            if isinstance(error, GmailRetriable):
-                failures[message_id] = error
-            elif isinstance(error, GmailRequestRejected):
-                out.rejected[message_id] = error
-            else:
-                raise error
-
-    async def _send_batch(self, ids: list[str], token: str) -> _Answer:
+    async def _send_batch(self, ids: list[str], token: str) -> HttpAnswer:
+        """One batch request of messages.get format=raw for `ids` (call i has Content-ID
+        `content_id(i)`); GmailUnavailable when no answer came."""
         calls = [
             BatchCall(
-                _content_id(index),
+                content_id(index),
                 f"/gmail/v1/users/me/messages/{quote(message_id, safe='')}?format=raw",
             )
             for index, message_id in enumerate(ids)
@@ -469,7 +366,7 @@ class GmailClient:
                     self._batch_url, data=body, headers=headers, allow_redirects=False
                 ) as response:
                     payload = await response.read()
-                    return _Answer(response.status, _lowercased(response.headers), payload)
+                    return HttpAnswer(response.status, _lowercased(response.headers), payload)
         except TimeoutError as exc:
             raise GmailUnavailable(f"batch: no answer within {BATCH_TIMEOUT_S:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -532,27 +429,3 @@ class GmailClient:
 def _lowercased(headers: Mapping[str, str]) -> dict[str, str]:
     """Header fields by lowercased name, like BatchPart.headers."""
     return {name.lower(): value for name, value in headers.items()}
-
-
-def _content_id(index: int) -> str:
-    return f"m{index}"
-
-
-def _worst(failures: Mapping[str, GmailRetriable], total: int) -> GmailRetriable:
-    """One error for a round's failures: rate limited wins (it needs the longest
-    wait), with the largest Retry-After seen."""
-    errors = list(failures.values())
-    retry_after = max((e.retry_after_s for e in errors if e.retry_after_s), default=None)
-    kind = GmailRateLimited if any(isinstance(e, GmailRateLimited) for e in errors) else None
-    sample = next((e for e in errors if isinstance(e, GmailRateLimited)), errors[0])
-    text = f"messages.get: {len(failures)} of {total} calls failed, e.g. {sample}"
-    if kind is not None:
-        return GmailRateLimited(text, retry_after_s=retry_after)
-    return GmailUnavailable(text, retry_after_s=retry_after)
-
-
-async def _decode_answer(answer: _Answer) -> dict[str, BatchPart]:
-    content_type = answer.headers.get("content-type", "")
-    if len(answer.body) >= THREAD_DECODE_MIN_BYTES:
-        return await anyio.to_thread.run_sync(decode_batch, content_type, answer.body)
-    return decode_batch(content_type, answer.body)
