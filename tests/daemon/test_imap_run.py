@@ -1,11 +1,14 @@
 """The IMAP door under `inboxd run` (issue 13): a real daemon process against Dovecot.
 
 The session's private Dovecot (tests/helpers/dovecot.py) serves a user of its own
-to each test; the tenant file points an `provider = "imap"` mailbox at its
+to each test; the tenant file points a `provider = "imap"` mailbox at its
 plain-text loopback listener (`security = "none"`), the password a reference to a
 variable in the daemon's environment. Mail is put in with `doveadm save`, as an
 MTA's delivery would, and the test watches what a user of inboxd sees: rows in
-message_copies, the mailbox's sync_state, `inboxd status --json`, events.
+message_copies, the mailbox's sync_state, `inboxd status --json`, events,
+the metrics. Issue 13's scenarios: backfill then new mail (exactly the delivered
+set, nothing marked read), IDLE within 2 s, a wrong password, a UIDVALIDITY
+change, the server stopped mid-sync.
 """
 
 from __future__ import annotations
