@@ -268,6 +268,39 @@ def test_ses(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_ses", pid)
 
 
+# A bare-fetch row: msgs, wall s, msg/s, MB/s.
+IMAP_REF = r"\s+300\s+[\d.]+\s+[\d,]+\s+[\d.]+\s"
+
+
+def test_imap(server_dsn: str) -> None:
+    pid, out = run_bench("imap.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^Dovecot on 127\.0\.0\.1:\d+ \(plain IMAP\) ready",
+            r"^generated 300 messages",
+            r"^delivered 300 messages into INBOX .*: 300 messages, UIDNEXT 301",
+            r"^  bare fetch, aioimaplib, windows of 100" + IMAP_REF + r".*300 messages",
+            r"^  bare fetch, aioimaplib, one UID FETCH 1:\*" + IMAP_REF + r".*300 messages",
+            r"^  bare fetch, stdlib imaplib, windows of 100" + IMAP_REF + r".*300 messages",
+            r"^  door's client \(fetch_raw\), windows of 100" + IMAP_REF + r".*300 messages",
+            r"^  source alone: ImapSource\.pages, no database" + IMAP_REF + r".*300 messages",
+            r"^  daemon\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"^  import\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"rows 300, copies 300, dead 0",
+            r"outcomes \{new: 300\}",
+            r"^  stored 300 messages, 300 copies, dead 0; .*SIGTERM → exit 0",
+            r"^  messages marked \\Seen on the server after the daemon: 0",
+            r"^    spawn → done .*daemon main \d+ % .*PostgreSQL \d+ % .*Dovecot \d+ %",
+            r"^  same messages in both databases \(Message-IDs\): yes",
+            r"^  ratios, same run: daemon / import = [\d.]+; "
+            r"daemon / bare fetch, aioimaplib, windows of 100 = [\d.]+",
+            r"^  daemon peak RSS [\d.]+ MB .*growth 10 % → 90 % of the rows",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_imap", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
     """A new benchmark in bench/ gets a test here too (vocabulary.py is data,
     door_run.py the machinery gmail.py and outlook.py share)."""
@@ -279,6 +312,7 @@ def test_every_script_has_a_smoke_test() -> None:
         "gmail.py",
         "outlook.py",
         "ses.py",
+        "imap.py",
     }
     scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py", "door_run.py"}
     assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
