@@ -88,10 +88,11 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aioboto3
 import asyncpg
@@ -124,7 +125,10 @@ from daemon_backfill import (
 from door_run import FreshServer, Sampler, finite_positive, machine_cpu_s
 
 from inboxd.adapters.ses import AwsClients, SesSettings
-from inboxd.adapters.ses.pointers import parse_pointers
+from inboxd.adapters.ses.errors import SesTransient
+from inboxd.adapters.ses.pointers import Pointer, parse_pointers
+
+T = TypeVar("T")
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REGION = "us-east-1"
@@ -142,6 +146,9 @@ SETUP_CONCURRENCY = 16
 # BACKLOG visible messages, topping it up every FEED_INTERVAL_S, in every run alike.
 BACKLOG = 40
 FEED_INTERVAL_S = 0.05
+# Calls of moto alone that answered 500 are tried again this often (and a receive is
+# not backed off as the daemon does: this is the ceiling).
+MOTO_ATTEMPTS = 5
 # After the last row, messages still in flight that stay so this long were deleted
 # by the consumer and brought back by moto's delete (it rebuilds the queue's list
 # without a lock: two concurrent DeleteMessageBatch can undo one another's removal).
@@ -157,7 +164,6 @@ FLAT_MB = 10.0
 SES_FATAL_EVENTS = (*FATAL_EVENTS, b"ses_batch_crashed")
 # Log events that must not appear in a clean run (counted at the end).
 SES_BAD_EVENTS = (
-    "ses_receive_failed",
     "ses_unrouted",
     "ses_visibility_lost",
     "ses_visibility_not_extended",
@@ -402,6 +408,7 @@ class Reference:
     fetched_bytes: int = 0
     receives: int = 0
     empty_receives: int = 0
+    errors: int = 0  # moto's 500s, each tried again
     left_in_flight: int = 0
     client_cpu_s: float = float("nan")
     moto_cpu_s: float = float("nan")
@@ -427,6 +434,8 @@ class Reference:
         ]
         if self.get:
             extra.append(f"{self.fetched:,} objects ({self.fetched_bytes / 1e6:.1f} MB)")
+        if self.errors:
+            extra.append(f"{self.errors} moto errors (tried again)")
         if self.left_in_flight:
             extra.append(f"{self.left_in_flight} back in flight after their delete (moto)")
         return (
@@ -457,26 +466,42 @@ async def run_reference(
     done = asyncio.Event()
     async with AwsClients(settings) as client:
 
+        async def again(call: Callable[[], Awaitable[T]]) -> T:
+            """moto answers 500 now and then (module docstring): try again at once."""
+            for _ in range(MOTO_ATTEMPTS - 1):
+                try:
+                    return await call()
+                except SesTransient:
+                    ref.errors += 1
+            return await call()
+
+        async def fetch(p: Pointer) -> bytes:
+            return await again(
+                lambda: client.fetch(p.bucket, p.key, max_bytes=settings.max_message_bytes)
+            )
+
         async def loop() -> None:
             while not done.is_set():
-                messages = await client.receive()
+                messages = await again(client.receive)
                 ref.receives += 1
                 if not messages:
                     ref.empty_receives += 1
                     continue
                 ref.received += len(messages)
                 if get:
-                    where = [parse_pointers(m.body)[0] for m in messages]
                     raws = await asyncio.gather(
-                        *(
-                            client.fetch(p.bucket, p.key, max_bytes=settings.max_message_bytes)
-                            for p in where
-                        )
+                        *(fetch(parse_pointers(m.body)[0]) for m in messages)
                     )
                     ref.fetched += len(raws)
                     ref.fetched_bytes += sum(len(r) for r in raws)
-                stale = {m.receipt_handle for m in await client.delete(messages)}
-                ref.deleted.update(m.message_id for m in messages if m.receipt_handle not in stale)
+                left = list(messages)
+                for _ in range(MOTO_ATTEMPTS):  # aws.py retried each batch 4 times already
+                    stale = {m.receipt_handle for m in await client.delete(left)}
+                    ref.deleted.update(m.message_id for m in left if m.receipt_handle not in stale)
+                    left = [m for m in left if m.receipt_handle in stale]
+                    if not left:
+                        break
+                    ref.errors += len(left)
                 if len(ref.deleted) >= ref.n and not done.is_set():
                     ref.wall_s = time.monotonic() - started
                     done.set()
@@ -512,7 +537,7 @@ async def run_reference(
                 t.cancel()
             await asyncio.gather(*tasks, waiter, return_exceptions=True)
     if not done.is_set():
-        ref.wall_s = time.monotonic() - started
+        ref.problems.append(f"{len(ref.deleted):,} of {ref.n:,} messages deleted")
     visible, ref.left_in_flight = await aws.counts(queue_url)
     if visible:
         ref.problems.append(f"{visible} messages still visible after the run")
@@ -701,6 +726,7 @@ async def run_daemon(
     for bad in SES_BAD_EVENTS:
         if kinds.get(bad):
             res.problems.append(f"{kinds[bad]} × {bad} in the daemon log ({log_path})")
+    res.extra["receive_failed"] = kinds.get("ses_receive_failed", 0)
     stopped = [e for e in events if e.get("event") == "ses_poller_stopped"]
     totals = {k: v for k, v in (stopped[-1] if stopped else {}).items() if isinstance(v, int)}
     res.extra["totals"] = totals
@@ -898,6 +924,12 @@ async def main(args: argparse.Namespace) -> int:
             + (
                 f" ({totals['duplicate']} handed out twice by moto's receive, stored once)"
                 if totals.get("duplicate")
+                else ""
+            )
+            + (
+                f"; {daemon.extra['receive_failed']} failed receives (ses_receive_failed: "
+                f"moto's 500s, each backed off 1 s)"
+                if daemon.extra.get("receive_failed")
                 else ""
             )
             + (
