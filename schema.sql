@@ -202,6 +202,9 @@ COMMENT ON COLUMN message_copies.raw_key IS 'Object-store key of this copy''s ra
 COMMENT ON COLUMN message_copies.received_at IS 'When this copy arrived in its mailbox.';
 COMMENT ON COLUMN message_copies.created_at IS 'When inboxd recorded the copy.';
 CREATE INDEX IF NOT EXISTS message_copies_message_idx ON message_copies (tenant_id, message_id);
+-- cascade tier 2b: the same bytes already in this mailbox under another id
+CREATE INDEX IF NOT EXISTS message_copies_bytes_idx ON message_copies (tenant_id, mailbox_id, raw_sha256)
+    WHERE raw_sha256 IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS message_participants (
     tenant_id     text NOT NULL,

@@ -13,13 +13,16 @@ docs/architecture.md §3, tiers, all scoped to the tenant:
      normalised subject, within 5 minutes.
   1. Message-ID with agreeing content fingerprint → merged; Message-ID hit
      with different content → conflict (own row, linked, never dropped).
+  2b. The same raw bytes (sha256) stored in this mailbox under another id →
+     merged: a resync under new ids (IMAP UIDVALIDITY change) of mail that has
+     no Message-ID, sender or date for tiers 1 and 3.
   3. Inside one thread: same sender, ±2 minutes, same non-empty normalised
      subject and agreeing fingerprint → merged (ids mangled in transit).
   else new. Tier 4, the unique constraints, acts at insert time (ingest.py).
 
 Items repeated inside one batch are resolved here too: the first occurrence
 leads, later ones follow it (same external id → duplicate; same Message-ID and
-fingerprint, or the tier-3 key → merged into the leader's message; same
+fingerprint, the tier-3 key or the same bytes → merged into the leader's message; same
 Message-ID with other content → conflict with the leader).
 """
 
@@ -74,6 +77,10 @@ SELECT b.idx,
            AND m.content_fingerprint = b.fp
            AND m.sent_at BETWEEN b.sent_at - $10::interval AND b.sent_at + $10::interval
          ORDER BY m.message_id LIMIT 1) AS heuristic_hit,
+       (SELECT c.message_id FROM message_copies c
+         WHERE b.sha IS NOT NULL AND c.tenant_id = $1 AND c.mailbox_id = $2
+           AND c.raw_sha256 = b.sha
+         LIMIT 1) AS bytes_hit,
        (SELECT CASE WHEN count(*) = 1 THEN min(m.message_id) END FROM messages m
          WHERE b.subj <> '' AND b.sender <> '' AND b.sent_at IS NOT NULL
            AND m.tenant_id = $1 AND m.mailbox_id = $2 AND m.send_status IN ('pending', 'sent')
@@ -82,8 +89,8 @@ SELECT b.idx,
            AND m.sent_at BETWEEN b.sent_at - $11::interval AND b.sent_at + $11::interval
        ) AS outbound_fallback
   FROM unnest($3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-              $9::timestamptz[])
-       AS b(idx, mid, fp, thread_key, sender, subj, sent_at)
+              $9::timestamptz[], $14::text[])
+       AS b(idx, mid, fp, thread_key, sender, subj, sent_at, sha)
 """
 _PLACEHOLDER_PREFIX_RE = r"^(pending_|draft_|new_)"
 _PLACEHOLDER_UUID_RE = r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$"
@@ -108,6 +115,7 @@ def group_in_batch(items: list[MessageData]) -> tuple[list[int], dict[int, tuple
     by_ext: dict[str, int] = {}
     by_mid_fp: dict[tuple[str, str | None], int] = {}
     by_heuristic: dict[tuple[str, str, str, str | None], int] = {}
+    by_bytes: dict[str, int] = {}
     leaders: list[int] = []
     followers: dict[int, tuple[int, Outcome]] = {}
     for i, item in enumerate(items):
@@ -127,6 +135,8 @@ def group_in_batch(items: list[MessageData]) -> tuple[list[int], dict[int, tuple
         lead = by_mid_fp.get(key_mid) if key_mid else None
         if lead is None and key_h is not None:
             lead = by_heuristic.get(key_h)
+        if lead is None and item.raw_sha256:
+            lead = by_bytes.get(item.raw_sha256)
         if lead is not None:
             followers[i] = (lead, Outcome.MERGED)
             continue
@@ -134,6 +144,8 @@ def group_in_batch(items: list[MessageData]) -> tuple[list[int], dict[int, tuple
             by_mid_fp[key_mid] = i
         if key_h is not None:
             by_heuristic.setdefault(key_h, i)
+        if item.raw_sha256:
+            by_bytes.setdefault(item.raw_sha256, i)
         leaders.append(i)
     return leaders, followers
 
@@ -180,15 +192,21 @@ async def classify(
         OUTBOUND_WINDOW,
         _PLACEHOLDER_PREFIX_RE,
         _PLACEHOLDER_UUID_RE,
+        [m.raw_sha256 for m in sel],
     )
     fallbacks: dict[int, int] = {}
-    for idx, outbound, agree, any_mid, heuristic, fallback in rows:
+    for idx, outbound, agree, any_mid, heuristic, same_bytes, fallback in rows:
         if outbound is not None:
             # Our own Message-ID: one message, no content check. Only the sending
             # mailbox's copy replaces the placeholders; a CC'd colleague's copy in
             # another mailbox is another sighting of it.
             outbound_id, same_mailbox = outbound
             decisions[idx] = Decision(Outcome.MERGED, outbound_id, promote=bool(same_mailbox))
+        elif same_bytes is not None:
+            # These very bytes are stored in this mailbox under another id: the same
+            # message read again under new ids (an IMAP UIDVALIDITY change), even
+            # when it has no Message-ID, sender or date for tiers 1 and 3.
+            decisions[idx] = Decision(Outcome.MERGED, same_bytes)
         elif fallback is not None and any_mid is None:
             # No Message-ID of ours matched and the item's own id is unknown too:
             # the provider rewrote ours (SES, Exchange). Exactly one placeholder of
