@@ -32,9 +32,13 @@ __all__ = ["FolderState", "ImapConnection", "encode_folder"]
 
 # Connect + greeting + TLS handshake. A server that has not greeted in 20 s is down.
 CONNECT_TIMEOUT_S = 20.0
-# One command's answer. A UID FETCH of a window of ~100 typical messages (~1 MB)
-# takes well under a second on a LAN; 60 s covers a slow link and a large window.
+# Silence within one command's answer: aioimaplib's per-command timer, restarted
+# by every chunk received, so a large window on a slow link is not cut off while
+# it makes progress. A server silent for 60 s in the middle of an answer is stuck.
 COMMAND_TIMEOUT_S = 60.0
+# Whole-command bound on top of that: a UID FETCH of a window of 100 messages at
+# the 40 MB SES/Exchange size limit each is 4 GB; at 2 MB/s that is ~35 min.
+COMMAND_DEADLINE_S = 3600.0
 # LOGOUT at close is a courtesy; never allowed to hold a shutdown.
 LOGOUT_TIMEOUT_S = 3.0
 
@@ -67,6 +71,10 @@ class ImapConnection:
         self.mailbox = mailbox
         self._client = client
         self.selected: str | None = None
+        # aioimaplib fails no pending command when the connection drops: we notice
+        # through its connection-lost callback and stop waiting at once
+        self._lost = asyncio.Event()
+        client.protocol.conn_lost_cb = lambda exc: self._lost.set()
         self.qresync = False  # ENABLE QRESYNC accepted: EXAMINE reports VANISHED
 
     @property
@@ -217,7 +225,9 @@ class ImapConnection:
             )
             changed = False
             while not changed:
-                pushed = await client.wait_server_push(timeout=renew_after_s + COMMAND_TIMEOUT_S)
+                pushed = await self._call(
+                    client.wait_server_push(timeout=renew_after_s + COMMAND_TIMEOUT_S), "IDLE"
+                )
                 if pushed == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break  # the renewal timer: end this IDLE, start the next
                 lines = pushed if isinstance(pushed, list) else [pushed]
@@ -232,6 +242,13 @@ class ImapConnection:
             await self.close()
             raise ImapUnavailable(f"imap {self.mailbox.host}: IDLE: {_describe(exc)}") from exc
 
+    def _abandon(self) -> None:
+        """Drop the connection without a word (a command of it was abandoned)."""
+        client, self._client = self._client, None
+        transport = getattr(getattr(client, "protocol", None), "transport", None)
+        if transport is not None:
+            transport.close()
+
     async def close(self) -> None:
         """LOGOUT, bounded; the connection is gone afterwards whatever the server says."""
         client, self._client = self._client, None
@@ -244,10 +261,24 @@ class ImapConnection:
             transport.close()
 
     async def _call(self, awaitable: Any, what: str) -> Any:
+        """One command's answer; a dropped connection, BYE or a stall is ImapUnavailable."""
         if self._client is None:
             raise ImapUnavailable(f"imap {self.mailbox.host}: connection closed")
+        command = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self._lost.wait())
         try:
-            return await asyncio.wait_for(awaitable, COMMAND_TIMEOUT_S)
+            done, _ = await asyncio.wait(
+                {command, lost}, timeout=COMMAND_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            lost.cancel()
+            if not command.done():  # abandoned (lost, deadline, or we are cancelled):
+                command.cancel()  # the connection is in an unknown state; drop it
+                self._abandon()
+        try:
+            if command not in done:
+                raise ConnectionError("connection lost" if lost in done else "deadline passed")
+            return command.result()
         except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
             await self.close()
             raise ImapUnavailable(f"imap {self.mailbox.host}: {what}: {_describe(exc)}") from exc

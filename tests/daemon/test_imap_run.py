@@ -455,14 +455,6 @@ async def test_a_recreated_folder_resets_the_cursor_and_stores_nothing_twice(
     await recreate_archive(tmp_path, db_dsn, dovecot, mail[:2], mail[2:])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a message with no Message-ID, From or Date (corpus/mime/apache-james-mime4j/"
-    "base64encoded-rfc822message.eml) re-read under a new UIDVALIDITY gets a second "
-    "messages row: its new external id misses tier 2 and no other tier of "
-    "pipeline/cascade.py can match it, though its raw_sha256 and content_fingerprint "
-    "equal the stored copy's (issue 13: 'nothing stored twice')",
-)
 async def test_a_recreated_folder_does_not_store_headerless_mail_twice(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
 ) -> None:
@@ -542,14 +534,6 @@ async def test_a_server_stopped_mid_sync_then_back_completes_exactly_once(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection Dovecot closes under a UID FETCH is not noticed: aioimaplib's "
-    "connection_lost fails no pending command and adapters/imap/client.py passes no "
-    "conn_lost_cb, so the run hangs until COMMAND_TIMEOUT_S (60 s) — daemon log: "
-    "CommandTimeout(UID FETCH 601:700) 59 s after the last page, and 'Task exception "
-    "was never retrieved' from aioimaplib's own Command.wait task",
-)
 async def test_a_server_going_away_fails_the_run_at_once(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer
 ) -> None:
