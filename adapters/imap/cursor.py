@@ -6,6 +6,12 @@
 `last_uid`: every UID up to it is settled (stored or recorded dead). A folder
 absent from the cursor has not finished its first sync. `modseq` is the
 folder's HIGHESTMODSEQ at that point, where the server offers CONDSTORE.
+
+    "retired": {"Archive": 1701}
+
+a folder whose UIDVALIDITY changed and is being read again: once that is done,
+the copies stored under the old UIDVALIDITY are recorded as gone (their UIDs
+address nothing any more) and the entry is dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["FolderCursor", "dump_cursor", "load_cursor"]
+__all__ = ["FolderCursor", "dump_cursor", "load_cursor", "load_retired"]
 
 _VERSION = 1
 
@@ -44,16 +50,28 @@ def load_cursor(cursor: str | None) -> dict[str, FolderCursor]:
         return {}
 
 
-def dump_cursor(folders: dict[str, FolderCursor]) -> str:
-    return orjson.dumps(
-        {
-            "v": _VERSION,
-            "folders": {
-                name: {"uidvalidity": f.uidvalidity, "last_uid": f.last_uid, "modseq": f.modseq}
-                for name, f in sorted(folders.items())
-            },
-        }
-    ).decode()
+def load_retired(cursor: str | None) -> dict[str, int]:
+    """Folders being read again after a UIDVALIDITY change → their old UIDVALIDITY."""
+    if not cursor:
+        return {}
+    try:
+        document = orjson.loads(cursor)
+        return {str(k): int(v) for k, v in document.get("retired", {}).items()}
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return {}
+
+
+def dump_cursor(folders: dict[str, FolderCursor], retired: dict[str, int] | None = None) -> str:
+    document: dict[str, object] = {
+        "v": _VERSION,
+        "folders": {
+            name: {"uidvalidity": f.uidvalidity, "last_uid": f.last_uid, "modseq": f.modseq}
+            for name, f in sorted(folders.items())
+        },
+    }
+    if retired:
+        document["retired"] = dict(sorted(retired.items()))
+    return orjson.dumps(document).decode()
 
 
 def _optional_int(value: object) -> int | None:

@@ -45,7 +45,7 @@ import structlog
 from inboxd.adapters.base import Page
 from inboxd.adapters.imap.client import FolderState, ImapConnection
 from inboxd.adapters.imap.config import Folder, ImapMailbox
-from inboxd.adapters.imap.cursor import FolderCursor, dump_cursor, load_cursor
+from inboxd.adapters.imap.cursor import FolderCursor, dump_cursor, load_cursor, load_retired
 from inboxd.adapters.imap.errors import ImapAuthError, ImapProtocolError, ImapUnavailable
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
@@ -96,6 +96,7 @@ class ImapSource:
         self._stored_under = stored_under
         self._connection: ImapConnection | None = None
         self._scanned: dict[str, float] = {}  # folder → when its expunge scan ran
+        self._retired: dict[str, int] = {}  # this run's folders being read again
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
@@ -145,6 +146,7 @@ class ImapSource:
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         positions = load_cursor(cursor)
+        self._retired = load_retired(cursor)
         try:
             connection = await self._connect()
             for folder in self.mailbox.folders:
@@ -170,7 +172,7 @@ class ImapSource:
             raise CursorExpired(
                 f"imap folder {folder.name!r}: UIDVALIDITY {known.uidvalidity} → "
                 f"{state.uidvalidity}",
-                restart_from=dump_cursor(rest) if rest else None,
+                restart_from=dump_cursor(rest, {**self._retired, folder.name: known.uidvalidity}),
             )
         removed = {
             _external_id(folder, state, uid): "expunged"
@@ -189,11 +191,13 @@ class ImapSource:
         if not uids:
             last = max(floor, end or 0)
             moved = known is None or (last, state.highestmodseq) != (known.last_uid, known.modseq)
+            if known is None:
+                removed.update(await self._retire(folder))
             if moved or removed:
                 positions[folder.name] = FolderCursor(state.uidvalidity, last, state.highestmodseq)
                 yield Page(
                     items=[],
-                    cursor_after=dump_cursor(positions),
+                    cursor_after=dump_cursor(positions, self._retired),
                     backfill=known is None,
                     removed=removed,
                 )
@@ -206,12 +210,25 @@ class ImapSource:
             # every page may carry this EXAMINE's modseq: the expunges before it were
             # reported by VANISHED and are recorded with the first page
             positions[folder.name] = FolderCursor(state.uidvalidity, last, state.highestmodseq)
+            if final and known is None:
+                removed.update(await self._retire(folder))
             yield Page(
                 items=items,
-                cursor_after=dump_cursor(positions),
+                cursor_after=dump_cursor(positions, self._retired),
                 backfill=known is None,
-                removed=removed if start == 0 else {},
+                removed=removed if start == 0 or final else {},
             )
+            removed = {}
+
+    async def _retire(self, folder: Folder) -> dict[str, str]:
+        """After a folder was read again under a new UIDVALIDITY: its copies under the
+        old one address nothing any more (the cascade linked the mail to the rows it
+        had); recorded as gone, and the folder no longer retired."""
+        old = self._retired.pop(folder.name, None)
+        if old is None or self._stored_under is None:
+            return {}
+        stale = await self._stored_under(f"{folder.name}:{old}:")
+        return dict.fromkeys(stale, "uidvalidity_changed")
 
     async def _scan_expunged(
         self, connection: ImapConnection, folder: Folder, state: FolderState, known: FolderCursor

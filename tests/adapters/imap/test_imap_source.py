@@ -80,16 +80,35 @@ async def test_backfill_then_only_new_mail_and_nothing_marked_read(
     assert all(isinstance(i, MessageData) and i.raw for i in first + second)
 
 
-async def test_a_recreated_folder_is_an_expired_cursor(dovecot: DovecotServer, corpus) -> None:
+async def test_a_recreated_folder_is_read_again_and_its_old_copies_retired(
+    dovecot: DovecotServer, corpus
+) -> None:
     user = dovecot.new_user()
+    dovecot.create_folder(user.username, "Archive")
     for raw in _corpus(corpus, 2):
-        dovecot.deliver(user.username, "INBOX", raw)
-    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+        dovecot.deliver(user.username, "Archive", raw)
+    stored: list[str] = []
+
+    async def stored_under(prefix: str) -> list[str]:
+        return [i for i in stored if i.startswith(prefix)]
+
+    mailbox = _mailbox(dovecot, user, folders=["Archive"])
+    source = ImapSource("acme", "imap", mailbox, stored_under=stored_under)
     try:
-        _, cursor = await _run(source, None)
-        dovecot.recreate_folder(user.username, "INBOX")
-        with pytest.raises(CursorExpired):
+        items, cursor = await _run(source, None)
+        stored.extend(i.external_id for i in items)
+        dovecot.recreate_folder(user.username, "Archive")
+        with pytest.raises(CursorExpired) as expired:
             await _run(source, cursor)
+        removed: dict[str, str] = {}
+        again: list = []
+        async for page in source.pages(expired.value.restart_from):
+            again.extend(page.items)
+            removed.update(page.removed)
+            cursor = page.cursor_after or cursor
+        assert len(again) == 2 and {i.external_id for i in again}.isdisjoint(stored)
+        assert removed == dict.fromkeys(stored, "uidvalidity_changed")
+        assert [p.removed async for p in source.pages(cursor)] == []  # retired once
     finally:
         await source.aclose()
 
