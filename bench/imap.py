@@ -66,6 +66,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -154,9 +155,55 @@ class DovecotCpu:
         return 0.0 if root is None else sum(_cpu_with_children_s(p) for p in tree(root))
 
 
-def this_tree_cpu_s() -> float:
-    """This process and its children (parse workers of the source row)."""
-    return sum(_cpu_with_children_s(p) for p in tree(os.getpid()))
+def _schedstat_s(pid: int, tid: int) -> tuple[float, float]:
+    """(on a CPU, runnable but waiting for one) seconds of one thread since it started:
+    /proc/PID/task/TID/schedstat (ns), the kernel's run-queue accounting."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+            on_ns, wait_ns = (int(x) for x in fh.read().split()[:2])
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+    return on_ns / 1e9, wait_ns / 1e9
+
+
+def _process_sched_s(pid: int) -> tuple[float, float]:
+    """The same summed over the threads of `pid` alive now."""
+    on = wait = 0.0
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return float("nan"), float("nan")
+    for tid in tids:
+        a, b = _schedstat_s(pid, tid)
+        if a == a:  # not NaN
+            on, wait = on + a, wait + b
+    return on, wait
+
+
+def sched_lines(daemon_pid: int) -> list[str]:
+    """Run-queue time of the daemon since its spawn (read once every message is a row):
+    how long its event-loop thread and its parse workers were on a CPU and how long
+    they were ready to run but waiting for one — on a shared machine, the second."""
+    parts = []
+    loop_on, loop_wait = _schedstat_s(daemon_pid, daemon_pid)
+    parts.append(f"event-loop thread on a CPU {loop_on:.1f} s, waiting for one {loop_wait:.1f} s")
+    on, wait = _process_sched_s(daemon_pid)
+    parts.append(f"all its live threads {on:.1f} s / {wait:.1f} s")
+    for child in tree(daemon_pid)[1:]:
+        on, wait = _process_sched_s(child)
+        parts.append(f"parse worker {child} {on:.1f} s / {wait:.1f} s")
+    return parts
+
+
+def parse_workers(server: DovecotServer) -> list[int]:
+    """This process's descendants but the Dovecot it started: the parse workers."""
+    dovecot = set(tree(server.pgid)) if server.pgid is not None else set()
+    return [p for p in tree(os.getpid())[1:] if p not in dovecot]
+
+
+def this_tree_cpu_s(server: DovecotServer) -> float:
+    """This process and its parse workers (the source row)."""
+    return sum(_cpu_with_children_s(p) for p in [os.getpid(), *parse_workers(server)])
 
 
 # --------------------------------------------------------------------------- bare fetch
@@ -175,11 +222,15 @@ class Reference:
     client_cpu_s: float = float("nan")
     dovecot_cpu_s: float = float("nan")
     machine_busy_s: float = float("nan")
+    notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.n / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def lines(self) -> list[str]:
+        return [self.line()] + [f"    {note}" for note in self.notes]
 
     def line(self) -> str:
         def pct(x: float) -> str:
@@ -389,11 +440,19 @@ async def source_alone(server: DovecotServer, user: str, password: str, n: int) 
                 else:
                     dead += 1
 
+    me = threading.get_native_id()
+    on0, wait0 = _schedstat_s(os.getpid(), me)
     try:
         # the parse workers are child processes of this one: the tree's CPU
-        await _timed(ref, DovecotCpu(server), work, client_cpu=this_tree_cpu_s)
+        await _timed(ref, DovecotCpu(server), work, client_cpu=lambda: this_tree_cpu_s(server))
     finally:
         await source.aclose()
+    on1, wait1 = _schedstat_s(os.getpid(), me)
+    sched = [f"event-loop thread on a CPU {on1 - on0:.1f} s, waiting for one {wait1 - wait0:.1f} s"]
+    for child in parse_workers(server):  # started by this row (their first use)
+        on, wait = _process_sched_s(child)
+        sched.append(f"parse worker {on:.1f} s / {wait:.1f} s")
+    ref.notes.append("run queue (schedstat): " + "; ".join(sched))
     if dead:
         ref.problems.append(f"{dead} dead items or items without raw bytes")
     _check(ref, seen, sorted(seen) if not ref.problems else [])
@@ -473,6 +532,7 @@ async def run_daemon(
     ) -> None:
         got["sampler"] = sampler
         got["done_at"] = done_at.get(MAILBOX)
+        res.extra["sched"] = sched_lines(sampler.pid)
         idle_until = time.monotonic() + args.idle_s  # memory once the work is done
         while time.monotonic() < idle_until:
             await asyncio.sleep(args.interval)
@@ -657,7 +717,7 @@ async def main(args: argparse.Namespace) -> int:
             ):
                 ref = await make()
                 refs.append(ref)
-                print(ref.line(), flush=True)
+                print("\n".join(ref.lines()), flush=True)
                 for p in ref.problems:
                     print(f"    PROBLEM: {p}", flush=True)
         if "daemon" in only:
@@ -704,7 +764,7 @@ async def main(args: argparse.Namespace) -> int:
             f"{'client CPU, per msg':>22}  {'Dovecot CPU, per msg':>22}  machine"
         )
     for ref in refs:
-        print(ref.line())
+        print("\n".join(ref.lines()))
         problems += [f"{ref.label}: {p}" for p in ref.problems]
         if not finite_positive(ref.rate) and not ref.problems:
             problems.append(f"{ref.label}: no throughput")
@@ -729,6 +789,11 @@ async def main(args: argparse.Namespace) -> int:
             print("    " + line)
         for line in cpu_lines(daemon, sampler):
             print(line)
+        if daemon.extra.get("sched"):
+            print(
+                "  run queue, spawn → done (/proc/PID/task/TID/schedstat): "
+                + "; ".join(daemon.extra["sched"])
+            )
     if same is not None:
         print(f"  same messages in both databases (Message-IDs): {'yes' if same else 'NO'}")
         if not same:

@@ -292,6 +292,8 @@ def test_imap(server_dsn: str) -> None:
             r"^  stored 300 messages, 300 copies, dead 0; .*SIGTERM → exit 0",
             r"^  messages marked \\Seen on the server after the daemon: 0",
             r"^    spawn → done .*daemon main \d+ % .*PostgreSQL \d+ % .*Dovecot \d+ %",
+            r"^  run queue, spawn → done .*event-loop thread on a CPU [\d.]+ s, waiting for one",
+            r"^    run queue \(schedstat\): event-loop thread on a CPU [\d.]+ s",
             r"^  same messages in both databases \(Message-IDs\): yes",
             r"^  ratios, same run: daemon / import = [\d.]+; "
             r"daemon / bare fetch, aioimaplib, windows of 100 = [\d.]+",
