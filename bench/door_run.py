@@ -3,11 +3,12 @@ machinery gmail.py and outlook.py share (a module of helpers, not a benchmark).
 
     FakeThread      the fake's aiohttp server on its own event loop in a thread of this
                     process, so its CPU is that thread's (/proc/self/task/TID/stat)
-    Sampler         per tick: the daemon's main process and process tree (with its
-                    parse workers), the PostgreSQL backends of its database, the fake's
-                    thread, this thread, and the whole machine from /proc/stat (busy and
-                    stolen by the hypervisor: the machine is shared)
-    CpuWindow       the CPU of each over one window of wall time, as % of one core
+    Sampler         per tick: the daemon's main process, its event-loop thread and its
+                    process tree (with its parse workers), the PostgreSQL backends of its
+                    database, the fake's thread, this thread, and the whole machine from
+                    /proc/stat (busy and stolen by the hypervisor: the machine is shared)
+    CpuWindow       the CPU of each over one window of wall time, as % of one core, and
+                    per stored message
     FreshServer     a fresh database `<prefix>_<pid>_<tag>` per scenario, all dropped
     drive_daemon    start `python -m inboxd.daemon.cli run`, sample until every mailbox
                     holds its messages and has a cursor, hand over to the benchmark's
@@ -121,6 +122,16 @@ def machine_cpu_s() -> tuple[float, float]:
     return (user + nice + system + irq + softirq + steal) / tick, steal / tick
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """utime + stime of one thread of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class CpuWindow:
     """CPU seconds of each party over one window of wall time."""
@@ -134,6 +145,7 @@ class CpuWindow:
     machine_busy_s: float = float("nan")  # every process and the kernel, all cores
     machine_steal_s: float = float("nan")  # taken by the hypervisor for other guests
     fake_name: str = "fake"
+    daemon_loop_s: float = float("nan")  # the main process's main thread: the event loop
 
     def pct(self, seconds: float | None) -> str:
         if seconds is None or not self.wall_s > 0:
@@ -148,7 +160,8 @@ class CpuWindow:
     def line(self) -> str:
         return (
             f"CPU over the {self.wall_s:.1f} s window (% of one core): daemon main process "
-            f"{self.pct(self.daemon_main_s)}, with its parse workers "
+            f"{self.pct(self.daemon_main_s)} (its event-loop thread "
+            f"{self.pct(self.daemon_loop_s)}), with its parse workers "
             f"{self.pct(self.daemon_tree_s)}; PostgreSQL backends {self.pct(self.server_s)}; "
             f"{self.fake_name} thread {self.pct(self.fake_s)}; bench main thread "
             f"{self.pct(self.bench_s)}; all together {100 * self.ours_s / self.wall_s:.0f} % "
@@ -156,6 +169,26 @@ class CpuWindow:
             f"the whole machine (/proc/stat: every process and the kernel) busy "
             f"{self.pct(self.machine_busy_s)}, stolen by the hypervisor "
             f"{self.pct(self.machine_steal_s)}"
+        )
+
+    def per_message_line(self, stored: int) -> str:
+        """The same CPU in milliseconds per stored message, split by who spends it."""
+
+        def ms(seconds: float | None) -> str:
+            return "n/a" if seconds is None or not stored else f"{1000 * seconds / stored:.3f}"
+
+        parts = [
+            ("daemon event loop", self.daemon_loop_s),
+            ("daemon's other threads (object-store I/O)", self.daemon_main_s - self.daemon_loop_s),
+            ("parse workers", self.daemon_tree_s - self.daemon_main_s),
+            ("PostgreSQL", self.server_s),
+            (self.fake_name, self.fake_s),
+        ]
+        total = sum(x for _, x in parts if x is not None)
+        return (
+            "CPU per stored message (ms): "
+            + ", ".join(f"{name} {ms(x)}" for name, x in parts)
+            + f"; together {ms(total)}"
         )
 
 
@@ -169,6 +202,7 @@ class Tick:
     bench: float
     machine_busy: float
     machine_steal: float
+    daemon_loop: float
 
 
 class Sampler:
@@ -192,6 +226,7 @@ class Sampler:
                 self.ft.cpu_s(),
                 time.thread_time(),
                 *machine_cpu_s(),
+                thread_cpu_s(self.pid, self.pid),
             )
         )
 
@@ -211,6 +246,7 @@ class Sampler:
             b.machine_busy - a.machine_busy,
             b.machine_steal - a.machine_steal,
             self.fake_name,
+            b.daemon_loop - a.daemon_loop,
         )
 
 

@@ -36,8 +36,10 @@ dropped at the end):
               (both `cursor_updated_at`, the database clock), and its body
               downloads must be 0 (the ids are known).
   many        the same with M mailboxes of K messages at once: each mailbox's msg/s
-              and units/s, and the daemon's CPU (main process, and with its parse
-              workers), PostgreSQL's and the fake's, as % of one core over the window.
+              and units/s, and the daemon's CPU (main process and its event-loop
+              thread, and with its parse workers), PostgreSQL's and the fake's, as % of
+              one core over the window and in ms per stored message (what 1,000 msg/s
+              on 2 cores has to fit in: 2 ms together).
 
 Figures: quota units/s spent by each user over its window (first to last spend;
 the pacer's initial burst of 150 units left out, so a pacer at rate Q shows ≤ Q),
@@ -476,6 +478,7 @@ def describe_run(run: DaemonRun, quota: float, baseline: Row | None) -> list[str
             f"(the quota allows {len(starts) * quota / MESSAGES_GET_UNITS:,.0f})"
         )
     lines.append("  " + run.cpu.line())
+    lines.append("  " + run.cpu.per_message_line(run.stored))
     lines.append(
         f"  quota units per stored message: {per_msg:.3f} ({run.spent:,} units, "
         f"{run.stored:,} messages; messages.get alone is {MESSAGES_GET_UNITS})"
