@@ -327,8 +327,10 @@ class SesPoller:
             self._events.counted(_COUNTER.get(outcome, "stored"))
 
     async def _stored_already(self, work: _Work, pointer: Pointer) -> bool:
-        """True when the message behind a missing object is stored in a mailbox it
-        reaches (every ses mailbox when the pointer names no recipients)."""
+        """True when the message a pointer names is stored in a mailbox it reaches
+        (every ses mailbox when the pointer names no recipients): its object is gone
+        or it keeps coming back only because deletes were lost. Also True, with the
+        message left for redelivery, when the database cannot say."""
         routes = self.router.route(pointer.recipients) if pointer.recipients else []
         candidates = [(r.tenant_id, r.mailbox_id) for r in routes] or self.router.mailboxes()
         try:
@@ -348,9 +350,12 @@ class SesPoller:
             f"received {message.receive_count} times (max_receive_count "
             f"{self.settings.max_receive_count}) without being stored"
         )
+        pointers = [p for p in work.pointers if not await self._stored_already(work, p)]
+        if work.failed or not pointers:
+            return  # stored already (its deletes were lost): a duplicate, not poison
         self._events.counted("poison")
-        for pointer in work.pointers or [None]:  # type: ignore[list-item]
-            where = f"s3://{pointer.bucket}/{pointer.key} " if pointer is not None else ""
+        for pointer in pointers:
+            where = f"s3://{pointer.bucket}/{pointer.key} "
             await self._dead(work, pointer, "poison", where + detail)
 
     async def _dead(self, work: _Work, pointer: Pointer | None, reason: str, detail: str) -> None:
