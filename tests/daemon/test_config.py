@@ -476,6 +476,33 @@ PROBLEM_CASES = [
         "expected an email address",
     ),
     (
+        "imap-clear-text-to-a-remote-host",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\nhost = "imap.example.com"\n'
+        'security = "none"\nusername = "u"\npassword = "env:HOME"\n',
+        "tenant",
+        "mailboxes[0].security",
+        "only for a loopback host",
+    ),
+    (
+        "imap-without-host",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\nusername = "u"\n'
+        'password = "env:HOME"\n',
+        "tenant",
+        "mailboxes[0].host",
+        "required",
+    ),
+    (
+        "imap-folder-direction",
+        "",
+        'id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\nhost = "h.example"\n'
+        'username = "u"\npassword = "env:HOME"\nfolders = [{name = "Sent", direction = "up"}]\n',
+        "tenant",
+        "mailboxes[0].folders",
+        'direction` ("inbound" or "outbound")',
+    ),
+    (
         "duplicate-mailbox-in-file",
         "",
         'id = "acme"\n' + MAILDIR_MAILBOX.format(id="m") + MAILDIR_MAILBOX.format(id="m"),
