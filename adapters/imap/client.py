@@ -78,6 +78,11 @@ class ImapConnection:
         self.qresync = False  # ENABLE QRESYNC accepted: EXAMINE reports VANISHED
 
     @property
+    def closed(self) -> bool:
+        """True once a failure or close() dropped the connection."""
+        return self._client is None
+
+    @property
     def capabilities(self) -> set[str]:
         return set(self._client.protocol.capabilities)
 
@@ -245,6 +250,7 @@ class ImapConnection:
     def _abandon(self) -> None:
         """Drop the connection without a word (a command of it was abandoned)."""
         client, self._client = self._client, None
+        self.selected = None
         transport = getattr(getattr(client, "protocol", None), "transport", None)
         if transport is not None:
             transport.close()
@@ -252,6 +258,7 @@ class ImapConnection:
     async def close(self) -> None:
         """LOGOUT, bounded; the connection is gone afterwards whatever the server says."""
         client, self._client = self._client, None
+        self.selected = None
         if client is None:
             return
         with contextlib.suppress(Exception):  # a courtesy: the transport is closed below

@@ -69,6 +69,11 @@ IDLE_RENEW_S = 25 * 60
 # After a failed IDLE connection, wait before the next: doubling from 1 s to 5 min.
 IDLE_BACKOFF_MIN_S = 1.0
 IDLE_BACKOFF_MAX_S = 300.0
+# A UID whose FETCH drops the connection this often, with the server answering a
+# new connection each time, is a message the server cannot read: a dead item.
+FETCH_ONE_ATTEMPTS = 2
+_GONE = object()  # expunged between the search and the fetch
+_UNDELIVERABLE = object()
 # UIDs per UID FETCH and per page (one ingest transaction). 100 typical messages
 # are ~0.5-1 MB on the wire: one round trip amortised over many messages, and a
 # window small enough that a NO costs at most 100 single fetches.
@@ -148,22 +153,23 @@ class ImapSource:
         positions = load_cursor(cursor)
         self._retired = load_retired(cursor)
         try:
-            connection = await self._connect()
             for folder in self.mailbox.folders:
-                async for page in self._folder_pages(connection, folder, positions):
+                async for page in self._folder_pages(folder, positions):
                     yield page
         except ImapUnavailable:
             await self.aclose()  # the next run reconnects
             raise
 
     async def _connect(self) -> ImapConnection:
-        if self._connection is None:
+        """The sync connection, opened again when a failure closed it."""
+        if self._connection is None or self._connection.closed:
             self._connection = await ImapConnection.open(self.mailbox)
         return self._connection
 
     async def _folder_pages(
-        self, connection: ImapConnection, folder: Folder, positions: dict[str, FolderCursor]
+        self, folder: Folder, positions: dict[str, FolderCursor]
     ) -> AsyncGenerator[Page, None]:
+        connection = await self._connect()
         known = positions.get(folder.name)
         since = (known.uidvalidity, known.modseq) if known and known.modseq else None
         state = await connection.examine(folder.name, since)
@@ -204,7 +210,7 @@ class ImapSource:
             return
         for start in range(0, len(uids), self.window):
             window = uids[start : start + self.window]
-            items = await self._fetch_window(connection, folder, state, window)
+            items = await self._fetch_window(folder, state, window)
             final = start + self.window >= len(uids)
             last = max(window[-1], end or 0) if final and known is None else window[-1]
             # every page may carry this EXAMINE's modseq: the expunges before it were
@@ -252,6 +258,34 @@ class ImapSource:
                 gone[external_id] = "expunged"
         return gone
 
+    async def _fetch_one(self, folder: Folder, state: FolderState, uid: int) -> bytes | object:
+        """One UID's bytes; _GONE when the server no longer has it (expunged since the
+        search); _UNDELIVERABLE when it refuses it — answers NO, or drops a connection
+        FETCH_ONE_ATTEMPTS times over it while a new one (the server is up) is had
+        each time. A server that is down raises ImapUnavailable: the run fails."""
+        for _ in range(FETCH_ONE_ATTEMPTS):
+            connection = await self._selected(folder, state)
+            try:
+                one, ok = await connection.fetch_raw([uid])
+            except ImapUnavailable:
+                continue
+            if uid in one:
+                return one[uid]
+            return _GONE if ok else _UNDELIVERABLE
+        return _UNDELIVERABLE
+
+    async def _selected(self, folder: Folder, state: FolderState) -> ImapConnection:
+        """The connection with `folder` selected, reopened if a failure closed it; the
+        folder must still be the one the run started with."""
+        connection = await self._connect()
+        if connection.selected != folder.name:
+            again = await connection.examine(folder.name)
+            if again.uidvalidity != state.uidvalidity:
+                raise ImapUnavailable(
+                    f"imap folder {folder.name!r}: UIDVALIDITY changed during the run"
+                )
+        return connection
+
     async def _backfill_uids(self, connection: ImapConnection) -> list[int]:
         backfill = self.mailbox.backfill
         if backfill == "none":
@@ -263,16 +297,22 @@ class ImapSource:
         return await connection.search_uids("SINCE", since.strftime("%d-%b-%Y"))
 
     async def _fetch_window(
-        self, connection: ImapConnection, folder: Folder, state: FolderState, uids: list[int]
+        self, folder: Folder, state: FolderState, uids: list[int]
     ) -> list[MessageData | DeadItem]:
-        raws, ok = await connection.fetch_raw(uids)
+        connection = await self._selected(folder, state)
+        try:
+            raws, ok = await connection.fetch_raw(uids)
+        except ImapUnavailable:
+            # the server going away, or one message it cannot read (Dovecot answers
+            # an internal error reading one message with BYE): told apart below
+            raws, ok = {}, False
         dead: list[MessageData | DeadItem] = []
         if not ok:  # find the UIDs the server will not deliver, one at a time
             for uid in (u for u in uids if u not in raws):
-                one, one_ok = await connection.fetch_raw([uid])
-                if uid in one:
-                    raws[uid] = one[uid]
-                elif not one_ok:
+                raw = await self._fetch_one(folder, state, uid)
+                if isinstance(raw, bytes):
+                    raws[uid] = raw
+                elif raw is _UNDELIVERABLE:
                     dead.append(
                         DeadItem(
                             self.tenant_id,

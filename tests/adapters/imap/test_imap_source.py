@@ -219,3 +219,33 @@ async def test_without_qresync_expunges_are_found_by_a_bounded_scan(
         assert all(not r for r in again) and len(scans) == 1  # not before the interval
     finally:
         await source.aclose()
+
+
+async def test_a_message_the_server_cannot_read_is_dead_and_does_not_pin_the_cursor(
+    dovecot: DovecotServer, corpus: Path
+) -> None:
+    user = dovecot.new_user()
+    raws = _corpus(corpus, 3)
+    for raw in raws:
+        dovecot.deliver(user.username, "INBOX", raw)
+    maildir = dovecot.home(user.username) / "Maildir"
+    files = [*(maildir / "cur").iterdir(), *(maildir / "new").iterdir()]
+
+    def same(path: Path, raw: bytes) -> bool:
+        return path.read_bytes().replace(b"\r\n", b"\n") == raw.replace(b"\r\n", b"\n")
+
+    [second] = [f for f in files if same(f, raws[1])]
+    second.chmod(0)  # Dovecot answers BYE "Internal error" reading UID 2
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+    try:
+        items, cursor = await _run(source, None)
+    finally:
+        await source.aclose()
+    uidvalidity = dovecot.status(user.username, "INBOX").uidvalidity
+    outcome = {i.external_id: type(i).__name__ for i in items}
+    assert outcome == {
+        f"INBOX:{uidvalidity}:1": "MessageData",
+        f"INBOX:{uidvalidity}:2": "DeadItem",
+        f"INBOX:{uidvalidity}:3": "MessageData",
+    }
+    assert load_cursor(cursor)["INBOX"].last_uid == 3
