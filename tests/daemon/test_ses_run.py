@@ -683,13 +683,6 @@ async def test_a_stored_message_redelivered_after_its_visibility_timeout_is_a_du
             await anyio.to_thread.run_sync(stop, daemon)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the poison check (receive count > max_receive_count) runs before "
-    "anything else, so a message already stored whose deletes were lost comes back as a "
-    "'poison' dead item ('received 3 times ... without being stored') beside its stored "
-    "copy, instead of a duplicate",
-)
 async def test_a_stored_message_redelivered_past_max_receive_count_is_a_duplicate(
     tmp_path: Path, db_dsn: str, aws: Aws
 ) -> None:
@@ -892,8 +885,9 @@ async def test_sigterm_while_a_batch_cannot_commit_releases_it_and_a_restart_sto
                     for i in range(start_at, min(start_at + SQS_SEND_BATCH, 32))
                 ],
             )
+        # (a long poll answers with what has arrived so far: a batch may be 1 message)
         await first.eventually(
-            aws.queue_counts, WAIT_S, what="batches in flight", until=lambda c: c[1] >= 10
+            aws.queue_counts, WAIT_S, what="a batch in flight", until=lambda c: c[1] >= 1
         )
         # held past their visibility timeout: the heartbeat keeps them ours, so none
         # became visible again (nor was received twice)
