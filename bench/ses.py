@@ -6,8 +6,9 @@ to moto alone and to `inboxd import` of the same raw files, all in one run.
         [--backlog B] [--wait-time-s W] [--dsn ADMIN_DSN] [--interval S]
         [--gen-workers W] [--seed S] [--keep] [--smoke]
 
-Defaults: N=5,000, the daemon's default `[ses] pollers` (2), moto alone again with
-8 loops, a backlog of 40; a few minutes on 2 cores.
+Defaults: N=5,000; the daemon's default `[ses] pollers` (2), then moto alone and the
+daemon again with 8 loops; a backlog of 40. ~10 min on 2 quiet cores (2 of them
+to generate and upload the data), twice that on a busy machine.
 
 Data (not timed): N distinct RFC 5322 messages of 1-8 KB from daemon_backfill.py's
 generator (plain, multipart/alternative, a PDF attachment, legacy charsets; threads
@@ -25,7 +26,8 @@ clock starts and then tops the queue up to B visible messages every 50 ms until 
 N are sent (GetQueueAttributes + SendMessageBatch, the same in every run);
 --backlog 0 sends all N before the clock instead.
 
-Measured, in this order:
+Measured, in this order: moto alone and the daemon with P loops, the same with M
+loops, then import:
 
   moto alone   moto's own ceiling, no inboxd: `loops` concurrent loops in this
                process doing what a daemon poller does with the network, through the
@@ -36,17 +38,18 @@ Measured, in this order:
                message's object, a batch's all at once, as the poller fetches them).
                Each with P loops, then with --more-loops. Timed from the first
                receive until every message was deleted.
-  daemon       `inboxd run` (fresh database; main TOML with `[ses]` on the queue and
-               config.example.toml's [queue]/[workers]; one tenant file with one ses
-               mailbox whose `addresses` is the support address). Timed from the
-               spawn until N message rows exist and nothing is left in the queue
-               (GetQueueAttributes, visible and in flight). Then SIGTERM, exit code 0
-               expected; the poller's totals (its `ses_poller_stopped` log line) must
-               say N stored, every received message deleted, nothing left, dead or
-               released.
+  daemon       after the references of the same loop count: `inboxd run` with
+               `[ses] pollers` = that count (fresh database; main TOML with `[ses]` on
+               the queue and config.example.toml's [queue]/[workers]; one tenant file
+               with one ses mailbox whose `addresses` is the support address). Timed
+               from the spawn until N message rows exist and nothing is left in the
+               queue (GetQueueAttributes, visible and in flight). Then SIGTERM, exit
+               code 0 expected; the poller's totals (its `ses_poller_stopped` log line)
+               must say N stored, every received message deleted, nothing left, dead
+               or released.
   import       `inboxd import` of the same raw files (NAME.eml hard links) into a
                fresh database: daemon_backfill.py's run_import, timed from spawn to
-               exit. Both databases must hold the same raw_sha256 values.
+               exit. Every daemon's database must hold the same raw_sha256 values.
 
 moto's server has no lock around a queue's messages: two concurrent receives can
 hand out one message twice, and two concurrent DeleteMessageBatch can bring a
@@ -55,9 +58,9 @@ least once too, so neither is an error here: a message handed out twice must be
 stored once (`duplicate`), and messages back in flight after every row exists end
 the daemon's clock after LEFTOVER_GRACE_S without change (printed).
 
-Printed: msg/s of each; the ratios daemon / moto alone (receive+get+delete with the
-daemon's pollers: the network work the daemon cannot avoid; receive+delete too) and
-daemon / import; the daemon's RSS (process tree: daemon and parse workers) at every
+Printed: msg/s of each; the ratios daemon / moto alone (receive+get+delete with as
+many loops as pollers: the network work the daemon cannot avoid; receive+delete too)
+and daemon / import; the daemon's RSS (process tree: daemon and parse workers) at every
 10 % of the rows, sampled every --interval s ("flat" when RSS at 90 % is within 10 MB
 of RSS at 10 %, as in daemon_backfill.py); where the CPU went (daemon main process,
 its parse workers, the PostgreSQL backends of its database, moto, this script, the
@@ -172,7 +175,7 @@ SES_BAD_EVENTS = (
     "daemon_drain_abandoned",
 )
 #: --smoke (CI): every figure at a tiny size, ~20-40 s.
-SMOKE_MESSAGES = 200
+SMOKE_MESSAGES = 100
 SMOKE_MORE_LOOPS = 4
 SMOKE_INTERVAL_S = 0.2
 SMOKE_IDLE_S = 0.5
@@ -603,18 +606,20 @@ async def run_daemon(
     work: Path,
     base: SesSettings,
     bodies: list[bytes],
+    pollers: int,
 ) -> tuple[Result, Sampler | None]:
-    res = Result("daemon", len(bodies))
-    run_dir = work / "daemon"
+    res = Result(f"daemon {pollers}", len(bodies))
+    res.extra["pollers"] = pollers
+    run_dir = work / f"daemon_{pollers}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    queue_url = await aws.new_queue("daemon")
+    queue_url = await aws.new_queue(f"daemon{pollers}")
     feeder = Feeder(aws, queue_url, bodies, args.backlog)
     visible = await feeder.prime()
     if visible != feeder.sent:
         res.problems.append(f"{visible} messages visible after sending {feeder.sent}")
-    settings = dataclasses.replace(base, queue_url=queue_url, pollers=args.pollers)
+    settings = dataclasses.replace(base, queue_url=queue_url, pollers=pollers)
     config = write_config(run_dir, settings)
-    dbname, dsn = await server.fresh("d")
+    dbname, dsn = await server.fresh(f"d{pollers}")
     res.extra["dsn"] = dsn
     log_path = run_dir / "daemon.log"
     monitor = await asyncpg.connect(dsn)
@@ -761,7 +766,10 @@ def cpu_lines(res: Result, sampler: Sampler | None) -> list[str]:
         return ["  CPU: n/a (the daemon run did not finish)"]
     t0 = sampler.ticks[0].t
     cores = os.cpu_count() or 1
-    lines = [f"  CPU, % of one core ({cores} cores = {100 * cores} %), and ms per stored message:"]
+    lines = [
+        f"  {res.label}: CPU, % of one core ({cores} cores = {100 * cores} %), and ms per "
+        "stored message:"
+    ]
     windows = [("spawn → done", t0, res.n)]
     if res.ready_s is not None and res.ready_s < res.wall_s:
         at_ready = next((x for x in res.samples if x.t >= res.ready_s), None)
@@ -803,6 +811,35 @@ def growth_mb(res: Result) -> float:
 # --------------------------------------------------------------------------- main
 
 
+def daemon_lines(res: Result, sampler: Sampler | None) -> list[str]:
+    """The poller's totals, the RSS curve and the CPU of one daemon run."""
+    totals = res.extra.get("totals", {})
+    notes = []
+    if totals.get("duplicate"):
+        notes.append(f"{totals['duplicate']} handed out twice by moto's receive, stored once")
+    if res.extra.get("receive_failed"):
+        notes.append(
+            f"{res.extra['receive_failed']} failed receives (ses_receive_failed: moto's 500s, "
+            "each backed off 1 s)"
+        )
+    if res.extra.get("left_in_flight"):
+        notes.append(
+            f"{res.extra['left_in_flight']} deleted messages back in flight in moto after the "
+            "run (its racy delete)"
+        )
+    lines = [
+        f"  {res.label}: poller totals "
+        + ", ".join(
+            f"{k} {totals.get(k, 0):,}"
+            for k in ("received", "stored", "deleted", "duplicate", "dead", "left", "released")
+        )
+        + "".join(f"; {n}" for n in notes),
+        f"  {res.label}: RSS curve (process tree = daemon + parse workers):",
+    ]
+    lines += ["    " + line for line in curve_table(res)]
+    return lines + cpu_lines(res, sampler)
+
+
 async def main(args: argparse.Namespace) -> int:
     fake_aws_env()
     work = Path(tempfile.mkdtemp(prefix="bench_ses_"))
@@ -816,11 +853,11 @@ async def main(args: argparse.Namespace) -> int:
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
+    loops = [args.pollers] + ([args.more_loops] if args.more_loops else [])
     refs: list[Reference] = []
-    daemon: Result | None = None
-    sampler: Sampler | None = None
+    daemons: list[tuple[Result, Sampler | None]] = []
     imported: Result | None = None
-    same: bool | None = None
+    same: dict[str, bool] = {}
     problems: list[str] = []
     try:
         print(f"moto server on {moto.url} ready after {await moto.ready():.1f} s", flush=True)
@@ -855,7 +892,6 @@ async def main(args: argparse.Namespace) -> int:
                 ),
                 flush=True,
             )
-            loops = [args.pollers] + ([args.more_loops] if args.more_loops else [])
             for n_loops in loops:
                 for get in (False, True):
                     ref = await run_reference(args, aws, moto, base, bodies, n_loops, get)
@@ -863,19 +899,23 @@ async def main(args: argparse.Namespace) -> int:
                     print(ref.line(), flush=True)
                     for p in ref.problems:
                         print(f"    PROBLEM: {p}", flush=True)
-            print(f"daemon, {args.pollers} pollers …", flush=True)
-            daemon, sampler = await run_daemon(args, aws, moto, server, work, base, bodies)
-            for line in describe(daemon):
-                print(line, flush=True)
+                print(f"daemon, [ses] pollers = {n_loops} …", flush=True)
+                res, sampler = await run_daemon(
+                    args, aws, moto, server, work, base, bodies, n_loops
+                )
+                daemons.append((res, sampler))
+                for line in describe(res):
+                    print(line, flush=True)
         print("import …", flush=True)
         imported = await run_import(args, server, work, eml_dir, "0")
         for line in describe(imported):
             print(line, flush=True)
         conn = await asyncpg.connect(server.dsn_of(server.created[-1]))
         try:
-            same = await _raw_shas(conn) == daemon.extra.get("sha")
+            shas = await _raw_shas(conn)
         finally:
             await conn.close()
+        same = {res.label: res.extra.get("sha") == shas for res, _ in daemons}
     except Exception as exc:  # report it below with whatever was measured
         problems.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -890,9 +930,9 @@ async def main(args: argparse.Namespace) -> int:
     print(f"inboxd at {code_version()} (at the end of the run)")
     print(
         f"SES door, {args.messages:,} forwarded messages (versioned pointers, objects on "
-        f"moto's server); [ses] pollers {args.pollers}, wait_time_s {args.wait_time_s}, "
-        f"max_messages {base.max_messages}; load average now "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"moto's server, a backlog of {args.backlog or 'all'}); [ses] pollers "
+        f"{' and '.join(map(str, loops))}, wait_time_s {args.wait_time_s}, max_messages "
+        f"{base.max_messages}; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print(
         f"  {'':<38} {'msgs':>7} {'wall s':>8} {'msg/s':>8}  {'client CPU, per msg':>22}  "
@@ -901,70 +941,41 @@ async def main(args: argparse.Namespace) -> int:
     for ref in refs:
         print(ref.line())
         problems += [f"moto alone, {ref.name}: {p}" for p in ref.problems]
+        if not ref.problems and not finite_positive(ref.rate):
+            problems.append(f"moto alone, {ref.name}: no throughput")
     print(
         f"  {'':<8} {'msgs':>8} {'wall s':>9} {'msg/s':>8}  {'client CPU':>9} "
         f"{'server CPU':>9}  {'peak RSS':>8} {'main RSS':>8}   (MB)"
     )
-    for res in (daemon, imported):
-        if res is None:
-            continue
+    for res in [r for r, _ in daemons] + ([imported] if imported is not None else []):
         for line in describe(res):
             print(line)
         problems += [f"{res.label}: {p}" for p in res.problems]
         if not finite_positive(res.rate) and not res.problems:
             problems.append(f"{res.label}: no throughput ({res.rate} msg/s)")
-    if daemon is not None:
-        totals = daemon.extra.get("totals", {})
-        print(
-            "  poller totals: "
-            + ", ".join(
-                f"{k} {totals.get(k, 0):,}"
-                for k in ("received", "stored", "deleted", "duplicate", "dead", "left", "released")
-            )
-            + (
-                f" ({totals['duplicate']} handed out twice by moto's receive, stored once)"
-                if totals.get("duplicate")
-                else ""
-            )
-            + (
-                f"; {daemon.extra['receive_failed']} failed receives (ses_receive_failed: "
-                f"moto's 500s, each backed off 1 s)"
-                if daemon.extra.get("receive_failed")
-                else ""
-            )
-            + (
-                f"; {daemon.extra['left_in_flight']} deleted messages back in flight in moto "
-                f"after the run (its racy delete)"
-                if daemon.extra.get("left_in_flight")
-                else ""
-            )
-        )
-        print("  daemon RSS curve (process tree = daemon + parse workers):")
-        for line in curve_table(daemon):
-            print("    " + line)
-        for line in cpu_lines(daemon, sampler):
+    for res, sampler in daemons:
+        for line in daemon_lines(res, sampler):
             print(line)
-    if same is not None:
-        print(f"  same raw files in both databases (raw_sha256): {'yes' if same else 'NO'}")
-        if not same:
-            problems.append("the daemon's and the import's databases hold different raw files")
-    for ref in refs:
-        if not finite_positive(ref.rate):
-            problems.append(f"moto alone, {ref.name}: no throughput")
-    if daemon is not None and imported is not None and refs:
-        mine = [r for r in refs if r.loops == args.pollers]
-        ratios = "; ".join(f"daemon / {r.name} = {daemon.rate / r.rate:.3f}" for r in mine)
-        print(f"  ratios, same run: {ratios}; daemon / import = {daemon.rate / imported.rate:.3f}")
-        more = [r for r in refs if r.loops != args.pollers]
-        if more:
-            print(
-                "  (moto with more loops: "
-                + "; ".join(f"daemon / {r.name} = {daemon.rate / r.rate:.3f}" for r in more)
-                + ")"
-            )
-        g = growth_mb(daemon)
+    for label, equal in same.items():
         print(
-            f"  daemon peak RSS {daemon.peak_tree_mb:,.1f} MB (main {daemon.peak_main_mb:,.1f}); "
+            f"  same raw files in the {label} and import databases (raw_sha256): "
+            f"{'yes' if equal else 'NO'}"
+        )
+        if not equal:
+            problems.append(f"the {label} and import databases hold different raw files")
+    for res, _ in daemons:
+        pollers = res.extra["pollers"]
+        ratios = [
+            f"{res.label} / moto alone {r.name} = {res.rate / r.rate:.3f}"
+            for r in refs
+            if r.loops == pollers
+        ]
+        if imported is not None:
+            ratios.append(f"{res.label} / import = {res.rate / imported.rate:.3f}")
+        print(f"  ratios, same run: {'; '.join(ratios)}")
+        g = growth_mb(res)
+        print(
+            f"  {res.label}: peak RSS {res.peak_tree_mb:,.1f} MB (main {res.peak_main_mb:,.1f}); "
             f"growth 10 % → 90 % of the rows {g:+.1f} MB "
             f"({'flat' if abs(g) < FLAT_MB else 'NOT flat'})"
         )
@@ -983,7 +994,7 @@ def cli() -> int:
         "--more-loops",
         type=int,
         default=8,
-        help="moto alone again with this many loops (0: not measured)",
+        help="moto alone and the daemon again with this many loops (0: not measured)",
     )
     parser.add_argument(
         "--dsn", default=DEFAULT_DSN, help="admin DSN (creates bench_ses_* databases)"
