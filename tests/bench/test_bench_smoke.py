@@ -238,7 +238,7 @@ def test_outlook(server_dsn: str) -> None:
 
 
 # A moto-alone row: msgs, wall s, msg/s.
-SES_REF = r"\s+200\s+[\d.]+\s+[\d,]+\s"
+SES_REF = r"\s+100\s+[\d.]+\s+[\d,]+\s"
 
 
 def test_ses(server_dsn: str) -> None:
@@ -247,22 +247,29 @@ def test_ses(server_dsn: str) -> None:
         expect_lines(
             out,
             r"^moto server on http://127\.0\.0\.1:\d+ ready",
-            r"^generated 200 messages",
+            r"^generated 100 messages",
             *(
                 rf"^  moto alone: {what}, {loops} loops" + SES_REF
                 for what in (r"receive\+delete", r"receive\+get\+delete")
                 for loops in (2, 4)
             ),
-            r"^  daemon\s+200\s+[\d.]+\s+[\d,]+\s",
-            r"^  import\s+200\s+[\d.]+\s+[\d,]+\s",
-            r"SIGTERM → exit 0 .*rows 200, copies 200, dead 0",
-            r"outcomes \{new: 200\}",
-            r"^  poller totals: received \d+, stored 200, deleted \d+, .*dead 0, left 0",
+            *(rf"^  daemon {loops}\s+100\s+[\d.]+\s+[\d,]+\s" for loops in (2, 4)),
+            r"^  import\s+100\s+[\d.]+\s+[\d,]+\s",
+            r"SIGTERM → exit 0 .*rows 100, copies 100, dead 0",
+            r"outcomes \{new: 100\}",
+            *(
+                rf"^  daemon {loops}: poller totals received \d+, stored 100, deleted \d+, "
+                r".*dead 0, left 0"
+                for loops in (2, 4)
+            ),
             r"^    daemon_ready → done \(.*daemon main \d+ % .*PostgreSQL \d+ % .*moto \d+ %",
-            r"^  same raw files in both databases \(raw_sha256\): yes",
-            r"^  ratios, same run: daemon / receive\+delete, 2 loops = [\d.]+; "
-            r"daemon / receive\+get\+delete, 2 loops = [\d.]+; daemon / import = [\d.]+",
-            r"^  daemon peak RSS [\d.]+ MB .*growth 10 % → 90 % of the rows",
+            r"^  same raw files in the daemon 2 and import databases \(raw_sha256\): yes",
+            r"^  same raw files in the daemon 4 and import databases \(raw_sha256\): yes",
+            r"^  ratios, same run: daemon 2 / moto alone receive\+delete, 2 loops = [\d.]+; "
+            r"daemon 2 / moto alone receive\+get\+delete, 2 loops = [\d.]+; "
+            r"daemon 2 / import = [\d.]+",
+            r"^  ratios, same run: daemon 4 / moto alone .*daemon 4 / import = [\d.]+",
+            r"^  daemon 2: peak RSS [\d.]+ MB .*growth 10 % → 90 % of the rows",
         )
     finally:
         assert_no_databases_left(server_dsn, "bench_ses", pid)
