@@ -191,11 +191,21 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Loaded here, in the parent: the child only calls it between fork and exec.
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when this script dies (PR_SET_PDEATHSIG), so a
-    benchmark killed by a deadline leaves no moto server behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    benchmark killed by a deadline leaves no moto server and no daemon behind (the
+    daemon stops on SIGTERM as it should). No allocation or import here: the parent
+    may have threads."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def fake_aws_env() -> None:
@@ -236,7 +246,7 @@ class Moto:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # started before any thread exists
+                preexec_fn=_die_with_parent,
             )
 
     async def ready(self) -> float:
@@ -641,6 +651,7 @@ async def run_daemon(
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
             )
             print(f"  daemon pid {proc.pid}, database {dbname}, log {log_path}", flush=True)
             watch = Watch(proc, dbname, monitor, started, server.local)
@@ -843,7 +854,7 @@ def daemon_lines(res: Result, sampler: Sampler | None) -> list[str]:
 async def main(args: argparse.Namespace) -> int:
     fake_aws_env()
     work = Path(tempfile.mkdtemp(prefix="bench_ses_"))
-    moto = Moto(work / "moto.log")  # first: no thread exists yet (preexec_fn)
+    moto = Moto(work / "moto.log")
     server = FreshServer(args.dsn, args.keep, "bench_ses")
     base = SesSettings(
         queue_url="", region=REGION, endpoint_url=moto.url, wait_time_s=args.wait_time_s
