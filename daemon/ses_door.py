@@ -25,8 +25,11 @@ from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSe
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline import scheduling
 from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
+from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.outcomes import ItemResult, page_is_clean
 from inboxd.pipeline.queue_doors import record_unrouted, write_totals
 
 __all__ = ["SesDoor", "build_router"]
@@ -37,6 +40,12 @@ log = structlog.get_logger(__name__)
 TOTALS_FLUSH_S = 5.0
 # The last flush at shutdown is bounded: the process must exit.
 FINAL_FLUSH_TIMEOUT_S = 3.0
+# A mailbox's last success is written at most this often (one UPDATE), however
+# many batches it receives: `inboxd status` shows minutes, not milliseconds.
+SUCCESS_EVERY_S = 5.0
+# "Is the database back?" after a batch left messages: a healthy server answers
+# SELECT 1 at once.
+READY_PROBE_TIMEOUT_S = 2.0
 
 
 def build_router(tenants: dict[str, TenantConfig]) -> Router:
@@ -71,6 +80,7 @@ class SesDoor:
         self._owner = owner
         self._poller: SesPoller | None = None
         self.totals: dict[str, int] = {}
+        self._succeeded: dict[tuple[str, str], float] = {}  # mailbox → last success write
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
 
@@ -89,11 +99,12 @@ class SesDoor:
                 self.settings,
                 aws,
                 router=self.router,
-                ingest=self._queue.ingest,
+                ingest=self._ingest,
                 room=self._queue.wait_for_room,
                 record_unrouted=self._record_unrouted,
                 events=self,
                 stored=self._stored,
+                ready=self._database_ready,
             )
             log.info("ses_poller_started", door=self.door, pollers=self.settings.pollers)
             try:
@@ -106,7 +117,7 @@ class SesDoor:
                 self._poller = None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_TIMEOUT_S):
                     await self._flush()
-        log.info("ses_poller_stopped", door=self.door, **self.totals)
+                log.info("ses_poller_stopped", door=self.door, **self.totals)
 
     # PollerEvents ------------------------------------------------------------------------
 
@@ -132,6 +143,32 @@ class SesDoor:
             item.body,
             item.recipients,
         )
+
+    async def _ingest(self, batch: IngestBatch) -> list[ItemResult]:
+        """The daemon's ingest queue; a mailbox whose batch settled has synced (its
+        `last_success_at` in `inboxd status`), written at most every SUCCESS_EVERY_S."""
+        results = await self._queue.ingest(batch)
+        key = (batch.tenant_id, batch.mailbox_id)
+        now = anyio.current_time()
+        if page_is_clean(results) and now - self._succeeded.get(key, -SUCCESS_EVERY_S) >= (
+            SUCCESS_EVERY_S
+        ):
+            self._succeeded[key] = now
+            try:
+                async with self._pool.acquire() as conn:
+                    await scheduling.record_success(conn, *key)
+            except DATABASE_ERRORS as exc:  # a view of health; the next batch writes it
+                log.debug("ses_success_not_recorded", error=type(exc).__name__)
+        return results
+
+    async def _database_ready(self) -> bool:
+        try:
+            with anyio.fail_after(READY_PROBE_TIMEOUT_S):
+                async with self._pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+        except DATABASE_ERRORS:  # TimeoutError (the probe's deadline) is one of them
+            return False
+        return True
 
     async def _stored(self, mailboxes: list[tuple[str, str]], external_id: str) -> bool:
         async with self._pool.acquire() as conn:

@@ -29,9 +29,12 @@ never taken over by a competing consumer. Redelivery of a message already
 stored is absorbed by the cascade (external id = SES message id, else the S3
 key → `duplicate`), which is also what makes several daemons on one queue safe.
 
-Stopping (the daemon's stop event): the receive loops stop receiving at once;
-messages in flight are finished; if the daemon's drain deadline cancels them,
-they are released (visibility 0) for another consumer, never deleted.
+Stopping (the daemon's stop event): the receive loops receive no more (a long
+poll under way ends and what it brought is released at once); messages in flight
+are finished; if the daemon's drain deadline cancels them, they are released
+(visibility 0) for another consumer, never deleted. After a batch that left
+messages for redelivery, a loop receives again only once the database answers,
+so an outage does not spend the messages' receive counts.
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ class SesPoller:
         record_unrouted: RecordUnrouted,
         events: PollerEvents,
         stored: StoredIn,
+        ready: Callable[[], Awaitable[bool]],
     ) -> None:
         self.settings = settings
         self.router = router
@@ -135,6 +139,9 @@ class SesPoller:
         self._room = room
         self._record_unrouted = record_unrouted
         self._stored = stored
+        self._ready = ready
+        self._receiving = anyio.Event()  # cleared while receiving is paused
+        self._receiving.set()
         self._events = events
         self._in_flight: dict[str, QueueMessage] = {}
 
@@ -162,17 +169,40 @@ class SesPoller:
             backoff = RECEIVE_BACKOFF_MIN_S
             if not messages:
                 continue
+            if stop.is_set():  # received while stopping: another consumer may have them
+                await self._release(messages)
+                return
             try:
-                await self.process(messages)
-            except Exception as exc:  # a bug must not stop the queue; they were released
+                left = await self.process(messages)
+            except Exception as exc:  # a bug must not stop the queue: SQS redelivers them
                 self._events.failed(f"{type(exc).__name__}: {exc}")
                 log.exception("ses_batch_crashed", poller=number, size=len(messages))
+                left = True
+            if left:
+                await self._wait_until_ready(stop)
+
+    async def _wait_until_ready(self, stop: anyio.Event) -> None:
+        """After a batch left messages for redelivery, no loop receives again until
+        the database answers: every receive counts towards max_receive_count, and an
+        outage must not turn good mail into poison."""
+        if not self._receiving.is_set():
+            return  # another loop is probing already; this one waits at the gate
+        self._receiving = anyio.Event()
+        backoff = RECEIVE_BACKOFF_MIN_S
+        try:
+            while not stop.is_set() and not await self._ready():
+                log.info("ses_receiving_paused", reason="database not ready", retry_s=backoff)
+                with anyio.move_on_after(backoff):
+                    await stop.wait()
+                backoff = min(backoff * 2, RECEIVE_BACKOFF_MAX_S)
+        finally:
+            self._receiving.set()
 
     async def _receive_unless(self, stop: anyio.Event) -> list[QueueMessage]:
-        """One long poll (after waiting for room in the ingest queue), abandoned when
-        `stop` is set: a receive cut short loses nothing, SQS shows the messages again."""
-        received: list[QueueMessage] = []
-        error: SesTransient | None = None
+        """One long poll, after waiting for room in the ingest queue (that wait ends
+        when `stop` is set). A long poll under way is not cut short at a stop: the
+        messages it brings are released at once instead of hidden for a visibility
+        timeout (at most wait_time_s more of shutdown)."""
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -180,40 +210,45 @@ class SesPoller:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
+            await self._receiving.wait()  # no loop receives while the database is down
             await self._room()
-            try:
-                received = await self._aws.receive()
-            except SesTransient as exc:  # raised here, it would leave as an exception group
-                error = exc
             tg.cancel_scope.cancel()
-        if error is not None:
-            raise error
+        if stop.is_set():
+            return []
+        received = await self._aws.receive()
         if received:
             self._events.counted("received", len(received))
         return received
 
+    async def _release(self, messages: Sequence[QueueMessage]) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S):
+            await self._aws.set_visibility(list(messages), 0)
+        self._events.counted("released", len(messages))
+
     # --- one received batch -----------------------------------------------------------------
 
-    async def process(self, messages: Sequence[QueueMessage]) -> None:
-        """Take a received batch to rows and delete what settled (module docstring).
+    async def process(self, messages: Sequence[QueueMessage]) -> bool:
+        """Take a received batch to rows and delete what settled (module docstring);
+        True when some were left for redelivery.
 
-        Cancelled (the drain deadline) or crashed part-way: every message of the
-        batch is released for redelivery, none deleted; what committed meanwhile
-        comes back as `duplicate`."""
+        Cancelled part-way (the drain deadline): every message of the batch is
+        released at once for another consumer, none deleted. Crashed part-way (a
+        bug): none deleted, each back after its visibility timeout — not at once,
+        which would burn its receive count in a tight loop. What committed
+        meanwhile comes back as `duplicate`."""
         for m in messages:
             self._in_flight[m.receipt_handle] = m
         works = [_Work(m) for m in messages]
         try:
             await self._settle(works)
-        except BaseException:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S):
-                await self._aws.set_visibility(list(messages), 0)
-            self._events.counted("released", len(messages))
+        except anyio.get_cancelled_exc_class():
+            await self._release(messages)
             raise
         finally:
             for m in messages:
                 self._in_flight.pop(m.receipt_handle, None)
         await self._finish(works)
+        return any(w.failed or w.pending for w in works)
 
     async def _settle(self, works: list[_Work]) -> None:
         fetches: list[tuple[_Work, Pointer]] = []

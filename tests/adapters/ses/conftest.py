@@ -40,8 +40,8 @@ def aws(moto_endpoint: str) -> Aws:
 def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
     """Factory: `async with make_poller(mailboxes, **settings) as (poller, events)`, an
     SesPoller on the test's queue; mailboxes as (tenant, mailbox, SesMailbox).
-    `ingest` / `unrouted_pool` replace the real ingest stage / the pool unrouted
-    records are written to (a database that is down)."""
+    `ingest` / `unrouted_pool` / `ready` replace the real ingest stage / the pool
+    unrouted records are written to / the database probe (a database that is down)."""
 
     @asynccontextmanager
     async def make(
@@ -49,6 +49,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
         *,
         ingest: Callable | None = None,
         unrouted_pool: asyncpg.Pool | None = None,
+        ready: Callable | None = None,
         **settings: object,
     ) -> AsyncIterator[tuple[SesPoller, Events]]:
         config = SesSettings.from_settings(
@@ -76,6 +77,9 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
         async def room() -> None:
             return None
 
+        async def always_ready() -> bool:
+            return True
+
         async def stored(mailboxes: list[tuple[str, str]], external_id: str) -> bool:
             for tenant, mailbox in mailboxes:
                 if await known_copies(unrouted_pool or pool, tenant, mailbox, [external_id]):
@@ -93,6 +97,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
                     record_unrouted=unrouted,
                     events=events,
                     stored=stored,
+                    ready=ready or always_ready,
                 ),
                 events,
             )

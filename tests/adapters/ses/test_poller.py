@@ -677,6 +677,46 @@ async def test_ingest_retriable_leaves_the_message_in_flight_then_stores_it_once
     assert aws.queue_counts() == (0, 0)
 
 
+async def test_an_outage_longer_than_the_receive_budget_does_not_make_poison(
+    aws, make_poller, make_mailbox, pool, stage, corpus
+) -> None:
+    """While the database is down the poller stops receiving, so an outage longer
+    than max_receive_count visibility timeouts does not turn the message into poison:
+    it is stored once the database is back."""
+    await make_mailbox("acme", "support", provider="ses")
+    aws.put("in/m", corpus_file(corpus, ISSUE_82))
+    aws.send(ses_notification(aws.bucket, "in/m", "ses-1", [SUPPORT]))
+    routes = [("acme", "support", mailbox(SUPPORT))]
+    outage_s = 25.0  # 2.5 visibility timeouts: a poller receiving on would use 3 receives
+    started: list[float] = []
+
+    def back() -> bool:
+        return bool(started) and anyio.current_time() - started[0] > outage_s
+
+    async def ingest(batch: IngestBatch) -> list[ItemResult]:
+        if not started:
+            started.append(anyio.current_time())
+        return await stage.ingest(batch) if back() else await database_down(batch)
+
+    async def ready() -> bool:
+        return back()
+
+    async with make_poller(
+        routes, ingest=ingest, ready=ready, visibility_timeout_s=10, max_receive_count=2
+    ) as (poller, events):
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poller.run, stop)
+            await eventually(
+                lambda: events.counts.get("deleted"), 90, what="stored after the outage"
+            )
+            stop.set()
+    assert events.counts.get("received") == 2  # once before the outage, once after
+    assert events.counts.get("poison") is None
+    assert await copies(pool) == [("acme", "support", "ses-1")]
+    assert await dead(pool) == [] and await unrouted(pool) == []
+
+
 @pytest.fixture
 async def gone_pool(server_dsn: str):
     """A pool whose database was dropped: every connection attempt fails."""
