@@ -52,11 +52,14 @@ loops, then import:
                exit. Every daemon's database must hold the same raw_sha256 values.
 
 moto's server has no lock around a queue's messages: two concurrent receives can
-hand out one message twice, and two concurrent DeleteMessageBatch can bring a
-deleted message back (in flight until its visibility timeout). SQS delivers at
-least once too, so neither is an error here: a message handed out twice must be
-stored once (`duplicate`), and messages back in flight after every row exists end
-the daemon's clock after LEFTOVER_GRACE_S without change (printed).
+hand out one message twice, two concurrent DeleteMessageBatch can bring a deleted
+message back (in flight until its visibility timeout), a send racing a delete can
+lose what it sent, and a receive now and then answers 500. SQS delivers at least
+once too, so none of this is an error here: a message handed out twice must be
+stored once (`duplicate`); messages back in flight after every row exists end the
+daemon's clock after LEFTOVER_GRACE_S without change; lost messages are sent again
+by the feeder; a 500 is tried again (moto alone) or backed off by the daemon's own
+poller. Each is counted and printed.
 
 Printed: msg/s of each; the ratios daemon / moto alone (receive+get+delete with as
 many loops as pollers: the network work the daemon cannot avoid; receive+delete too)
@@ -152,9 +155,14 @@ FEED_INTERVAL_S = 0.05
 # Calls of moto alone that answered 500 are tried again this often (and a receive is
 # not backed off as the daemon does: this is the ceiling).
 MOTO_ATTEMPTS = 5
-# After the last row, messages still in flight that stay so this long were deleted
-# by the consumer and brought back by moto's delete (it rebuilds the queue's list
-# without a lock: two concurrent DeleteMessageBatch can undo one another's removal).
+# moto's queue has no lock (module docstring). A SendMessageBatch racing a
+# DeleteMessageBatch can lose the messages it sent (the delete writes back the list it
+# read before the send appended to it): when nothing is visible and fewer messages are
+# settled or in flight than were sent, the feeder sends the unsettled ones again
+# (printed as "lost by moto, sent again").
+# After the last row, messages still in flight that stay so this long were deleted by
+# the consumer and brought back by moto's delete (two concurrent DeleteMessageBatch
+# can undo one another's removal the same way).
 LEFTOVER_GRACE_S = 3.0
 # SendMessageBatch takes at most 10 entries (SQS API reference).
 SQS_BATCH = 10
@@ -361,6 +369,37 @@ class Feeder:
         self.backlog = backlog or len(bodies)
         self.sent = 0
         self.polls = 0
+        self.resent = 0  # lost by moto, sent again
+        self._short = 0  # consecutive looks that found messages lost
+
+    @property
+    def done(self) -> bool:
+        return self.sent >= len(self.bodies)
+
+    async def resend_lost(
+        self,
+        settled: Callable[[], Awaitable[int]],
+        unsettled: Callable[[], Awaitable[list[bytes]]],
+    ) -> int:
+        """Once everything is sent: when nothing is visible and the messages in flight
+        plus those settled (stored, deleted: counted after the queue) are fewer than all
+        of them, twice in a row, moto lost some (the comment above LEFTOVER_GRACE_S):
+        send the unsettled ones again. Answers how many were sent again this time."""
+        if not self.done:
+            return 0
+        visible, in_flight = await self.aws.counts(self.queue_url)
+        if visible or await settled() + in_flight >= len(self.bodies):
+            self._short = 0
+            return 0
+        self._short += 1
+        if self._short < 2:
+            return 0
+        self._short = 0
+        again = await unsettled()
+        if again:
+            await self.aws.send(self.queue_url, again)
+            self.resent += len(again)
+        return len(again)
 
     async def prime(self) -> int:
         """The first `backlog` (not timed); answers the visible count."""
@@ -416,7 +455,8 @@ class Reference:
     n: int
     wall_s: float = float("nan")
     received: int = 0
-    deleted: set[str] = field(default_factory=set)  # SQS message ids deleted
+    deleted: set[str] = field(default_factory=set)  # bodies (pointers) deleted
+    resent: int = 0
     fetched: int = 0
     fetched_bytes: int = 0
     receives: int = 0
@@ -449,6 +489,8 @@ class Reference:
             extra.append(f"{self.fetched:,} objects ({self.fetched_bytes / 1e6:.1f} MB)")
         if self.errors:
             extra.append(f"{self.errors} moto errors (tried again)")
+        if self.resent:
+            extra.append(f"{self.resent} lost by moto, sent again")
         if self.left_in_flight:
             extra.append(f"{self.left_in_flight} back in flight after their delete (moto)")
         return (
@@ -510,7 +552,7 @@ async def run_reference(
                 left = list(messages)
                 for _ in range(MOTO_ATTEMPTS):  # aws.py retried each batch 4 times already
                     stale = {m.receipt_handle for m in await client.delete(left)}
-                    ref.deleted.update(m.message_id for m in left if m.receipt_handle not in stale)
+                    ref.deleted.update(m.body for m in left if m.receipt_handle not in stale)
                     left = [m for m in left if m.receipt_handle in stale]
                     if not left:
                         break
@@ -526,22 +568,29 @@ async def run_reference(
         waiter = asyncio.create_task(done.wait())
         try:
             pending: set[asyncio.Task[Any]] = {waiter, *tasks}
+
+            async def settled() -> int:
+                return len(ref.deleted)
+
+            async def unsettled() -> list[bytes]:
+                return [b for b in bodies if b.decode() not in ref.deleted]
+
             while True:
-                left_s = started + args.run_timeout_s - time.monotonic()
-                finished, pending = await asyncio.wait(
-                    pending, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED
-                )
-                if not finished:
+                if time.monotonic() - started > args.run_timeout_s:
                     ref.problems.append(
                         f"not done after {args.run_timeout_s:g} s ({len(ref.deleted)} deleted)"
                     )
                     break
+                finished, pending = await asyncio.wait(
+                    pending, timeout=args.interval, return_when=asyncio.FIRST_COMPLETED
+                )
                 failed = [t for t in finished if t is not waiter and t.exception()]
                 for t in failed:
                     exc = t.exception()
                     ref.problems.append(f"a loop failed: {type(exc).__name__}: {exc}")
                 if failed or waiter in finished:
-                    break  # else the feeder has sent everything: wait on
+                    break
+                ref.resent += await feeder.resend_lost(settled, unsettled)
             ref.client_cpu_s = time.process_time() - cpu0
             ref.moto_cpu_s = moto.cpu_s() - moto0
             ref.machine_busy_s = machine_cpu_s()[0] - busy0
@@ -684,6 +733,21 @@ async def run_daemon(
                     if feeding.done() and feeding.exception() is not None:
                         res.problems.append(f"the feeder failed: {feeding.exception()!r}")
                         break
+                    if s.rows < res.n and feeder.done:
+
+                        async def settled() -> int:
+                            return int(await monitor.fetchval("SELECT count(*) FROM messages"))
+
+                        async def unsettled() -> list[bytes]:
+                            stored = {
+                                r[0]
+                                for r in await monitor.fetch(
+                                    "SELECT external_id FROM message_copies"
+                                )
+                            }
+                            return [b for b in bodies if _ses_id(b) not in stored]
+
+                        await feeder.resend_lost(settled, unsettled)
                     # Rows first; the DeleteMessageBatch follows each batch's commit.
                     if s.rows >= res.n and feeding.done():
                         now = time.monotonic()
@@ -708,6 +772,7 @@ async def run_daemon(
                     tick += args.interval
                     await asyncio.sleep(max(0.0, tick - time.monotonic()))
                 res.extra["done_at"] = started + res.wall_s
+                res.extra["resent"] = feeder.resent
                 # Idle after the backlog: memory once the work is done.
                 idle_until = time.monotonic() + args.idle_s
                 while proc.returncode is None and time.monotonic() < idle_until:
@@ -761,6 +826,10 @@ async def run_daemon(
             if totals.get(key):
                 res.problems.append(f"poller {key} {totals[key]}, expected 0")
     return res, sampler
+
+
+def _ses_id(body: bytes) -> str:
+    return str(orjson.loads(body)["sesMessageId"])
 
 
 async def _raw_shas(conn: asyncpg.Connection) -> set[str]:
@@ -833,6 +902,8 @@ def daemon_lines(res: Result, sampler: Sampler | None) -> list[str]:
             f"{res.extra['receive_failed']} failed receives (ses_receive_failed: moto's 500s, "
             "each backed off 1 s)"
         )
+    if res.extra.get("resent"):
+        notes.append(f"{res.extra['resent']} lost by moto, sent again")
     if res.extra.get("left_in_flight"):
         notes.append(
             f"{res.extra['left_in_flight']} deleted messages back in flight in moto after the "
