@@ -15,6 +15,14 @@ ifeq ($(shell id -u),0)
 export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif
 CORPUS ?= $(CURDIR)/tests/corpus/mime
+# `make test` and `make test-fast` run the suite on this many pytest-xdist worker
+# processes (TEST_WORKERS=0: all in pytest's own process). Most slow tests wait on a
+# subprocess daemon, so more workers than the 2 cores of a CI runner pay; see the
+# commit that set the number for the measurements. --dist loadgroup keeps the tests of
+# one xdist_group on one worker, one after another (tests/bench: CPU-bound runs).
+# pytest run by hand stays in one process: starting workers costs more than one file.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: run import-demo test test-fast check lint typecheck bench bench-smoke venv clean
 
@@ -43,13 +51,13 @@ import-demo: venv
 test: check
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-dovecot.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # The suite without the tests marked slow (subprocess daemons, benchmarks at tiny size).
 test-fast: venv
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-dovecot.sh
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 # Quality gates: lint, formatting, types (mypy settings in pyproject.toml).
 check: lint typecheck

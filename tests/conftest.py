@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -32,7 +33,7 @@ CORPUS = Path(os.environ.get("INBOXD_CORPUS", REPO / "tests" / "corpus"))
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # Fixture modules of tests/helpers (importable as `helpers`: pyproject's pythonpath).
-pytest_plugins = ["helpers.moto_server", "helpers.dovecot"]
+pytest_plugins = ["helpers.moto_server", "helpers.dovecot", "helpers.xdist_groups"]
 
 
 def _answers(host: str, port: int) -> bool:
@@ -90,17 +91,62 @@ async def template_db(server_dsn: str) -> AsyncIterator[str]:
         await admin.close()
 
 
+# DROP DATABASE returns only once the server has taken a checkpoint for it, and drops
+# sent together share one checkpoint. Measured on 127.0.0.1:5432 here (2 cores, busy):
+# a create from the template 0.12 s, a drop 1.5 s; ten drops one after another 15 s,
+# the same ten at once 0.6 s. So test databases are dropped in batches of this many,
+# all at once, and the rest at the end of the session; meanwhile at most this many
+# finished ones (template copies) wait per process (up to that many more are left
+# behind if the session is killed).
+DROP_BATCH = 8
+
+
+class _Dropper:
+    """Finished test databases, dropped DROP_BATCH at a time, each on a connection of
+    its own so that the drops run at once."""
+
+    def __init__(self, server_dsn: str) -> None:
+        self.server_dsn = server_dsn
+        self.pending: list[str] = []
+
+    async def retire(self, name: str) -> None:
+        self.pending.append(name)
+        if len(self.pending) >= DROP_BATCH:
+            await self.flush()
+
+    async def flush(self) -> None:
+        names, self.pending = self.pending, []
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(self._drop, name)
+
+    async def _drop(self, name: str) -> None:
+        admin = await asyncpg.connect(self.server_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def _dropper(server_dsn: str) -> AsyncIterator[_Dropper]:
+    dropper = _Dropper(server_dsn)
+    yield dropper
+    await dropper.flush()
+
+
 @pytest.fixture
-async def db_dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """DSN of a fresh database with the schema applied, dropped after the test."""
+async def db_dsn(server_dsn: str, template_db: str, _dropper: _Dropper) -> AsyncIterator[str]:
+    """DSN of a fresh database with the schema applied, dropped after the test (in a
+    batch with others: DROP_BATCH)."""
     name = f"inboxd_t_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(server_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-        yield _with_db(server_dsn, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+    yield _with_db(server_dsn, name)
+    await _dropper.retire(name)
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ TEST_TIMEOUT_S = DEADLINE_S + 30
 #: Lines of output shown when a run fails.
 SHOWN_LINES = 60
 
+# Under `make test` (pytest-xdist) these run one after another on one worker: each
+# loads both cores by itself (tests/helpers/xdist_groups.py).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_TIMEOUT_S)]
 
 
