@@ -585,3 +585,23 @@ COMMENT ON COLUMN queue_pollers.door IS 'ses:<queue name>.';
 COMMENT ON COLUMN queue_pollers.owner IS 'The daemon (host:pid:random) running the poller.';
 COMMENT ON COLUMN queue_pollers.left_for_retry IS 'Messages left for SQS to redeliver (a transient failure).';
 COMMENT ON COLUMN queue_pollers.updated_at IS 'Last write; a poller not updated for a minute is gone.';
+
+CREATE TABLE IF NOT EXISTS small_objects (
+    tenant_id  text NOT NULL,
+    key        text NOT NULL,
+    data       bytea NOT NULL,
+    stored_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, key)
+);
+COMMENT ON TABLE small_objects IS 'Object-store objects up to [object_store] database_max_bytes (raw MIME, attachments, large HTML), kept here instead of one file each: one durable write per batch (pipeline/objectstore_db.py). Larger objects are in the configured store under the same keys.';
+COMMENT ON COLUMN small_objects.tenant_id IS 'The key''s second segment (raw/<tenant>/<sha256>).';
+COMMENT ON COLUMN small_objects.key IS 'The object key, as messages.raw_key and attachments.storage_key name it.';
+COMMENT ON COLUMN small_objects.data IS 'The bytes, exactly as put.';
+-- MIME text compresses; lz4 costs a third of pglz's CPU (the messages bodies above).
+DO $$ BEGIN
+    IF current_setting('server_version_num')::int >= 140000 THEN
+        ALTER TABLE small_objects ALTER COLUMN data SET COMPRESSION lz4;
+    END IF;
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN
+    NULL;
+END $$;

@@ -54,6 +54,7 @@ from inboxd.daemon.logging import LOG_LEVELS
 from inboxd.daemon.secrets import USE_A_REFERENCE
 from inboxd.daemon.tenant_config import TenantSet, parse_tenant_files
 from inboxd.pipeline import errors
+from inboxd.pipeline.objectstore_db import MAX_MAX_BYTES
 
 __all__ = [
     "ConfigError",
@@ -74,7 +75,15 @@ OBJECTS_DIR = "objects"  # under the data directory, as `inboxd import` does
 _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "database": ("dsn",),
     "listener": ("host", "port", "max_body_bytes"),
-    "object_store": ("kind", "path", "bucket", "prefix", "endpoint_url", "region"),
+    "object_store": (
+        "kind",
+        "path",
+        "bucket",
+        "prefix",
+        "endpoint_url",
+        "region",
+        "database_max_bytes",
+    ),
     "queue": ("capacity",),
     "workers": ("ingest", "batch_size"),
     "shutdown": ("deadline_s",),
@@ -85,8 +94,8 @@ _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 # Same keys as adapters/objectstore/config.py accepts, per kind.
 _OBJECT_STORE_KEYS: dict[str, tuple[str, ...]] = {
-    "local": ("kind", "path"),
-    "s3": ("kind", "bucket", "prefix", "endpoint_url", "region"),
+    "local": ("kind", "path", "database_max_bytes"),
+    "s3": ("kind", "bucket", "prefix", "endpoint_url", "region", "database_max_bytes"),
 }
 
 
@@ -351,14 +360,21 @@ def _object_store(r: Reader, value: Any, base: Path) -> dict[str, Any]:
         r.problem("object_store.kind", f'expected "local" or "s3", got {describe(kind)}')
         return _default_object_store()
     r.unknown_keys(table, _OBJECT_STORE_KEYS[kind], "object_store", what=f'key for kind "{kind}"')
+    # absent: the kind's default (adapters/objectstore/config.py)
+    tier: dict[str, Any] = {}
+    if "database_max_bytes" in table:
+        tier["database_max_bytes"] = r.integer(
+            table, "database_max_bytes", "object_store", 0, minimum=0, maximum=MAX_MAX_BYTES
+        )
     if kind == "local":
         path = r.string(table, "path", "object_store", required=True, nonempty=True)
         if path is None:
             return _default_object_store()
-        return {"kind": "local", "path": str(relative_to(base, path))}
+        return {"kind": "local", "path": str(relative_to(base, path)), **tier}
     spec: dict[str, Any] = {
         "kind": "s3",
         "bucket": r.string(table, "bucket", "object_store", required=True, nonempty=True),
+        **tier,
     }
     for key in ("prefix", "endpoint_url", "region"):
         if (text := r.string(table, key, "object_store", default=None)) is not None:

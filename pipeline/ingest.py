@@ -15,7 +15,8 @@ that exist. A statement that fails on one item's data is isolated by bisecting
 the batch, so one poison message becomes a dead item and never blocks its
 neighbours. Object-store bytes are content-addressed and written before the
 rows that point at them (ingest_bytes.py), so a crash leaves at worst an orphan
-object, never a row pointing at nothing.
+object, never a row pointing at nothing; small objects kept in PostgreSQL
+(objectstore_db.py) are written in the batch's own transaction and commit with it.
 """
 
 from __future__ import annotations
@@ -153,16 +154,19 @@ class IngestStage:
         for item in plan.items:
             clean_item(item)
         async with self._pool.acquire() as conn, conn.transaction():
-            # JIT compiles the classify query anew on every large batch (+10 % time)
-            await conn.execute("SET LOCAL jit = off")
+            # JIT compiles the classify query anew on every large batch (+10 % time).
+            # The commit must be durable whatever the server's default: callers
+            # acknowledge providers once ingest returns, and small objects' bytes
+            # (objectstore_db.py) commit in this transaction.
+            await conn.execute("SET LOCAL jit = off; SET LOCAL synchronous_commit = on")
             plan.decisions, plan.followers = await cascade.classify(
                 conn, tenant, mailbox, plan.items
             )
             await self._mark_direction(conn, tenant, mailbox, plan.items)
             if not deads and plan.all_duplicate():
                 return results_all_duplicate(plan)
-            await self._store_bytes(batch, plan)
-            dead_keys = await store_dead_raw(self._store, tenant, deads)
+            await self._store_bytes(conn, batch, plan)
+            dead_keys = await store_dead_raw(self._store, tenant, deads, conn=conn)
             events = EventBuffer()
             touched = await write_messages(
                 conn, tenant, mailbox, plan, events, backfill=batch.backfill
@@ -202,7 +206,9 @@ class IngestStage:
                 if item.from_ is not None and item.from_.email == own:
                     item.direction = "outbound"
 
-    async def _store_bytes(self, batch: IngestBatch, plan: IngestPlan) -> None:
+    async def _store_bytes(
+        self, conn: asyncpg.Connection, batch: IngestBatch, plan: IngestPlan
+    ) -> None:
         """Raw MIME, large HTML and attachments, only for items that need them."""
         stored = await store_message_bytes(
             self._store,
@@ -211,6 +217,7 @@ class IngestStage:
             plan.items,
             [plan.outcome_of(k) for k in range(len(plan.items))],
             plan.decisions,
+            conn=conn,
         )
         plan.raw_keys, plan.html_keys = stored.raw_keys, stored.html_keys
         plan.att_state = stored.att_state

@@ -73,12 +73,15 @@ async def store_message_bytes(
     items: Sequence[MessageData],
     outcomes: Sequence[Outcome],
     decisions: dict[int, Decision],
+    *,
+    conn: asyncpg.Connection | None = None,
 ) -> StoredBytes:
     """Store raw MIME, large HTML and attachments, only for items that need them.
 
     `outcomes[k]` is item k's classified outcome; `decisions` the cascade's
-    decisions (followers have none). Store failures are reported in the
-    result, never raised; a bad key raises ValueError (a programming error).
+    decisions (followers have none); `conn` the batch's transaction, passed to the
+    store (ObjectStore.put_many). Store failures are reported in the result, never
+    raised; a bad key raises ValueError (a programming error).
     """
     stored = StoredBytes()
     puts: list[tuple[str, bytes, str]] = []
@@ -108,7 +111,7 @@ async def store_message_bytes(
         _queue_attachments(tenant, k, item, stored, puts, owners)
     if not puts:
         return stored
-    errors = await store.put_many(puts)
+    errors = await store.put_many(puts, conn=conn)
     for (kind, k, pos), err in zip(owners, errors, strict=True):
         if err is None:
             continue
@@ -138,7 +141,11 @@ class DeadRawKeys:
 
 
 async def store_dead_raw(
-    store: ObjectStore, tenant: str, deads: list[tuple[int, DeadItem]]
+    store: ObjectStore,
+    tenant: str,
+    deads: list[tuple[int, DeadItem]],
+    *,
+    conn: asyncpg.Connection | None = None,
 ) -> DeadRawKeys:
     """Store dead items' raw bytes (DeadRawKeys)."""
     keys: dict[int, str | None] = {}
@@ -152,7 +159,7 @@ async def store_dead_raw(
         else:
             keys[i] = None
     if puts:
-        errors = await store.put_many(puts)
+        errors = await store.put_many(puts, conn=conn)
         failed = {key for (key, _, _), err in zip(puts, errors, strict=True) if err}
         failed_indices = {i for i, key in keys.items() if key in failed}
     return DeadRawKeys(keys, failed_indices)

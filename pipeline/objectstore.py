@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
 import anyio
+import asyncpg
 
 from inboxd.pipeline.errors import StoreUnavailableError
 
@@ -123,13 +124,20 @@ class ObjectStore(Protocol):
         """
         ...
 
-    async def put_many(self, items: Sequence[tuple[str, bytes, str]]) -> list[BaseException | None]:
+    async def put_many(
+        self, items: Sequence[tuple[str, bytes, str]], *, conn: asyncpg.Connection | None = None
+    ) -> list[BaseException | None]:
         """Store ``(key, data, content_type)`` items concurrently, under a bound.
 
         Returns one entry per item, in order: ``None`` when stored, else the
         exception ``put`` raised for it (``ValueError``, ``TypeError``,
         ``ObjectStoreError``).
         Raises nothing itself except cancellation.
+
+        ``conn``: a connection inside the caller's transaction (the ingest stage's).
+        A store that keeps objects in that database (``DatabaseTierStore``) writes
+        them there, so they commit or roll back with the caller's rows and need no
+        connection of their own; every other store ignores it.
         """
         ...
 

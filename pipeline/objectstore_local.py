@@ -22,6 +22,7 @@ from typing import Self, TypeVar
 
 import anyio
 import anyio.to_thread
+import asyncpg
 
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
@@ -129,7 +130,9 @@ class LocalDirectoryStore:
         except OSError as exc:
             raise ObjectStoreError(f"writing object {key!r} failed: {exc}") from exc
 
-    async def put_many(self, items: Sequence[tuple[str, bytes, str]]) -> list[BaseException | None]:
+    async def put_many(
+        self, items: Sequence[tuple[str, bytes, str]], *, conn: asyncpg.Connection | None = None
+    ) -> list[BaseException | None]:
         """Write every object, then make them durable together before returning.
 
         Per-object fsync of file and directory, one object after another, cost

@@ -9,6 +9,12 @@ chain (environment, shared config, instance role).
     {"kind": "local", "path": "/var/lib/inboxd/objects"}
     {"kind": "s3", "bucket": "mail-blobs", "prefix": "inboxd",
      "endpoint_url": "http://minio:9000", "region": "eu-west-1"}
+
+``database_max_bytes`` (either kind): objects up to that size live in PostgreSQL's
+``small_objects`` instead (``pipeline/objectstore_db.py``; 0 turns it off). Default:
+64 KiB for a local directory, where it takes a file, a rename and two fsyncs per
+message off ingest; 0 for S3, which keeps one object per message (issue 15) unless
+the operator asks otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import asyncpg
+
 from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, MAX_MAX_BYTES, DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 from .s3 import S3Store
@@ -26,9 +35,11 @@ from .s3 import S3Store
 __all__ = ["ObjectStoreConfig", "open_object_store"]
 
 _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
-    "local": frozenset({"kind", "path"}),
-    "s3": frozenset({"kind", "bucket", "prefix", "endpoint_url", "region"}),
+    "local": frozenset({"kind", "path", "database_max_bytes"}),
+    "s3": frozenset({"kind", "bucket", "prefix", "endpoint_url", "region", "database_max_bytes"}),
 }
+# database_max_bytes when the table does not say (see the module docstring)
+_DEFAULT_DATABASE_MAX_BYTES = {"local": DEFAULT_MAX_BYTES, "s3": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,7 @@ class ObjectStoreConfig:
     prefix: str = ""
     endpoint_url: str | None = None
     region: str | None = None
+    database_max_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in _ALLOWED_FIELDS:
@@ -49,6 +61,13 @@ class ObjectStoreConfig:
             raise ValueError("object_store (local): 'path' is required")
         if self.kind == "s3" and not self.bucket:
             raise ValueError("object_store (s3): 'bucket' is required")
+        size = self.database_max_bytes
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"object_store.database_max_bytes must be an integer, not {size!r}")
+        if not 0 <= size <= MAX_MAX_BYTES:
+            raise ValueError(
+                f"object_store.database_max_bytes must be 0..{MAX_MAX_BYTES}, not {size}"
+            )
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> ObjectStoreConfig:
@@ -59,25 +78,43 @@ class ObjectStoreConfig:
         unknown = sorted(set(spec) - _ALLOWED_FIELDS[kind])
         if unknown:
             raise ValueError(f"object_store ({kind}): unknown field(s) {', '.join(unknown)}")
+        size = spec.get("database_max_bytes", _DEFAULT_DATABASE_MAX_BYTES[kind])
         if kind == "local":
             path = _optional_str(spec, "path")
-            return cls(kind="local", path=Path(path).expanduser() if path else None)
+            return cls(
+                kind="local",
+                path=Path(path).expanduser() if path else None,
+                database_max_bytes=size,
+            )
         return cls(
             kind="s3",
             bucket=_optional_str(spec, "bucket"),
             prefix=_optional_str(spec, "prefix") or "",
             endpoint_url=_optional_str(spec, "endpoint_url") or None,
             region=_optional_str(spec, "region") or None,
+            database_max_bytes=size,
         )
 
 
-def open_object_store(spec: Mapping[str, Any] | ObjectStoreConfig) -> ObjectStore:
+def open_object_store(
+    spec: Mapping[str, Any] | ObjectStoreConfig, *, pool: asyncpg.Pool | None = None
+) -> ObjectStore:
     """Build the store ``spec`` describes; raises ``ValueError`` for a bad spec.
 
-    The result is not started: use ``async with open_object_store(spec) as store``
-    (or ``await store.start()`` / ``await store.aclose()``). No I/O happens here.
+    With ``pool`` and a ``database_max_bytes`` above 0, small objects go to that
+    database (``DatabaseTierStore``); without a pool the configured store alone, which
+    does not see objects an earlier run put in the database. The result is not
+    started: use ``async with open_object_store(spec) as store`` (or ``await
+    store.start()`` / ``await store.aclose()``). No I/O happens here.
     """
     config = spec if isinstance(spec, ObjectStoreConfig) else ObjectStoreConfig.from_mapping(spec)
+    large = _open_large(config)
+    if pool is None or config.database_max_bytes == 0:
+        return large
+    return DatabaseTierStore(pool, large, max_bytes=config.database_max_bytes)
+
+
+def _open_large(config: ObjectStoreConfig) -> ObjectStore:
     if config.kind == "local" and config.path is not None:
         return LocalDirectoryStore(config.path)
     if config.kind == "s3" and config.bucket:

@@ -39,6 +39,7 @@ from typing import Any, Self
 import aioboto3
 import aiohttp
 import anyio
+import asyncpg
 from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -189,7 +190,9 @@ class S3Store:
             ContentMD5=content_md5.decode("ascii"),
         )
 
-    async def put_many(self, items: Sequence[tuple[str, bytes, str]]) -> list[BaseException | None]:
+    async def put_many(
+        self, items: Sequence[tuple[str, bytes, str]], *, conn: asyncpg.Connection | None = None
+    ) -> list[BaseException | None]:
         async def put_one(item: tuple[str, bytes, str]) -> None:
             key, data, content_type = item
             await self.put(key, data, content_type=content_type)

@@ -226,12 +226,13 @@ class _Importer:
         from inboxd.adapters.objectstore import open_object_store
 
         config = load_config(self.args.config)
+        spec = object_store_spec(config, self.args.config)
         try:
-            store = open_object_store(object_store_spec(config, self.args.config))
+            open_object_store(spec)  # a bad [object_store] table fails before any connection
         except ValueError as exc:
             raise CommandError(f"config file: {exc}", EXIT_USAGE) from exc
         choice = await resolve(self.args, config)
-        async with open_pool(choice) as pool, store:
+        async with open_pool(choice) as pool, open_object_store(spec, pool=pool) as store:
             try:
                 async with pool.acquire() as conn:
                     await apply_with_deadline(conn)

@@ -133,7 +133,7 @@ async def run(args: argparse.Namespace) -> int:
         _log_start(main, tenant_set.tenants, choice, database)
         metrics = Metrics()
         metrics.set_queue(0, capacity=main.queue_capacity)
-        async with open_object_store(main.object_store) as store:
+        async with open_object_store(main.object_store, pool=pool) as store:
             daemon = Daemon(
                 main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store, metrics=metrics
             )

@@ -7,6 +7,7 @@ rows it left. Messages are corpus files copied into tmp_path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -141,6 +142,36 @@ async def test_import_directory_then_rerun_is_all_duplicates(
     assert await count(db_dsn, "messages") == 6
 
 
+async def test_small_messages_live_in_the_database_and_large_ones_in_files(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    small = mime / PLAIN_EMLS[0]  # 7.6 KB: under the default 64 KiB
+    large = mime / "mailgun-flanker" / "torture.eml"  # over it
+    for path in (small, large):
+        _copy(path, tmp_path / "in" / path.name)
+
+    result = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", tmp_path / "in"
+    )
+
+    assert result.code == 0, result.stderr
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        rows = await conn.fetch("SELECT tenant_id, key, data FROM small_objects")
+        raw_keys = await conn.fetch("SELECT raw_key FROM message_copies ORDER BY raw_key")
+    finally:
+        await conn.close()
+    small_key = f"raw/acme/{hashlib.sha256(small.read_bytes()).hexdigest()}"
+    large_key = f"raw/acme/{hashlib.sha256(large.read_bytes()).hexdigest()}"
+    assert sorted(r["raw_key"] for r in raw_keys) == sorted([small_key, large_key])
+    by_key = {r["key"]: (r["tenant_id"], bytes(r["data"])) for r in rows}
+    assert by_key[small_key] == ("acme", small.read_bytes())
+    assert large_key not in by_key
+    files = [p for p in (Path(env["INBOXD_DATA_DIR"]) / "objects").rglob("*") if p.is_file()]
+    assert large.read_bytes() in [p.read_bytes() for p in files]
+    assert small.read_bytes() not in [p.read_bytes() for p in files]
+
+
 async def test_human_summary(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     path = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
@@ -158,7 +189,9 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
     write_mbox(archive, originals)
     config = tmp_path / "inboxd.toml"
     objects = tmp_path / "objects"
-    config.write_text(f'[object_store]\nkind = "local"\npath = "{objects}"\n')
+    config.write_text(
+        f'[object_store]\nkind = "local"\npath = "{objects}"\ndatabase_max_bytes = 0\n'
+    )
 
     result = await inboxd(
         "import",

@@ -155,6 +155,7 @@ def test_every_main_key(tmp_path: Path) -> None:
         prefix = "inboxd/"
         region = "eu-west-1"
         endpoint_url = "http://127.0.0.1:9000"
+        database_max_bytes = 32768
         [queue]
         capacity = 10
         [workers]
@@ -189,6 +190,7 @@ def test_every_main_key(tmp_path: Path) -> None:
             "prefix": "inboxd/",
             "region": "eu-west-1",
             "endpoint_url": "http://127.0.0.1:9000",
+            "database_max_bytes": 32768,
         },
         queue_capacity=10,
         ingest_workers=4,
@@ -333,6 +335,14 @@ PROBLEM_CASES = [
         "main",
         "object_store.bucket",
         'unknown key for kind "local"',
+    ),
+    (
+        "object-store-database-max-bytes",
+        '[object_store]\nkind = "local"\npath = "o"\ndatabase_max_bytes = -1\n',
+        None,
+        "main",
+        "object_store.database_max_bytes",
+        "must be between 0 and 16777216, got -1",
     ),
     (
         "unknown-tenant-key",

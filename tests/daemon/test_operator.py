@@ -80,7 +80,8 @@ async def test_import_object_store_path_is_relative_to_the_config_file(
     config_dir = tmp_path / "etc"
     config_dir.mkdir()
     config = config_dir / "inboxd.toml"
-    config.write_text('[object_store]\nkind = "local"\npath = "objects"\n')
+    # database_max_bytes = 0: every object a file, so the directory's place shows
+    config.write_text('[object_store]\nkind = "local"\npath = "objects"\ndatabase_max_bytes = 0\n')
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     message = corpus / "mime" / "axllent-mailpit" / "plain-text.eml"

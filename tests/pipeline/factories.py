@@ -71,7 +71,7 @@ class CountingStore(LocalDirectoryStore):
         self.put_keys: list[str] = []
         self.fail_prefixes = tuple(fail_prefixes)
 
-    async def put_many(self, items):
+    async def put_many(self, items, *, conn=None):
         self.put_keys.extend(k for k, _, _ in items)
         ok = [(k, d, c) for k, d, c in items if not k.startswith(self.fail_prefixes)]
         results = iter(await super().put_many(ok))

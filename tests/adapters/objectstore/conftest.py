@@ -12,16 +12,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aioboto3
+import asyncpg
 import boto3
 import pytest
 from helpers.moto_server import AWS_REGION
 
 from inboxd.adapters.objectstore import S3Store
 from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore_db import DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 TEST_BUCKET = "inboxd-objects-test"
 TEST_REGION = AWS_REGION
+# The database tier's size limit in the contract suite: small enough that the suite's
+# large objects (3 MiB) go to the directory, its small ones (0..800 bytes) to the table.
+TIER_MAX_BYTES = 1024
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +69,16 @@ async def local_store(tmp_path: Path) -> AsyncIterator[LocalDirectoryStore]:
         yield store
 
 
+@pytest.fixture
+async def db_store(tmp_path: Path, pool: asyncpg.Pool) -> AsyncIterator[DatabaseTierStore]:
+    """Small objects in the test database, large ones in a directory."""
+    large = LocalDirectoryStore(tmp_path / "objects")
+    async with DatabaseTierStore(pool, large, max_bytes=TIER_MAX_BYTES) as store:
+        yield store
+
+
 # S3 starts moto_server, a subprocess: those cases are slow (make test-fast skips them).
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+@pytest.fixture(params=["local", "db", pytest.param("s3", marks=pytest.mark.slow)])
 def store(request: pytest.FixtureRequest) -> ObjectStore:
     """Each contract test runs once per implementation."""
     fixture: ObjectStore = request.getfixturevalue(f"{request.param}_store")
