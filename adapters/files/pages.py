@@ -1,19 +1,24 @@
 """The import door as a Source: an `ImportPlan`'s messages in parsed pages.
 
     pages()   read up to IMPORT_PAGE_SIZE raw messages (or IMPORT_PAGE_MAX_BYTES)
-              in a worker thread → parse them off the loop
+              and hash them in a worker thread → ask `known` once which of those
+              sha256s the mailbox stores → parse the others off the loop
               (pipeline.parsing.parse_in_workers, its limiter) → Page
     settle()  nothing: an import moves no file and keeps no cursor
 
 Messages are content-addressed (external id = raw sha256), so an import that is
-run again, complete or not, only adds what is missing. A file that cannot be
+run again, complete or not, only adds what is missing, and what is already stored
+is never parsed again: it is counted in `PageRefs.known` (reported as duplicate)
+and left out of the page's items. Parsing costs ≈ 0.5 ms a message, hashing and
+the one query per page a few µs (issue 15: a re-import at ≥ 20,000 files/s). A file that cannot be
 read ends the pages early; the error is kept in `read_error` (the pages before
 it are still ingested and reported), never raised into the ingest path.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterator
+import hashlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import anyio.to_thread
@@ -38,10 +43,15 @@ IMPORT_PROVIDER = "import"
 
 @dataclass(slots=True)
 class PageRefs:
-    """What the import report needs of a page: where each item came from."""
+    """What the import report needs of a page: where each item came from, and how
+    many of the page's messages were already stored (not parsed, not in the items)."""
 
     refs: list[str]
     span_bytes: int
+    known: int = 0
+
+
+KnownCopies = Callable[[Sequence[str]], Awaitable[set[str]]]
 
 
 class ImportSource:
@@ -57,8 +67,10 @@ class ImportSource:
         *,
         parse_in_thread: bool,
         backfill: bool = False,
+        known: KnownCopies | None = None,
     ) -> None:
         self.tenant_id = tenant_id
+        self.known = known
         self.mailbox_id = mailbox_id
         self.plan = plan
         self.parse_in_thread = parse_in_thread
@@ -76,14 +88,17 @@ class ImportSource:
                 return
             if not raws:
                 return
+            span_bytes = sum(m.span_bytes for m, _ in raws)
+            stored = await self.known([sha for _, sha in raws]) if self.known else set()
+            todo = [m for m, sha in raws if sha not in stored]
             items = await parse_in_workers(
-                [m.raw for m in raws],
+                [m.raw for m in todo],
                 self.tenant_id,
                 self.mailbox_id,
                 IMPORT_PROVIDER,
                 in_thread=self.parse_in_thread,
             )
-            refs = PageRefs([m.source_ref for m in raws], sum(m.span_bytes for m in raws))
+            refs = PageRefs([m.source_ref for m in todo], span_bytes, len(raws) - len(todo))
             yield Page(items=items, backfill=self.backfill, context=refs)
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
@@ -93,12 +108,13 @@ class ImportSource:
         raise NotImplementedError("raw-MIME doors carry their attachments' bytes")
 
 
-def _take(messages: Iterator[RawMessage]) -> list[RawMessage]:
-    """The next page of raw messages (blocking file I/O: run in a worker thread)."""
-    batch: list[RawMessage] = []
+def _take(messages: Iterator[RawMessage]) -> list[tuple[RawMessage, str]]:
+    """The next page of raw messages with their sha256 (the import door's external
+    id, as parse_raw computes it), off the loop: blocking file I/O and hashing."""
+    batch: list[tuple[RawMessage, str]] = []
     size = 0
     for message in messages:
-        batch.append(message)
+        batch.append((message, hashlib.sha256(message.raw).hexdigest()))
         size += len(message.raw)
         if len(batch) >= IMPORT_PAGE_SIZE or size >= IMPORT_PAGE_MAX_BYTES:
             break

@@ -74,6 +74,12 @@ class PageSettler:
     async def ingest(self, queue: IngestQueue, source: ImportSource, page: Page) -> None:
         """Ingest `page` until every item is settled; raises `Unsettled` when some
         are still retriable after BATCH_ATTEMPTS (counted in the summary)."""
+        refs = page.context
+        assert isinstance(refs, PageRefs)
+        # already stored: never parsed (adapters/files/pages.py), reported as duplicates
+        self.summary.outcomes[Outcome.DUPLICATE.value] += refs.known
+        if not page.items:
+            return
         pending = list(range(len(page.items)))
         first_failure = True
 

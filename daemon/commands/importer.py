@@ -4,8 +4,9 @@ The import drives the daemon's own path (docs/architecture.md):
 
     plan       adapters.files.plan_import: every path checked, nothing read yet
     set up     DSN → pool → schema.sql (idempotent) → tenant/mailbox rows → object store
-    pages      adapters.files.ImportSource: raw messages read in a worker thread,
-               parsed off the loop (pipeline.parsing, its limiter), one page ahead
+    pages      adapters.files.ImportSource: raw messages read and hashed in a worker
+               thread, those this mailbox does not store yet parsed off the loop
+               (pipeline.parsing, its limiter), one page ahead
                (daemon.sync.pages.read_ahead)
     ingest     the bounded queue and its worker (daemon.sync.queue) → IngestStage,
                one transaction per page; items that come back retriable_failure
@@ -15,7 +16,7 @@ The import drives the daemon's own path (docs/architecture.md):
 
 Messages are content-addressed (external id = raw sha256), so re-running an
 import, complete or not, only adds what is missing: the rest is reported as
-duplicate.
+duplicate, without being parsed again.
 
 States and stopping:
 - setting up: a first SIGINT/SIGTERM aborts at once (nothing written yet).
@@ -34,6 +35,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 import anyio
@@ -62,6 +64,7 @@ from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
+from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
@@ -166,16 +169,21 @@ class _Importer:
 
     # pages -----------------------------------------------------------------------------
 
-    def source(self) -> ImportSource:
+    def source(self, pool: asyncpg.Pool) -> ImportSource:
         mode = self.args.parse_in
         if mode == "auto":
             mode = "process" if self.plan.total_bytes >= PROCESS_PARSE_MIN_BYTES else "thread"
+
+        async def known(ids: Sequence[str]) -> set[str]:
+            return await known_copies(pool, self.tenant, self.mailbox, ids)
+
         return ImportSource(
             self.tenant,
             self.mailbox,
             self.plan,
             parse_in_thread=mode == "thread",
             backfill=self.args.backfill,
+            known=known,
         )
 
     async def ingest_pages(self, source: ImportSource, queue: IngestQueue) -> None:
@@ -243,7 +251,7 @@ class _Importer:
             queue = IngestQueue(
                 IngestStage(pool, store), Metrics(), capacity_pages=IMPORT_QUEUE_PAGES
             )
-            source = self.source()
+            source = self.source(pool)
             log.info(
                 "import_started",
                 tenant=self.tenant,

@@ -119,8 +119,10 @@ def test_ingest(server_dsn: str, extra: tuple[str, ...]) -> None:
             r"ratios, same run: b/a = ",
             r"parse_raw only, in this process.*" + NUMBERS,
             r"parse_raw only, 2 worker processes.*" + NUMBERS,
-            r"ingest only \(pre-parsed\), raw bytes stored" + NUMBERS + r".*\{'new': 200\}",
-            r"ingest only \(pre-parsed\), raw bytes NOT stored" + NUMBERS + r".*\{'new': 200\}",
+            r"ingest only \(pre-parsed\), raw: one file each" + NUMBERS + r".*\{'new': 200\}",
+            r"ingest only \(pre-parsed\), raw: in PostgreSQL" + NUMBERS + r".*\{'new': 200\}",
+            r"ingest only \(pre-parsed\), raw NOT stored" + NUMBERS + r".*\{'new': 200\}",
+            r"stored in PostgreSQL ÷ not stored = [\d.]+ .*; one file each ÷ not stored = [\d.]+",
             r"end to end: parse inline.*\{'new': 200\}",
             r"end to end: parse in a thread.*\{'new': 200\}",
             r"end to end: ProcessPoolExecutor\(1\).*\{'new': 200\}",
@@ -149,6 +151,21 @@ def test_parse() -> None:
         r"^compat32\s+[\d.]+\s+[\d,]+\s",
         r"^default parse only\s+[\d.]+\s+[\d,]+\s",
     )
+
+
+def test_reimport(server_dsn: str) -> None:
+    pid, out = run_bench("reimport.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^generated 300 messages",
+            r"^  first import \(all new\)\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"^  re-import \(all duplicate\)\s+300\s+[\d.]+\s+[\d,]+\s",
+            r"^  baseline: read \+ sha256 in this process\s+300\s",
+            r"re-import [\d,]+ files/s \(target ≥ 20,000: (ok|MISSED)\); ÷ read\+hash = [\d.]+",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_reimport", pid)
 
 
 def test_daemon_backfill(server_dsn: str) -> None:
@@ -319,6 +336,7 @@ def test_every_script_has_a_smoke_test() -> None:
         "ingest.py",
         "parse.py",
         "daemon_backfill.py",
+        "reimport.py",
         "webhooks.py",
         "gmail.py",
         "outlook.py",
