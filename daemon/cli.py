@@ -1,9 +1,9 @@
 """The `inboxd` command line: parses arguments and dispatches to `commands/<name>.py`.
 
 Each subcommand lives in its own module (`commands.migrate`, `commands.importer`,
-`run`, `status`, `check-config`, `sync`, `delivery`, `db`, `connect`) and registers its parser; this
-module only builds the parser, configures logging and turns the outcome into an
-exit code (see `commands.common` for the codes). Every failure is one line on
+`reprocess`, `run`, `status`, `check-config`, `sync`, `delivery`, `db`, `connect`) and
+registers its parser; this module only builds the parser, configures logging and turns
+the outcome into an exit code (see `commands.common` for the codes). Every failure is one line on
 stderr, ``inboxd: error: …``, without a traceback (``--log-level debug`` logs it)
 and without a password.
 """
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         delivery,
         importer,
         migrate,
+        reprocess,
         run,
         status,
         sync,
@@ -57,7 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = global_options()
-    for command in (migrate, importer, check_config, run, status, sync, delivery, db, connect):
+    for command in (
+        migrate,
+        importer,
+        reprocess,
+        check_config,
+        run,
+        status,
+        sync,
+        delivery,
+        db,
+        connect,
+    ):
         command.register(subparsers, parent)
     return parser
 

@@ -1,0 +1,388 @@
+"""`inboxd reprocess`: re-derive stored messages from their raw bytes (a parser upgrade).
+
+The protocol — which messages, what is compared, written and reported — is
+`pipeline/reprocess.py`'s docstring. This command adds:
+
+    set up    DSN → pool → object store (the same [object_store] as `inboxd run`);
+              the schema is not applied (a reprocess changes rows, never tables)
+    batches   `Reprocessor.next_batch` one after another, each committed on its
+              own; a progress bar on a terminal (messages done of those in scope)
+    report    examined, unchanged, updated (per changed field), reported (with
+              message ids and reasons), no_raw, app_sent, raw_missing (listed),
+              elapsed, messages/s — for humans, or one JSON object (--json)
+
+Stopping: a first SIGINT/SIGTERM lets the batch in progress commit, then prints
+the summary (status interrupted, the last message id done) and exits 130; a
+second one abandons that batch (rolled back). `--after-id N` resumes after
+message N; running again from the start is just as correct (unchanged messages
+write nothing). A batch the database or the object store fails ends the run the
+same way with exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+
+from inboxd.daemon.commands.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    database_error,
+    emit_json,
+    load_config,
+    object_store_spec,
+    open_pool,
+    resolve,
+    target_of,
+)
+from inboxd.daemon.database import DsnChoice
+from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, describe
+from inboxd.pipeline.reprocess import RAW_READ_CONCURRENCY, Report, Reprocessor, Scope
+from inboxd.pipeline.tenancy import validate_id
+
+log = structlog.get_logger(__name__)
+
+# Reported and missing messages listed in the human summary (--json lists all).
+LISTED_SHOWN = 20
+# What ends a run after its committed batches (exit 1, resumable): the database or
+# the object store failing a batch.
+BATCH_FAILURES: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, StoreUnavailableError)
+# Connections: one for the batch's transaction, one per concurrent raw read.
+POOL_SIZE = 1 + RAW_READ_CONCURRENCY
+
+
+def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "reprocess",
+        parents=[parent],
+        help="re-derive stored messages from their raw bytes with the current parser",
+        description=(
+            "Parse the stored raw bytes of TENANT's messages again and update what the "
+            "current parser derives differently (subject, addresses, bodies, attachments, "
+            "fingerprint), in place, with a message.updated event each. Unchanged "
+            "messages are not written. A message whose new fingerprint disagrees with a "
+            "merged copy, or equals another message's, is reported and left as it is. "
+            "Safe to interrupt and to run again. Exit codes: 0 done, 1 operational "
+            "failure, 2 usage error, 130 interrupted."
+        ),
+    )
+    parser.add_argument("--tenant", required=True, help="tenant id")
+    parser.add_argument(
+        "--mailbox",
+        help="only messages whose primary copy is in this mailbox (messages.mailbox_id)",
+    )
+    parser.add_argument(
+        "--since",
+        type=since_time,
+        metavar="DATE",
+        help="only messages received at or after DATE (YYYY-MM-DD or ISO 8601 time; UTC "
+        "unless it names a zone): received_at, which is the import time for imported mail",
+    )
+    parser.add_argument(
+        "--after-id",
+        type=message_id,
+        default=0,
+        metavar="N",
+        help="start after message_id N (resume where an interrupted run stopped)",
+    )
+    parser.add_argument(
+        "--parse-in",
+        choices=("thread", "process"),
+        default="process",
+        help="parse MIME in a worker thread or a worker process (default: %(default)s)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def since_time(text: str) -> datetime:
+    """--since: a date (midnight UTC) or an ISO 8601 time (UTC when naive)."""
+    try:
+        value = (
+            datetime.combine(date.fromisoformat(text), datetime.min.time())
+            if len(text) == 10
+            else datetime.fromisoformat(text)
+        )
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date or ISO 8601 time: {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def message_id(text: str) -> int:
+    """--after-id: a message id, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a message id: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a message id is 0 or more, not {value}")
+    return value
+
+
+@dataclass(slots=True)
+class Summary:
+    """The run's Report plus how it ended; `status` is ok, interrupted or failed."""
+
+    scope: Scope
+    after_id: int
+    report: Report = field(default_factory=Report)
+    status: str = "ok"
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.report.examined / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def resume_after_id(self) -> int:
+        return self.report.last_message_id or self.after_id
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "command": "reprocess",
+            "status": self.status,
+            "tenant": self.scope.tenant_id,
+            "mailbox": self.scope.mailbox_id,
+            "since": self.scope.since.isoformat() if self.scope.since else None,
+            "after_id": self.after_id,
+            "examined": r.examined,
+            "unchanged": r.unchanged,
+            "updated": r.updated,
+            "updated_fields": dict(sorted(r.fields.items())),
+            "reported": len(r.reported),
+            "reported_messages": [
+                {"message_id": x.message_id, "reason": x.reason} for x in r.reported
+            ],
+            "no_raw": r.no_raw,
+            "app_sent": r.app_sent,
+            "raw_missing": len(r.raw_missing),
+            "raw_missing_messages": [{"message_id": m, "raw_key": k} for m, k in r.raw_missing],
+            "last_message_id": r.last_message_id,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "messages_per_s": round(self.rate, 1),
+            "error": self.error,
+        }
+
+    def print_human(self) -> None:
+        r, out = self.report, sys.stdout
+        verb = {"ok": "reprocessed", "interrupted": "interrupted", "failed": "stopped"}[self.status]
+        where = f", mailbox {self.scope.mailbox_id}" if self.scope.mailbox_id else ""
+        print(
+            f"{verb}: {r.examined} messages of tenant {self.scope.tenant_id}{where} in "
+            f"{self.elapsed_s:.2f} s ({self.rate:.1f} messages/s)",
+            file=out,
+        )
+        fields = ", ".join(f"{name} {n}" for name, n in sorted(r.fields.items()))
+        for label, value, note in (
+            ("unchanged", r.unchanged, ""),
+            ("updated", r.updated, f"  ({fields})" if fields else ""),
+            ("reported", len(r.reported), "  (left as stored)" if r.reported else ""),
+            ("no_raw", r.no_raw, ""),
+            ("app_sent", r.app_sent, ""),
+            ("raw_missing", len(r.raw_missing), ""),
+        ):
+            print(f"  {label:<12} {value:>8}{note}", file=out)
+        listed = [(m.message_id, m.reason) for m in r.reported] + [
+            (m, f"raw bytes missing ({k})") for m, k in r.raw_missing
+        ]
+        for mid, why in listed[:LISTED_SHOWN]:
+            print(f"  message {mid}: {why}", file=out)
+        if len(listed) > LISTED_SHOWN:
+            print(f"  … and {len(listed) - LISTED_SHOWN} more (--json lists all)", file=out)
+
+    def closing_message(self, *, rolled_back: bool) -> str | None:
+        """The stderr line of an interrupted or failed run; None when ok."""
+        resume = (
+            f"resume with --after-id {self.resume_after_id} (or run again from the start: "
+            "unchanged messages write nothing)"
+        )
+        if self.status == "interrupted":
+            abandoned = "the batch in progress was rolled back; " if rolled_back else ""
+            return f"inboxd: interrupted: {abandoned}every committed batch is stored; {resume}"
+        if self.status == "failed":
+            return f"inboxd: error: {self.error}; every committed batch is stored; {resume}"
+        return None
+
+
+class ProgressBar:
+    """Messages examined of those in scope, on stderr, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+
+    def open(self, total: int) -> AbstractContextManager[Any]:
+        if not sys.stderr.isatty():
+            return nullcontext()
+        # Imported here: only a terminal needs rich.
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("reprocessing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[updated]} updated"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._task = self._progress.add_task("reprocess", total=total, updated=0)
+        return self._progress
+
+    def advance(self, messages: int, updated: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=messages, updated=updated)
+
+
+class _Run:
+    def __init__(self, args: argparse.Namespace, scope: Scope) -> None:
+        self.args = args
+        self.summary = Summary(scope, args.after_id)
+        self.stop = anyio.Event()
+        self.running = False
+        self.aborted = False
+        self.progress = ProgressBar()
+
+    async def watch_signals(self, main_scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if not self.running or self.stop.is_set():
+                    log.warning("reprocess_aborted", signal=name)
+                    self.aborted = True
+                    self.stop.set()
+                    main_scope.cancel()
+                    return
+                log.warning("reprocess_stopping", signal=name)
+                if sys.stderr.isatty():
+                    print(
+                        "inboxd: stopping after the current batch "
+                        "(press Ctrl-C again to abandon it)",
+                        file=sys.stderr,
+                    )
+                self.stop.set()
+
+    async def run(self) -> int:
+        started = time.monotonic()
+        error: CommandError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.watch_signals, tg.cancel_scope)
+            try:
+                await self._run()
+            except CommandError as exc:  # raised here, not as an ExceptionGroup
+                error = exc
+            finally:
+                self.summary.elapsed_s = time.monotonic() - started
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return self._finish()
+
+    async def _run(self) -> None:
+        # Imported here: aioboto3 behind it takes ~0.25 s to import (see importer.py).
+        from inboxd.adapters.objectstore import open_object_store
+
+        config = load_config(self.args.config)
+        spec = object_store_spec(config, self.args.config)
+        try:
+            open_object_store(spec)  # a bad [object_store] table fails before any connection
+        except ValueError as exc:
+            raise CommandError(f"config file: {exc}", EXIT_USAGE) from exc
+        choice = await resolve(self.args, config)
+        async with (
+            open_pool(choice, max_size=POOL_SIZE) as pool,
+            open_object_store(spec, pool=pool) as store,
+        ):
+            runner = Reprocessor(pool, store, in_thread=self.args.parse_in == "thread")
+            total = await _count(runner, self.summary, choice)
+            self.running = True
+            with self.progress.open(total):
+                await self._batches(runner, choice)
+
+    async def _batches(self, runner: Reprocessor, choice: DsnChoice) -> None:
+        """Batch after batch until none is left, a stop signal, or a failure."""
+        s = self.summary
+        while not self.stop.is_set():
+            try:
+                batch = await runner.next_batch(s.scope, s.resume_after_id)
+            except BATCH_FAILURES as exc:
+                s.status = "failed"
+                s.error = (
+                    str(database_error(exc, choice))
+                    if isinstance(exc, DATABASE_ERRORS)
+                    else f"object store: {describe(exc)}"
+                )
+                return
+            if not batch.examined:
+                return
+            s.report.merge(batch)
+            log.info(
+                "reprocess_batch_committed",
+                tenant=s.scope.tenant_id,
+                examined=batch.examined,
+                updated=batch.updated,
+                last_message_id=batch.last_message_id,
+            )
+            self.progress.advance(batch.examined, s.report.updated)
+
+    def _finish(self) -> int:
+        s = self.summary
+        if self.stop.is_set():
+            s.status = "interrupted"
+        if self.args.json:
+            emit_json(s.as_json())
+        else:
+            s.print_human()
+        message = s.closing_message(rolled_back=self.aborted and self.running)
+        if message:
+            sys.stdout.flush()
+            print(message, file=sys.stderr)
+        return {"ok": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(s.status, EXIT_FAILURE)
+
+
+async def _count(runner: Reprocessor, summary: Summary, choice: DsnChoice) -> int:
+    """Messages in scope; a database without the schema is a one-line error."""
+    try:
+        return await runner.count(summary.scope, summary.after_id)
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+        raise CommandError(
+            f"database at {target_of(choice)} has no inboxd schema, or an older one: "
+            "run `inboxd migrate`"
+        ) from exc
+    except DATABASE_ERRORS as exc:
+        raise database_error(exc, choice) from exc
+
+
+async def run(args: argparse.Namespace) -> int:
+    for kind, value in (("tenant", args.tenant), ("mailbox", args.mailbox)):
+        if value is None:
+            continue
+        try:
+            validate_id(kind, value)
+        except ValueError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from exc
+    scope = Scope(args.tenant, args.mailbox, args.since)
+    return await _Run(args, scope).run()
