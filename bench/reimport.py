@@ -11,9 +11,9 @@ one `NAME.eml` file each. On a fresh database (the command applies schema.sql):
   first    `inboxd import --json DIR` (every message new): msg/s, for scale;
   again    the same command again: every file is a duplicate. Issue 15's target is
            ≥ 20,000 files/s (hashing and one query per page, no parsing), taken on
-           the command's own `elapsed_s` (from its start to its summary, database
-           connection and schema check included) and printed beside the wall time
-           of the process (interpreter start-up included);
+           the command's own `elapsed_s` (from its start to its summary: listing
+           the files, database connection and schema check included) and printed
+           beside the wall time of the process (interpreter start-up included);
   baseline this process reading and sha256-hashing every file (one thread): what
            the re-import cannot beat on this machine, in the same run.
 

@@ -3,7 +3,8 @@
     pages()   read up to IMPORT_PAGE_SIZE raw messages (or IMPORT_PAGE_MAX_BYTES)
               and hash them in a worker thread → ask `known` once which of those
               sha256s the mailbox stores → parse the others off the loop
-              (pipeline.parsing.parse_in_workers, its limiter) → Page
+              (pipeline.parsing.parse_in_workers, its limiter) → Page; the next
+              page is read while one is looked up and parsed
     settle()  nothing: an import moves no file and keeps no cursor
 
 Messages are content-addressed (external id = raw sha256), so an import that is
@@ -36,7 +37,8 @@ from inboxd.pipeline.parsing import parse_in_workers
 # batch retries. (100, 250, 500 and 1000 measured within noise on 3,940 messages.)
 IMPORT_PAGE_SIZE = 500
 # A page also closes at this many raw bytes, so an mbox of large attachments keeps
-# memory bounded (two pages in flight, plus parsed attachment copies).
+# memory bounded (three pages in flight: one read ahead here, one in the queue, one
+# being ingested, plus parsed attachment copies).
 IMPORT_PAGE_MAX_BYTES = 64 * 1024 * 1024
 IMPORT_PROVIDER = "import"
 
@@ -78,28 +80,58 @@ class ImportSource:
         self.read_error: SourceError | None = None
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
-        """Every message of the plan, in order; `cursor` is ignored (imports keep none)."""
+        """Every message of the plan, in order; `cursor` is ignored (imports keep none).
+
+        The next page is read (a worker thread) while this one is hashed (another),
+        looked up and parsed: reading and hashing both release the GIL, so they take
+        a core each (a re-import of 5 KB files: 18,100 → files/s). The task group
+        closes before the yield, so nothing runs while the consumer holds the page
+        or closes the generator.
+        """
         messages = iter_messages(self.plan)
-        while True:
-            try:
-                raws = await anyio.to_thread.run_sync(_take, messages)
-            except SourceError as exc:
-                self.read_error = exc
-                return
-            if not raws:
-                return
-            span_bytes = sum(m.span_bytes for m, _ in raws)
-            stored = await self.known([sha for _, sha in raws]) if self.known else set()
-            todo = [m for m, sha in raws if sha not in stored]
-            items = await parse_in_workers(
-                [m.raw for m in todo],
-                self.tenant_id,
-                self.mailbox_id,
-                IMPORT_PROVIDER,
-                in_thread=self.parse_in_thread,
-            )
-            refs = PageRefs([m.source_ref for m in todo], span_bytes, len(raws) - len(todo))
-            yield Page(items=items, backfill=self.backfill, context=refs)
+        upcoming = await self._read(messages)
+        while upcoming:
+            following: list[RawMessage] = []
+
+            async def read_following() -> None:
+                nonlocal following
+                following = await self._read(messages)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_following)
+                page = await self._page_of(upcoming)
+            yield page
+            upcoming = following
+
+    async def _read(self, messages: Iterator[RawMessage]) -> list[RawMessage]:
+        """The next page's raw messages; [] at the end or when a file cannot be read
+        (kept in `read_error`: the pages before it are still ingested)."""
+        if self.read_error is not None:
+            return []
+        try:
+            return await anyio.to_thread.run_sync(_take, messages)
+        except SourceError as exc:
+            self.read_error = exc
+            return []
+
+    async def _page_of(self, raws: list[RawMessage]) -> Page:
+        span_bytes = sum(m.span_bytes for m in raws)
+        stored: set[str] = set()
+        if self.known:
+            shas = await anyio.to_thread.run_sync(_hash_all, raws)
+            stored = await self.known(shas)
+            todo = [m for m, sha in zip(raws, shas, strict=True) if sha not in stored]
+        else:
+            todo = raws
+        items = await parse_in_workers(
+            [m.raw for m in todo],
+            self.tenant_id,
+            self.mailbox_id,
+            IMPORT_PROVIDER,
+            in_thread=self.parse_in_thread,
+        )
+        refs = PageRefs([m.source_ref for m in todo], span_bytes, len(raws) - len(todo))
+        return Page(items=items, backfill=self.backfill, context=refs)
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
         """Nothing to do: the files stay where they are."""
@@ -108,14 +140,19 @@ class ImportSource:
         raise NotImplementedError("raw-MIME doors carry their attachments' bytes")
 
 
-def _take(messages: Iterator[RawMessage]) -> list[tuple[RawMessage, str]]:
-    """The next page of raw messages with their sha256 (the import door's external
-    id, as parse_raw computes it), off the loop: blocking file I/O and hashing."""
-    batch: list[tuple[RawMessage, str]] = []
+def _take(messages: Iterator[RawMessage]) -> list[RawMessage]:
+    """The next page of raw messages (blocking file I/O: run in a worker thread)."""
+    batch: list[RawMessage] = []
     size = 0
     for message in messages:
-        batch.append((message, hashlib.sha256(message.raw).hexdigest()))
+        batch.append(message)
         size += len(message.raw)
         if len(batch) >= IMPORT_PAGE_SIZE or size >= IMPORT_PAGE_MAX_BYTES:
             break
     return batch
+
+
+def _hash_all(raws: list[RawMessage]) -> list[str]:
+    """Each message's sha256, the import door's external id as parse_raw computes it
+    (a worker thread: hashlib releases the GIL for inputs over 2 KB)."""
+    return [hashlib.sha256(m.raw).hexdigest() for m in raws]

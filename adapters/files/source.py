@@ -67,6 +67,10 @@ _MAILDIR_READ = ("new", "cur")
 # Maildir file names carry flags after this separator ("unique:2,S").
 _MAILDIR_INFO_SEP = ":"
 
+# os.read size: one call reads a typical message whole (a larger buffer costs its
+# allocation on every call).
+_READ_CHUNK = 64 * 1024
+
 FileKind = Literal["message", "mbox", "maildir"]
 
 
@@ -171,7 +175,7 @@ def _check_listable(path: Path) -> None:
         raise SourceError(f"{path}: permission denied (cannot list the directory)")
 
 
-def _check_readable(path: Path) -> None:
+def _check_readable(path: Path | str) -> None:
     if not os.access(path, os.R_OK):
         raise SourceError(f"{path}: permission denied")
 
@@ -216,27 +220,29 @@ def _walk(
                     _add(SourceFile(Path(entry.path), "maildir", st.st_size), st, files, seen)
                 else:
                     skipped.append(Path(entry.path))
+    # Per entry, strings until a file is taken: pathlib's parsing was most of the
+    # time of planning 20,000 files (0.6 s; bench/reimport.py).
     for entry in _entries(directory):
-        path = Path(entry.path)
         if maildir and entry.name in _MAILDIR_PARTS:
             continue
         if entry.is_dir(follow_symlinks=False):
-            _check_listable(path)
-            _walk(path, files, skipped, seen)
+            _check_listable(Path(entry.path))
+            _walk(Path(entry.path), files, skipped, seen)
             continue
         st = _entry_stat(entry)
-        suffix = path.suffix.lower()
+        suffix = os.path.splitext(entry.name)[1].lower()
         if (
             st is None
             or not stat.S_ISREG(st.st_mode)
             or suffix not in (_MESSAGE_SUFFIX, _MBOX_SUFFIX)
         ):
-            skipped.append(path)
+            skipped.append(Path(entry.path))
             continue
+        path = Path(entry.path)
         if suffix == _MBOX_SUFFIX:
             _add(SourceFile(path, _sniff(path), st.st_size), st, files, seen)
         else:
-            _check_readable(path)
+            _check_readable(entry.path)
             _add(SourceFile(path, "message", st.st_size), st, files, seen)
 
 
@@ -263,15 +269,29 @@ def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
 
 def _read_file(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return _read_bytes(path)
     except OSError as exc:
         raise SourceError(f"{path}: {_reason(exc)}") from exc
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes. os.open/os.read skip the io layer's buffering and objects:
+    20,000 files of 5 KB in 0.25 s against 0.53 s with Path.read_bytes here, most
+    of a re-import's time (bench/reimport.py)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, _READ_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _read_maildir_file(path: Path) -> bytes:
     """Read a Maildir message, following a move new/ → cur/ or a flag change."""
     try:
-        return path.read_bytes()
+        return _read_bytes(path)
     except FileNotFoundError:
         moved = _find_moved(path)
         if moved is None:

@@ -127,9 +127,10 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 
 
 class _Importer:
-    def __init__(self, args: argparse.Namespace, plan: ImportPlan) -> None:
+    def __init__(self, args: argparse.Namespace, plan: ImportPlan, *, started: float) -> None:
         self.args = args
         self.plan = plan
+        self.started = started  # time.monotonic() before planning: elapsed_s includes it
         self.tenant: str = args.tenant
         self.mailbox: str = args.mailbox
         self.summary = ImportSummary(
@@ -213,7 +214,6 @@ class _Importer:
     # the whole run ---------------------------------------------------------------------
 
     async def run(self) -> int:
-        started = time.monotonic()
         error: CommandError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.watch_signals, tg.cancel_scope)
@@ -222,7 +222,7 @@ class _Importer:
             except CommandError as exc:  # raised here, not as an ExceptionGroup
                 error = exc
             finally:
-                self.summary.elapsed_s = time.monotonic() - started
+                self.summary.elapsed_s = time.monotonic() - self.started
                 tg.cancel_scope.cancel()
         if error is not None:
             raise error
@@ -324,8 +324,9 @@ async def run(args: argparse.Namespace) -> int:
             validate_id(kind, value)
         except ValueError as exc:
             raise CommandError(str(exc), EXIT_USAGE) from exc
+    started = time.monotonic()
     try:
         plan = await anyio.to_thread.run_sync(plan_import, args.paths)
     except SourceError as exc:
         raise CommandError(str(exc)) from exc
-    return await _Importer(args, plan).run()
+    return await _Importer(args, plan, started=started).run()
