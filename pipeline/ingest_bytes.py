@@ -101,9 +101,8 @@ async def store_message_bytes(
         promoted = decision is not None and decision.promote
         if outcome not in (Outcome.NEW, Outcome.CONFLICT) and not promoted:
             continue
-        if item.html and len(item.html) > HTML_INLINE_MAX_BYTES:
-            data = item.html.encode("utf-8", "replace")
-            key = f"html/{tenant}/{_sha(data)}"
+        if (html := html_object(tenant, item.html)) is not None:
+            key, data = html
             stored.html_keys[k] = key
             puts.append((key, data, "text/html; charset=utf-8"))
             owners.append(("html", k, -1))
@@ -125,6 +124,15 @@ async def store_message_bytes(
         else:
             stored.att_state[k][pos] = (None, _one_line(err))
     return stored
+
+
+def html_object(tenant: str, html: str | None) -> tuple[str, bytes] | None:
+    """(key, bytes) of an HTML body kept in the object store rather than inline (over
+    HTML_INLINE_MAX_BYTES), else None. `inboxd reprocess` compares with the same rule."""
+    if not html or len(html) <= HTML_INLINE_MAX_BYTES:
+        return None
+    data = html.encode("utf-8", "replace")
+    return f"html/{tenant}/{_sha(data)}", data
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ import copyreg
 import dataclasses
 import functools
 import io
+import os
 import pickle
 import signal
 from collections.abc import Callable, Sequence
@@ -40,10 +41,14 @@ Item = MessageData | DeadItem
 # Messages per call into a worker: pickling overhead stays negligible, and a
 # cancelled caller waits for at most one chunk (~25 ms).
 PARSE_CHUNK_SIZE = 50
-# Worker processes parsing at once in this process. One, on the 2-core target:
-# the other core runs the event loop, PostgreSQL's client side and the object
-# store; two workers measured no faster (bench/README.md (e)).
-PARSE_WORKERS = 1
+# Worker processes parsing at once in this process: one per core, at most
+# PARSE_WORKERS_MAX (each costs ≈ 28 MB). One was faster when the local object store
+# spent a core on files and fsyncs; with small objects in PostgreSQL
+# (objectstore_db.py) parsing is the bound, and on the 2-core VM twenty Gmail
+# mailboxes reached 0.76 × quota with one worker and 0.87 with two, the parse
+# workers at 81 % and 90 % of a core (bench/README.md, gmail.py).
+PARSE_WORKERS_MAX = 8
+PARSE_WORKERS = max(1, min(os.cpu_count() or 1, PARSE_WORKERS_MAX))
 
 _limiter: anyio.CapacityLimiter | None = None
 

@@ -21,7 +21,6 @@ an unchanged large body is never read back from the store.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ import structlog
 
 from inboxd.pipeline import threads
 from inboxd.pipeline.errors import describe
-from inboxd.pipeline.ingest_bytes import HTML_INLINE_MAX_BYTES
+from inboxd.pipeline.ingest_bytes import html_object
 from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.outbox import EventBuffer
@@ -141,15 +140,6 @@ def derive(item: MessageData) -> Derived:
         for pos, a in enumerate(item.attachments[:MAX_POSITIONS])
     ]
     return Derived(columns, clean(item.html), sorted(people), attachments)
-
-
-def html_object(tenant: str, html: str | None) -> tuple[str, bytes] | None:
-    """(key, bytes) when ingest would keep `html` in the object store, else None
-    (ingest_bytes.store_message_bytes: the same threshold and key)."""
-    if not html or len(html) <= HTML_INLINE_MAX_BYTES:
-        return None
-    data = html.encode("utf-8", "replace")
-    return f"html/{tenant}/{hashlib.sha256(data).hexdigest()}", data
 
 
 def changed_fields(tenant: str, stored: StoredMessage, derived: Derived) -> list[str]:
