@@ -125,7 +125,9 @@ async def parse_in_workers(
     *,
     in_thread: bool = False,
 ) -> list[Item]:
-    """Parse off the event loop, at most PARSE_WORKERS chunks at once in this process.
+    """Parse off the event loop, in order, at most PARSE_WORKERS chunks at once in
+    this process (one caller's chunks run side by side, so one mailbox's page uses
+    every core; several callers share the same workers).
 
     In worker processes by default (raw bytes re-attached); `in_thread` parses in
     a worker thread instead, for small inputs where starting a worker process is
@@ -134,24 +136,40 @@ async def parse_in_workers(
     global _limiter
     if _limiter is None:
         _limiter = anyio.CapacityLimiter(PARSE_WORKERS)
-    items: list[Item] = []
-    for start in range(0, len(raws), PARSE_CHUNK_SIZE):
-        chunk = list(raws[start : start + PARSE_CHUNK_SIZE])
+    limiter = _limiter
+    chunks = [list(raws[i : i + PARSE_CHUNK_SIZE]) for i in range(0, len(raws), PARSE_CHUNK_SIZE)]
+    parsed: list[list[Item]] = [[] for _ in chunks]
+
+    async def parse_chunk(index: int) -> None:
+        chunk = chunks[index]
         if in_thread:
-            items.extend(
-                await anyio.to_thread.run_sync(
-                    functools.partial(parse_many, keep_raw=True),
-                    chunk,
-                    tenant_id,
-                    mailbox_id,
-                    source,
-                    limiter=_limiter,
-                )
+            parsed[index] = await anyio.to_thread.run_sync(
+                functools.partial(parse_many, keep_raw=True),
+                chunk,
+                tenant_id,
+                mailbox_id,
+                source,
+                limiter=limiter,
             )
-            continue
+            return
         pickled = await anyio.to_process.run_sync(
-            parse_many_in_worker, chunk, tenant_id, mailbox_id, source, limiter=_limiter
+            parse_many_in_worker, chunk, tenant_id, mailbox_id, source, limiter=limiter
         )
-        parsed: list[Item] = pickle.loads(pickled)  # noqa: S301 - our own worker's bytes
-        items.extend(with_raw(item, raw) for item, raw in zip(parsed, chunk, strict=True))
-    return items
+        items: list[Item] = pickle.loads(pickled)  # noqa: S301 - our own worker's bytes
+        parsed[index] = [with_raw(item, raw) for item, raw in zip(items, chunk, strict=True)]
+
+    pending = iter(range(len(chunks)))
+
+    async def drain() -> None:
+        # shared iterator: each chunk taken once; a caller queues at most
+        # PARSE_WORKERS chunks on the limiter, so other mailboxes' chunks interleave
+        for index in pending:
+            await parse_chunk(index)
+
+    if len(chunks) == 1:
+        await parse_chunk(0)
+    elif chunks:
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(PARSE_WORKERS, len(chunks))):
+                tg.start_soon(drain)
+    return [item for part in parsed for item in part]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
 
+from inboxd.pipeline import parsing
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.parsing import _dumps_parsed, parse_in_workers, parse_many
 
@@ -36,3 +38,28 @@ async def test_parse_in_workers_equals_parsing_in_place(corpus: Path) -> None:
     data = raws(corpus)
     in_place = parse_many(data, "t", "m", "gmail", keep_raw=True)
     assert await parse_in_workers(data, "t", "m", "gmail") == in_place
+
+
+async def test_one_callers_chunks_are_parsed_side_by_side_and_kept_in_order(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two chunks must be in parse_many at the same time: a barrier of two parties
+    # breaks (BrokenBarrierError) if the chunks ran one after another.
+    monkeypatch.setattr(parsing, "PARSE_WORKERS", 2)
+    monkeypatch.setattr(parsing, "_limiter", None)
+    barrier = threading.Barrier(2, timeout=10)
+    real = parsing.parse_many
+    met: list[int] = []
+
+    def side_by_side(chunk, *args, **kwargs):
+        if not met:
+            met.append(barrier.wait())
+        return real(chunk, *args, **kwargs)
+
+    monkeypatch.setattr(parsing, "parse_many", side_by_side)
+    data = raws(corpus) * parsing.PARSE_CHUNK_SIZE  # 4 chunks
+
+    items = await parse_in_workers(data, "t", "m", "gmail", in_thread=True)
+
+    assert met, "no two chunks were parsed at once"
+    assert items == real(data, "t", "m", "gmail", keep_raw=True)
