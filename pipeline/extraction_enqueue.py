@@ -1,0 +1,114 @@
+"""Queuing extractions: the atomic claim of a message identity's key (step 1-2 of the protocol).
+
+`enqueue` turns message rows (the ingest outcome's `new` and `conflict` ones)
+into `extraction_jobs` rows, one per (tenant, processor, schema_version, dedup
+key), set-based. The unique key is the claim: a key that already has a job with
+the same payload fingerprint is *linked* (no new job, no second backend call,
+no second event, whatever the job's state); another fingerprint under the same
+key is a row of `extraction_payload_conflicts` for review, the job untouched —
+never dropped, never overwritten. What happens to a job next is
+pipeline/extraction_claims.py; the key itself, pipeline/extraction_keys.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inboxd.pipeline.extraction_keys import Executor, load_identities, transaction
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """Message ids of one `enqueue`, by what became of them."""
+
+    queued: list[int]  # a new job
+    linked: list[int]  # the key already had a job with the same fingerprint
+    conflicts: list[int]  # same key, different fingerprint: a payload conflict row
+    missing: list[int]  # not a message of the tenant
+
+
+_INSERT_JOBS = """
+INSERT INTO extraction_jobs (tenant_id, processor_id, schema_version, dedup_key, message_id,
+                             mailbox_id, payload_fingerprint)
+SELECT $1, $2, $3, i.key, i.message_id, i.mailbox_id, i.fp
+  FROM unnest($4::text[], $5::bigint[], $6::text[], $7::text[]) WITH ORDINALITY
+       AS i(key, message_id, mailbox_id, fp, ord)
+ ORDER BY i.ord
+ON CONFLICT (tenant_id, processor_id, schema_version, dedup_key) DO NOTHING
+RETURNING message_id
+"""
+
+# For the inputs not inserted. A separate statement, so that under READ COMMITTED
+# it sees the job a concurrent enqueue committed while our INSERT waited for it.
+_MATCH_EXISTING = """
+WITH i AS (
+    SELECT * FROM unnest($4::text[], $5::bigint[], $6::text[]) AS i(key, message_id, fp)
+), m AS (
+    SELECT i.message_id, i.fp, j.job_id, j.message_id AS job_message_id,
+           j.payload_fingerprint AS job_fp
+      FROM i JOIN extraction_jobs j
+        ON j.tenant_id = $1 AND j.processor_id = $2 AND j.schema_version = $3
+       AND j.dedup_key = i.key
+), conflicts AS (
+    INSERT INTO extraction_payload_conflicts (tenant_id, job_id, existing_message_id,
+                                              existing_fingerprint, new_message_id,
+                                              new_fingerprint)
+    SELECT $1, job_id, job_message_id, job_fp, message_id, fp FROM m WHERE fp <> job_fp
+    ON CONFLICT (tenant_id, job_id, new_message_id, new_fingerprint) DO NOTHING
+)
+SELECT message_id, fp = job_fp AS same FROM m
+"""
+
+
+async def enqueue(
+    conn: Executor,
+    tenant_id: str,
+    processor_id: str,
+    schema_version: str,
+    message_ids: Sequence[int],
+) -> EnqueueResult:
+    """Queue an extraction of each message for (processor, schema_version); idempotent.
+
+    Set-based: one read of the rows' identities, one insert of the jobs, one
+    statement for the keys that already had a job, in one transaction. A key
+    already claimed with the same fingerprint links (nothing written); with
+    another fingerprint it records a payload conflict (the job untouched).
+    Pass the ingest outcome's `new` and `conflict` message ids; queuing a
+    merged or duplicate one again is harmless (linked).
+    """
+    if not schema_version:
+        raise ValueError("schema_version must be a non-empty string")
+    async with transaction(conn) as tx:
+        identities = await load_identities(tx, tenant_id, message_ids)
+        found = {m.message_id for m in identities}
+        missing = sorted(set(message_ids) - found)
+        if not identities:
+            return EnqueueResult([], [], [], missing)
+        inserted = await tx.fetch(
+            _INSERT_JOBS,
+            tenant_id,
+            processor_id,
+            schema_version,
+            [m.dedup_key for m in identities],
+            [m.message_id for m in identities],
+            [m.mailbox_id for m in identities],
+            [m.payload_fingerprint for m in identities],
+        )
+        queued = {r["message_id"] for r in inserted}
+        rest = [m for m in identities if m.message_id not in queued]
+        linked: list[int] = []
+        conflicts: list[int] = []
+        if rest:
+            rows = await tx.fetch(
+                _MATCH_EXISTING,
+                tenant_id,
+                processor_id,
+                schema_version,
+                [m.dedup_key for m in rest],
+                [m.message_id for m in rest],
+                [m.payload_fingerprint for m in rest],
+            )
+            for r in rows:
+                (linked if r["same"] else conflicts).append(r["message_id"])
+    return EnqueueResult(sorted(queued), sorted(linked), sorted(conflicts), missing)
