@@ -10,13 +10,12 @@ and a fencing token every claim increments). docs/architecture.md §10.
 Job states and transitions (one row per (tenant, processor, schema_version,
 dedup_key); pipeline/extraction_keys.py derives the key)::
 
-     enqueue ─▶ PENDING ──claim_due──▶ RUNNING(owner, token=N+1, expires) ──complete──▶ COMPLETED
-                   ▲  ▲                 │  │  │  │ renew: expires moves on
-                   │  │   release ──────┘  │  │  │
-                   │  └──── expires ≤ now(): claim_due by anyone → token N+2
-                   │                       │  │
-       retry ── RETRY_WAIT ◀─fail_retryable┘  └─fail_terminal / attempts exhausted─▶ NEEDS_REVIEW
-       (CLI)       (due at next_attempt_at: backoff, Retry-After)            retry (CLI) ─▶ PENDING
+    pending ──claim_due──▶ running ──complete──▶ completed   (+ extraction.completed event)
+       ▲  ▲                  │ │ │
+       │  └── release ───────┘ │ └── fail_terminal / attempts exhausted ──▶ needs_review
+       │   (lease expiry: any  │                                                │
+       │    claim_due takes it) └── fail_retryable ──▶ retry_wait ──due──▶ (claim_due)
+       └──────────────────── retry (`inboxd extract retry --id`) ◀──────────────┘
 
 * **Claim = unique key.** `enqueue` (pipeline/extraction_enqueue.py) inserts
   with ON CONFLICT DO NOTHING: a key that already has a job with the same
