@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -34,7 +35,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Command name → its module under inboxd.daemon.commands, in the order `--help` lists
+# them. Only the module of the command being run is imported: `run` and
+# `check-config` import the whole daemon (aioboto3, aiohttp, the provider SDKs),
+# ~1.2 s that `inboxd import` or `inboxd status` never needs.
+COMMANDS = {
+    "migrate": "migrate",
+    "import": "importer",
+    "reprocess": "reprocess",
+    "check-config": "check_config",
+    "run": "run",
+    "status": "status",
+    "sync": "sync",
+    "delivery": "delivery",
+    "events": "delivery",  # the old name of `delivery`
+    "db": "db",
+    "connect": "connect",
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: with only the named command's options when `argv` names
+    one (see COMMANDS), else with every command (for `--help` and usage errors)."""
     parser = _Parser(
         prog=PROG,
         description="inboxd: every way email reaches an organisation, into PostgreSQL, "
@@ -42,35 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
         "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.",
     )
-    from inboxd.daemon.commands import (
-        check_config,
-        connect,
-        db,
-        delivery,
-        importer,
-        migrate,
-        reprocess,
-        run,
-        status,
-        sync,
-    )
     from inboxd.daemon.commands.common import global_options
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = global_options()
-    for command in (
-        migrate,
-        importer,
-        reprocess,
-        check_config,
-        run,
-        status,
-        sync,
-        delivery,
-        db,
-        connect,
-    ):
-        command.register(subparsers, parent)
+    named = next((arg for arg in (argv or ()) if not arg.startswith("-")), None)
+    modules = [COMMANDS[named]] if named in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for module in modules:
+        importlib.import_module(f"inboxd.daemon.commands.{module}").register(subparsers, parent)
     return parser
 
 
@@ -81,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from inboxd.daemon.commands.common import CommandError
     from inboxd.daemon.logging import configure_logging
 
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(argv).parse_args(argv)
     configure_logging(None, level=args.log_level)
     try:
         return anyio.run(args.handler, args)

@@ -73,9 +73,10 @@ from inboxd.pipeline.reprocess_write import (
 from inboxd.pipeline.rows import clean_item
 
 # Messages per batch (one transaction). Each batch holds its raw bytes in memory;
-# 50 is one parse chunk (parsing.PARSE_CHUNK_SIZE), ~0.3 MB for the corpus's
+# 200 is four parse chunks (parsing.PARSE_CHUNK_SIZE), which the parse workers take
+# side by side (one chunk a batch left one core idle), ~1.2 MB for the corpus's
 # mean 5.7 KB message, and a stop signal waits for at most one batch.
-REPROCESS_BATCH_MESSAGES = 50
+REPROCESS_BATCH_MESSAGES = 200
 # Concurrent object-store reads per batch: the command's pool has a connection
 # for each (database tier) and S3 answers reads in parallel.
 RAW_READ_CONCURRENCY = 4

@@ -157,7 +157,10 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
 ) -> None:
     config = write_config(tmp_path)
     box = maildir(tmp_path, "acme", "inbox")
-    deliver(box, generated_messages(4000, tag="cx"))
+    # enough that the sync is still running when `sync cancel` has started (a CLI
+    # process) and its flag is read: 4,000 were all stored within ~10 s beside a
+    # 4-worker suite once raw bytes went to PostgreSQL
+    deliver(box, generated_messages(12000, tag="cx"))
     daemon = start(tmp_path, config, db_dsn)
     try:
         await wait_rows(db_dsn, daemon, 250, 60, what="sync running", at_least=True)
@@ -169,10 +172,10 @@ async def test_database_cancel_flag_stops_between_pages_and_sync_now_resumes(
         )
         # files moved to cur/ are exactly those ingested: nothing skipped ahead
         in_db = await count(db_dsn, "SELECT count(*) FROM messages")
-        assert len(list((box / "cur").iterdir())) <= in_db < 4000
+        assert len(list((box / "cur").iterdir())) <= in_db < 12000
         assert (await run_cli_async("sync", "now", "--mailbox", "inbox", "--dsn", db_dsn)).code == 0
 
-        await wait_rows(db_dsn, daemon, 4000, 240, what="resumed to the end")
+        await wait_rows(db_dsn, daemon, 12000, 240, what="resumed to the end")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
