@@ -130,12 +130,20 @@ SMOKE_INTERVAL_S = 0.1
 
 
 class StampedQuota(Quota):
-    """The fake's quota, noting per user when units were first and last spent."""
+    """The fake's quota, noting per user when units were first and last spent, and
+    when the last listing or body download was (a spend of ≥ MESSAGES_GET_UNITS,
+    with the units spent up to it). The sustained rate is measured up to that one:
+    once a backfill's cursor is committed the runner may sync again (a history.list,
+    2 units) seconds later, after the last pages were parsed and ingested, and that
+    wait is the next sync's, not time the backfill left its quota unspent."""
 
     def __init__(self, units_per_s: float) -> None:
         super().__init__(units_per_s, DEFAULT_BURST_S, time.monotonic)
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
+        self.spent: Counter[str] = Counter()
+        self.last_bulk: dict[str, float] = {}
+        self.spent_to_bulk: dict[str, int] = {}
 
     def try_spend(self, user: str, units: int) -> int | None:
         wait_s = super().try_spend(user, units)
@@ -143,6 +151,10 @@ class StampedQuota(Quota):
             now = time.monotonic()
             self.first.setdefault(user, now)
             self.last[user] = now
+            self.spent[user] += units
+            if units >= MESSAGES_GET_UNITS:
+                self.last_bulk[user] = now
+                self.spent_to_bulk[user] = self.spent[user]
         return wait_s
 
 
@@ -156,12 +168,16 @@ class UserView:
     calls: dict[str, int]
     first: float | None
     last: float | None
+    last_bulk: float | None
+    units_to_bulk: int
 
     @property
     def window_s(self) -> float:
-        if self.first is None or self.last is None:
+        """First spend to the last listing or download (StampedQuota)."""
+        end = self.last_bulk if self.last_bulk is not None else self.last
+        if self.first is None or end is None:
             return float("nan")
-        return self.last - self.first
+        return end - self.first
 
 
 class GmailThread(FakeThread):
@@ -199,6 +215,8 @@ class GmailThread(FakeThread):
                 calls,
                 self.quota.first.get(u),
                 self.quota.last.get(u),
+                self.quota.last_bulk.get(u),
+                self.quota.spent_to_bulk.get(u, 0),
             )
         return out
 
@@ -302,7 +320,7 @@ async def client_pass(
         label,
         fetched,
         wall,
-        view.units,
+        view.units_to_bulk,
         view.window_s,
         view.rejected_429,
         f"fake {100 * fake_cpu / wall:.0f} %, client {100 * bench_cpu / wall:.0f} % of a core",
@@ -416,9 +434,11 @@ def _rows(
         res.spent += v.units
         end = done_at.get(box)
         wall = end - v.first if end is not None and v.first is not None else float("nan")
-        calls = ", ".join(f"{m.removeprefix('users.')} ×{n:,}" for m, n in sorted(v.calls.items()))
+        calls = "calls: " + ", ".join(
+            f"{m.removeprefix('users.')} ×{n:,}" for m, n in sorted(v.calls.items())
+        )
         res.rows.append(
-            Row(box, res.n_each, wall, v.units, v.window_s, v.rejected_429, f"calls: {calls}")
+            Row(box, res.n_each, wall, v.units_to_bulk, v.window_s, v.rejected_429, calls)
         )
         if v.rejected_429:
             res.problems.append(f"{box}: {v.rejected_429} × 429 caused by our own pacing")
