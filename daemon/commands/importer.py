@@ -32,8 +32,6 @@ States and stopping:
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from typing import Literal
@@ -61,6 +59,7 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.commands.import_pages import PageSettler, Unsettled
 from inboxd.daemon.commands.import_report import ImportSummary, ProgressBar, print_report
 from inboxd.daemon.commands.migrate import apply_with_deadline
+from inboxd.daemon.commands.stopping import StopSignals
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
@@ -136,37 +135,18 @@ class _Importer:
         self.summary = ImportSummary(
             self.tenant, self.mailbox, len(plan.files), [str(p) for p in plan.skipped]
         )
-        self.stop = anyio.Event()
-        self.aborted = False
-        self.importing = False
+        self.signals = StopSignals("import", on_stop=self._stop_waiting)
         # cancelled by a first signal while the import waits for the next page
         self.waiting_scope: anyio.CancelScope | None = None
         self.progress = ProgressBar()
         self.read_error: SourceError | None = None
-        self.settler = PageSettler(self.summary, self.stop)
+        self.settler = PageSettler(self.summary, self.signals.stop)
 
     # signals ---------------------------------------------------------------------------
 
-    async def watch_signals(self, main_scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if not self.importing or self.stop.is_set():
-                    log.warning("import_aborted", signal=name)
-                    self.aborted = True
-                    self.stop.set()
-                    main_scope.cancel()
-                    return
-                log.warning("import_stopping", signal=name)
-                if sys.stderr.isatty():
-                    print(
-                        "inboxd: stopping after the current batch "
-                        "(press Ctrl-C again to abandon it)",
-                        file=sys.stderr,
-                    )
-                self.stop.set()
-                if self.waiting_scope is not None:
-                    self.waiting_scope.cancel()
+    def _stop_waiting(self) -> None:
+        if self.waiting_scope is not None:
+            self.waiting_scope.cancel()
 
     # pages -----------------------------------------------------------------------------
 
@@ -190,7 +170,7 @@ class _Importer:
     async def ingest_pages(self, source: ImportSource, queue: IngestQueue) -> None:
         """Every page through the queue, settled or retried, until done or stopped."""
         async with read_ahead(source, None) as pages:
-            while not self.stop.is_set():
+            while not self.signals.stop.is_set():
                 page: Page | None = None
                 with anyio.CancelScope() as self.waiting_scope:
                     page = await _next(pages)
@@ -216,7 +196,7 @@ class _Importer:
     async def run(self) -> int:
         error: CommandError | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.watch_signals, tg.cancel_scope)
+            tg.start_soon(self.signals.watch, tg.cancel_scope)
             try:
                 await self._run()
             except CommandError as exc:  # raised here, not as an ExceptionGroup
@@ -259,7 +239,7 @@ class _Importer:
                 files=len(self.plan.files),
                 bytes=self.plan.total_bytes,
             )
-            self.importing = True
+            self.signals.working = True
             with self.progress.open(self.plan.total_bytes):
                 async with anyio.create_task_group() as workers:
                     await workers.start(queue.run_worker)
@@ -277,15 +257,14 @@ class _Importer:
 
     def _finish(self) -> int:
         exit_code = self._settle()
-        print_report(
-            self.summary, as_json=self.args.json, rolled_back=self.aborted and self.importing
-        )
+        rolled_back = self.signals.aborted and self.signals.working
+        print_report(self.summary, as_json=self.args.json, rolled_back=rolled_back)
         return exit_code
 
     def _settle(self) -> int:
         """Set the summary's final status from how the run ended; returns the exit code."""
         s = self.summary
-        if self.stop.is_set():
+        if self.signals.stop.is_set():
             s.status = "interrupted"
             s.unread_input = True
             return EXIT_INTERRUPTED

@@ -22,7 +22,6 @@ same way with exit 1.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -48,6 +47,7 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
+from inboxd.daemon.commands.stopping import StopSignals
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, describe
 from inboxd.pipeline.reprocess import RAW_READ_CONCURRENCY, Report, Reprocessor, Scope
@@ -261,35 +261,14 @@ class _Run:
     def __init__(self, args: argparse.Namespace, scope: Scope) -> None:
         self.args = args
         self.summary = Summary(scope, args.after_id)
-        self.stop = anyio.Event()
-        self.running = False
-        self.aborted = False
+        self.signals = StopSignals("reprocess")
         self.progress = ProgressBar()
-
-    async def watch_signals(self, main_scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if not self.running or self.stop.is_set():
-                    log.warning("reprocess_aborted", signal=name)
-                    self.aborted = True
-                    self.stop.set()
-                    main_scope.cancel()
-                    return
-                log.warning("reprocess_stopping", signal=name)
-                if sys.stderr.isatty():
-                    print(
-                        "inboxd: stopping after the current batch "
-                        "(press Ctrl-C again to abandon it)",
-                        file=sys.stderr,
-                    )
-                self.stop.set()
 
     async def run(self) -> int:
         started = time.monotonic()
         error: CommandError | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.watch_signals, tg.cancel_scope)
+            tg.start_soon(self.signals.watch, tg.cancel_scope)
             try:
                 await self._run()
             except CommandError as exc:  # raised here, not as an ExceptionGroup
@@ -318,14 +297,14 @@ class _Run:
         ):
             runner = Reprocessor(pool, store, in_thread=self.args.parse_in == "thread")
             total = await _count(runner, self.summary, choice)
-            self.running = True
+            self.signals.working = True
             with self.progress.open(total):
                 await self._batches(runner, choice)
 
     async def _batches(self, runner: Reprocessor, choice: DsnChoice) -> None:
         """Batch after batch until none is left, a stop signal, or a failure."""
         s = self.summary
-        while not self.stop.is_set():
+        while not self.signals.stop.is_set():
             try:
                 batch = await runner.next_batch(s.scope, s.resume_after_id)
             except BATCH_FAILURES as exc:
@@ -350,13 +329,13 @@ class _Run:
 
     def _finish(self) -> int:
         s = self.summary
-        if self.stop.is_set():
+        if self.signals.stop.is_set():
             s.status = "interrupted"
         if self.args.json:
             emit_json(s.as_json())
         else:
             s.print_human()
-        message = s.closing_message(rolled_back=self.aborted and self.running)
+        message = s.closing_message(rolled_back=self.signals.aborted and self.signals.working)
         if message:
             sys.stdout.flush()
             print(message, file=sys.stderr)
