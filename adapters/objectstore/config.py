@@ -30,8 +30,6 @@ from inboxd.pipeline.objectstore import ObjectStore
 from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, MAX_MAX_BYTES, DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
-from .s3 import S3Store
-
 __all__ = ["ObjectStoreConfig", "open_object_store"]
 
 _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
@@ -118,6 +116,8 @@ def _open_large(config: ObjectStoreConfig) -> ObjectStore:
     if config.kind == "local" and config.path is not None:
         return LocalDirectoryStore(config.path)
     if config.kind == "s3" and config.bucket:
+        from .s3 import S3Store  # aioboto3: ~0.5 s of imports a local store never needs
+
         return S3Store(
             config.bucket,
             prefix=config.prefix,
