@@ -3,9 +3,11 @@
 parse_raw is CPU work (0.4-0.5 ms per typical message, bench/README.md). In a
 thread it holds the GIL against the database and object-store work of the same
 process, and glibc gives every parsing thread its own malloc arena, which grew
-the daemon's RSS without bound during a 100k backfill. In one worker process it
+the daemon's RSS without bound during a 100k backfill. In worker processes it
 overlaps with that work instead: bench/ingest.py (e) measured 1,645 msg/s with
-one worker process against 1,061 with a thread.
+one worker process against 1,061 with a thread. There is one worker per core
+(PARSE_WORKERS), shared by every caller of the process through one limiter; a
+caller's chunks run side by side, at most PARSE_WORKERS of them queued at once.
 
 Workers send back MessageData without the raw bytes (the parent has them) and
 the parent re-attaches them, so each message crosses the process boundary once.
