@@ -1,0 +1,127 @@
+"""A processor's result schema: loaded once, checked against its metaschema, then
+used to validate every result a backend produces (builtin and http alike).
+
+The schema is either an inline table of the tenant file or a path to a JSON
+file, relative to the tenant file's folder. Its dialect is its own `$schema`
+(draft 4 to 2020-12, `jsonschema.validators.validator_for`), 2020-12 when it
+names none. `format` is asserted with the dialect's format checker, so a
+`"format": "date"` field holding "31/12/2024" fails like a wrong type would.
+No `$ref` is fetched over the network: referencing's default registry resolves
+only references inside the schema itself.
+
+A result that fails validation is `ExtractionTerminal`: re-running the same
+extraction of the same mail gives the same result (builtin), or the endpoint
+answered something the schema rejects (http); either way a human decides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+
+from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
+from inboxd.pipeline.leases import one_line
+
+#: Dialect of a schema without `$schema` (the newest jsonschema 4.x implements).
+DEFAULT_DIALECT: type[jsonschema.protocols.Validator] = jsonschema.Draft202012Validator
+#: Longest failure reason kept, characters (pipeline/leases.py ERROR_MAX_CHARS is the
+#: limit of the row the reason lands in; a result's value can be long).
+REASON_MAX_CHARS = 300
+#: Largest schema file read, bytes: a schema is a page of JSON, not a data set.
+SCHEMA_FILE_MAX_BYTES = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ResultSchema:
+    """A checked schema and its validator, built once per processor."""
+
+    schema: dict[str, Any]
+    validator: jsonschema.protocols.Validator
+
+    def validate_result(self, result: object) -> dict[str, Any]:
+        """`result` unchanged when it is a JSON object valid against the schema.
+
+        Raises ExtractionTerminal with a one-line reason naming the JSON path of
+        the most relevant failure (`jsonschema.exceptions.best_match`), e.g.
+        ``result does not validate at $.total: 'abc' is not of type 'number'``.
+        """
+        if not isinstance(result, dict):
+            raise ExtractionTerminal(f"result is not a JSON object but {type(result).__name__}")
+        error = jsonschema.exceptions.best_match(self.validator.iter_errors(result))
+        if error is not None:
+            reason = f"result does not validate at {error.json_path}: {error.message}"
+            raise ExtractionTerminal(one_line(reason, REASON_MAX_CHARS))
+        return result
+
+    @property
+    def property_names(self) -> frozenset[str] | None:
+        """The top-level properties a result may have, None when any name is allowed."""
+        if self.schema.get("additionalProperties") is not False:
+            return None
+        properties = self.schema.get("properties")
+        return frozenset(properties) if isinstance(properties, dict) else frozenset()
+
+
+def load_schema(spec: object, base_dir: Path, *, key: str = "schema") -> dict[str, Any]:
+    """The schema document named by `spec`: an inline mapping (copied) or a JSON
+    file path, relative to `base_dir`. ProcessorConfigError names `key` when the
+    file is missing, unreadable, not JSON or not an object."""
+    if isinstance(spec, Mapping):
+        return _plain(dict(spec))
+    if not isinstance(spec, str | Path) or not str(spec):
+        raise ProcessorConfigError(f"`{key}` must be a JSON file path or an inline table")
+    path = Path(spec)
+    if not path.is_absolute():
+        path = base_dir / path
+    try:
+        if path.stat().st_size > SCHEMA_FILE_MAX_BYTES:
+            raise ProcessorConfigError(f"`{key}`: {path} is over {SCHEMA_FILE_MAX_BYTES} bytes")
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProcessorConfigError(f"`{key}`: cannot read {path}: {exc.strerror}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProcessorConfigError(f"`{key}`: {path} is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ProcessorConfigError(f"`{key}`: {path} does not hold a JSON object")
+    return document
+
+
+def compile_schema(schema: Mapping[str, Any], *, key: str = "schema") -> ResultSchema:
+    """Check `schema` against its metaschema and build its validator.
+
+    ProcessorConfigError (naming `key` and the schema's failing path) when the
+    schema is not a valid schema of its dialect, or names an unknown `$schema`."""
+    document = _plain(dict(schema))
+    dialect = document.get("$schema")
+    # default=None: None for an unknown `$schema` (the library's own default would
+    # warn and validate with the newest draft), and for none at all.
+    found = jsonschema.validators.validator_for(document, default=None)
+    if found is None and dialect is not None:
+        raise ProcessorConfigError(one_line(f"`{key}`: unknown $schema {dialect!r}"))
+    cls: type[jsonschema.protocols.Validator] = found or DEFAULT_DIALECT
+    try:
+        cls.check_schema(document)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = exc.json_path
+        raise ProcessorConfigError(
+            one_line(f"`{key}` is not a valid JSON Schema at {where}: {exc.message}")
+        ) from exc
+    validator = cls(document, format_checker=cls.FORMAT_CHECKER)
+    return ResultSchema(document, validator)
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy as plain dicts and lists (tomllib gives those already; a caller's
+    mapping types would otherwise leak into jsonschema)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
