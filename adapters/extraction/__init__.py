@@ -19,6 +19,7 @@ from inboxd.adapters.extraction.errors import (
     ExtractionUnauthorized,
     ProcessorConfigError,
 )
+from inboxd.adapters.extraction.http import HttpBackend
 from inboxd.adapters.extraction.schema import ResultSchema, compile_schema, load_schema
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ExtractionRetryable",
     "ExtractionTerminal",
     "ExtractionUnauthorized",
+    "HttpBackend",
     "ProcessorConfigError",
     "ResultSchema",
     "Rule",
