@@ -12,6 +12,7 @@ config.py parses a tenant file's `[[processors]]` table and its mail filter.
 from __future__ import annotations
 
 from inboxd.adapters.extraction.builtin import BuiltinBackend, Rule, extract_fields, parse_rules
+from inboxd.adapters.extraction.config import MailFilter, ProcessorConfig, matches, parse_processor
 from inboxd.adapters.extraction.errors import (
     ExtractionError,
     ExtractionRetryable,
@@ -29,11 +30,15 @@ __all__ = [
     "ExtractionTerminal",
     "ExtractionUnauthorized",
     "HttpBackend",
+    "MailFilter",
+    "ProcessorConfig",
     "ProcessorConfigError",
     "ResultSchema",
     "Rule",
     "compile_schema",
     "extract_fields",
     "load_schema",
+    "matches",
+    "parse_processor",
     "parse_rules",
 ]
