@@ -24,6 +24,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from inboxd.adapters.extraction.config import parse_processor
+from inboxd.adapters.extraction.errors import ProcessorConfigError
 from inboxd.adapters.imap.config import MAILBOX_KEYS as IMAP_KEYS
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.errors import ImapConfigError
@@ -222,7 +224,8 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
                 for entry in mailbox.settings.get("addresses", ()):
                     result.ses_routes.append((f"{key}.addresses", entry))
     delivery_sources = _parse_raw_tables(r, raw, "delivery_sources", "delivery source")
-    processors = _parse_raw_tables(r, raw, "processors", "processor")
+    known_mailboxes = {mailbox_id for _, mailbox_id in result.mailbox_ids}
+    processors = _parse_processors(r, raw, path.parent, known_mailboxes)
     if tenant_id is not None:
         result.tenant = TenantConfig(
             tenant_id=tenant_id,
@@ -375,8 +378,8 @@ def _parse_raw_tables(
     name: str,
     kind: str,
 ) -> tuple[Mapping[str, Any], ...]:
-    """`[[delivery_sources]]` / `[[processors]]`: tables with a unique `id` and a
-    `provider`; everything else kept as written (secrets checked and wrapped)."""
+    """`[[delivery_sources]]`: tables with a unique `id` and a `provider`; everything
+    else kept as written (secrets checked and wrapped)."""
     out: list[Mapping[str, Any]] = []
     seen: dict[str, str] = {}
     for key, table in r.tables(raw, name):
@@ -387,6 +390,33 @@ def _parse_raw_tables(
                 r.problem(f"{key}.id", f'duplicate {kind} id "{ident}" (also {seen[ident]})')
             else:
                 seen[ident] = key
+        out.append(r.freeze(table, key))
+    return tuple(out)
+
+
+def _parse_processors(
+    r: Reader, raw: dict[str, Any], base: Path, mailboxes: set[str]
+) -> tuple[Mapping[str, Any], ...]:
+    """`[[processors]]`: each checked whole by adapters.extraction (backend keys, the
+    schema against its metaschema, builtin rules against the schema, the http token a
+    secret reference), its `mailboxes` among this tenant's; kept as written."""
+    out: list[Mapping[str, Any]] = []
+    seen: dict[str, str] = {}
+    for key, table in r.tables(raw, "processors"):
+        ident = r.ident(table, "id", key, kind="processor")
+        if ident is not None:
+            if ident in seen:
+                r.problem(f"{key}.id", f'duplicate processor id "{ident}" (also {seen[ident]})')
+            else:
+                seen[ident] = key
+        try:
+            processor = parse_processor(table, base)
+        except ProcessorConfigError as exc:
+            r.problem(key, str(exc))
+        else:
+            unknown = sorted(set(processor.mailboxes or ()) - mailboxes)
+            if unknown:
+                r.problem(f"{key}.mailboxes", f"no mailbox {', '.join(unknown)} in this tenant")
         out.append(r.freeze(table, key))
     return tuple(out)
 

@@ -227,7 +227,13 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
         webhook_secret = "env:POSTMARK_SECRET"
         [[processors]]
         id = "invoices"
-        provider = "invoice_extractor"
+        mailboxes = ["support-imap"]
+        backend = "http"
+        url = "https://parse.example/v1/parse"
+        token = "env:PARSE_TOKEN"
+        schema_id = "invoice"
+        schema_version = 1
+        schema = {type = "object", properties = {number = {type = "string"}}}
         """,
     )
 
@@ -243,7 +249,8 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
     assert imap.settings["password"] == Secret("file:/run/secrets/imap-password")
     assert imap.settings["folders"][1]["direction"] == "outbound"
     assert acme.delivery_sources[0]["webhook_secret"] == Secret("env:POSTMARK_SECRET")
-    assert acme.processors[0]["provider"] == "invoice_extractor"
+    assert acme.processors[0]["backend"] == "http"
+    assert acme.processors[0]["token"] == Secret("env:PARSE_TOKEN")
     with pytest.raises(TypeError):
         imap.settings["host"] = "x"  # type: ignore[index]
 
@@ -343,6 +350,34 @@ PROBLEM_CASES = [
         "main",
         "object_store.database_max_bytes",
         "must be between 0 and 16777216, got -1",
+    ),
+    (
+        "processor-schema-against-its-metaschema",
+        "",
+        'id = "acme"\n[[processors]]\nid = "inv"\nbackend = "builtin"\nschema_version = 1\n'
+        'schema = {type = "no-such-type"}\n',
+        "tenant",
+        "processors[0]",
+        "processor 'inv': `schema` is not a valid JSON Schema at $.type",
+    ),
+    (
+        "processor-http-token-literal",
+        "",
+        'id = "acme"\n[[processors]]\nid = "inv"\nbackend = "http"\nschema_version = 1\n'
+        'url = "https://p.example"\ntoken = "sk-live-123"\nschema = {type = "object"}\n',
+        "tenant",
+        "processors[0]",
+        "`token` must be a secret reference",
+    ),
+    (
+        "processor-unknown-mailbox",
+        "",
+        'id = "acme"\n[[processors]]\nid = "inv"\nbackend = "http"\nschema_version = 1\n'
+        'url = "https://p.example"\ntoken = "env:T"\nmailboxes = ["nope"]\n'
+        'schema = {type = "object"}\n',
+        "tenant",
+        "processors[0].mailboxes",
+        "no mailbox nope in this tenant",
     ),
     (
         "unknown-tenant-key",
