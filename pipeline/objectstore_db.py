@@ -67,16 +67,30 @@ MAX_MAX_BYTES = 16 * 1024 * 1024
 # mean 5.7 KB, more than one ingest batch.
 DB_PUT_CHUNK_BYTES = 8 * 1024 * 1024
 
+# New keys are inserted; a key that exists is left alone unless its bytes differ.
+# Not ON CONFLICT DO UPDATE … WHERE: that locks every conflicting row until commit,
+# even the ones it does not update, so two ingests of one tenant carrying the same
+# attachment (a logo, a cc'd file) would wait on each other, and deadlock when their
+# batches held the keys in opposite orders. An UPDATE locks only the rows it changes,
+# and content-addressed keys (all of the pipeline's) never change.
 _INSERT = (
     "INSERT INTO small_objects (tenant_id, key, data) "
     "SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) "
-    "ON CONFLICT (tenant_id, key) DO UPDATE SET data = EXCLUDED.data, stored_at = now() "
-    "WHERE small_objects.data IS DISTINCT FROM EXCLUDED.data"
+    "ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key"
+)
+_REPLACE = (
+    "UPDATE small_objects o SET data = u.d, stored_at = now() "
+    "FROM unnest($1::text[], $2::text[], $3::bytea[]) AS u(t, k, d) "
+    "WHERE o.tenant_id = u.t AND o.key = u.k AND o.data <> u.d"
 )
 
 
 class DatabaseTierStore:
     """``ObjectStore``: objects up to ``max_bytes`` in ``small_objects``, the rest in ``large``.
+
+    ``max_bytes = 0`` writes nothing to the table but still reads it: objects an
+    earlier configuration (or version) kept there stay readable after the tier is
+    turned off or the store moves to S3.
 
     ``pool`` is the daemon's (or the importer's) connection pool; the store acquires a
     connection per call and holds none between calls. ``start``/``aclose`` start and
@@ -84,8 +98,8 @@ class DatabaseTierStore:
     """
 
     def __init__(self, pool: asyncpg.Pool, large: ObjectStore, *, max_bytes: int) -> None:
-        if not 1 <= max_bytes <= MAX_MAX_BYTES:
-            raise ValueError(f"max_bytes must be 1..{MAX_MAX_BYTES}, not {max_bytes}")
+        if not 0 <= max_bytes <= MAX_MAX_BYTES:
+            raise ValueError(f"max_bytes must be 0..{MAX_MAX_BYTES}, not {max_bytes}")
         self.pool = pool
         self.large = large
         self.max_bytes = max_bytes
@@ -145,7 +159,7 @@ class DatabaseTierStore:
             except (ValueError, TypeError) as exc:
                 results[i] = exc
                 continue
-            if len(data) <= self.max_bytes:
+            if self.max_bytes and len(data) <= self.max_bytes:
                 small[key] = (bytes(data), [*small.get(key, (b"", []))[1], i])
             else:
                 large.append(i)
@@ -214,21 +228,19 @@ class DatabaseTierStore:
     async def _insert(
         self, chunk: list[tuple[str, bytes]], conn: asyncpg.Connection | None
     ) -> BaseException | None:
-        args = (
-            [_tenant_of(key) for key, _ in chunk],
-            [key for key, _ in chunk],
-            [data for _, data in chunk],
-        )
+        # one order for every writer: concurrent inserts of the same new keys wait on
+        # each other in that order, never in a cycle
+        chunk = sorted(chunk, key=lambda item: (_tenant_of(item[0]), item[0]))
         try:
             if conn is not None:
                 async with conn.transaction():  # a savepoint in the caller's transaction
-                    await conn.execute(_INSERT, *args)
+                    await _write(conn, chunk)
                 return None
             async with self.pool.acquire() as own, own.transaction():
                 # durable at commit even where the server's default is off: put_many's
                 # callers acknowledge providers once it returns
                 await own.execute("SET LOCAL synchronous_commit = on")
-                await own.execute(_INSERT, *args)
+                await _write(own, chunk)
         except DATABASE_ERRORS as exc:
             return exc
         return None
@@ -265,6 +277,27 @@ class DatabaseTierStore:
         except DATABASE_ERRORS as exc:
             raise ObjectStoreError(f"checking {len(keys)} objects failed: {exc}") from exc
         return {row["key"] for row in rows}
+
+
+async def _write(conn: asyncpg.Connection, chunk: list[tuple[str, bytes]]) -> None:
+    """Insert the new keys; replace the bytes of existing keys whose bytes differ."""
+    inserted = {
+        row["key"]
+        for row in await conn.fetch(
+            _INSERT,
+            [_tenant_of(key) for key, _ in chunk],
+            [key for key, _ in chunk],
+            [data for _, data in chunk],
+        )
+    }
+    existing = [(key, data) for key, data in chunk if key not in inserted]
+    if existing:
+        await conn.execute(
+            _REPLACE,
+            [_tenant_of(key) for key, _ in existing],
+            [key for key, _ in existing],
+            [data for _, data in existing],
+        )
 
 
 def _tenant_of(key: str) -> str:

@@ -99,16 +99,19 @@ def open_object_store(
 ) -> ObjectStore:
     """Build the store ``spec`` describes; raises ``ValueError`` for a bad spec.
 
-    With ``pool`` and a ``database_max_bytes`` above 0, small objects go to that
-    database (``DatabaseTierStore``); without a pool the configured store alone, which
+    With ``pool``, a ``DatabaseTierStore`` in front of the configured store: objects
+    up to ``database_max_bytes`` go to that database, and reads look there first
+    whatever the limit (0 included). Without a pool the configured store alone, which
     does not see objects an earlier run put in the database. The result is not
     started: use ``async with open_object_store(spec) as store`` (or ``await
     store.start()`` / ``await store.aclose()``). No I/O happens here.
     """
     config = spec if isinstance(spec, ObjectStoreConfig) else ObjectStoreConfig.from_mapping(spec)
     large = _open_large(config)
-    if pool is None or config.database_max_bytes == 0:
+    if pool is None:
         return large
+    # With the tier off (database_max_bytes = 0) the table is still read: rows stored
+    # while it was on point at objects only it holds.
     return DatabaseTierStore(pool, large, max_bytes=config.database_max_bytes)
 
 

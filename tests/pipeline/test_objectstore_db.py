@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -125,6 +126,26 @@ async def test_a_failed_insert_does_not_abort_the_callers_transaction(
         assert await conn.fetchval("SELECT count(*) FROM small_objects") == 0
 
 
+async def test_two_open_transactions_putting_a_stored_key_do_not_wait_on_each_other(
+    tier: DatabaseTierStore, pool: asyncpg.Pool
+) -> None:
+    # a tenant's logo attached to mail of two mailboxes ingested at once
+    logo = ("att/acme/logo", b"\x89PNG logo", "image/png")
+    other = ("att/acme/other", b"another", "image/png")
+    await tier.put_many([logo, other])
+    async with pool.acquire() as one, pool.acquire() as two:
+        first, second = one.transaction(), two.transaction()
+        await first.start()
+        await second.start()
+        try:
+            with anyio.fail_after(10):
+                assert await tier.put_many([logo, other], conn=one) == [None, None]
+                assert await tier.put_many([other, logo], conn=two) == [None, None]
+        finally:
+            await first.rollback()
+            await second.rollback()
+
+
 async def test_many_small_objects_are_split_into_bounded_statements(
     tier: DatabaseTierStore, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,7 +191,22 @@ async def test_a_missing_key_is_not_found_in_either_tier(tier: DatabaseTierStore
     assert await tier.url_for("raw/acme/" + "0" * 64, expires_s=60) is None
 
 
+async def test_with_the_tier_off_objects_kept_in_the_table_stay_readable(
+    tier: DatabaseTierStore, pool: asyncpg.Pool, large: LocalDirectoryStore
+) -> None:
+    await tier.put("raw/acme/kept", b"stored while the tier was on")
+    off = DatabaseTierStore(pool, large, max_bytes=0)
+
+    assert await off.get("raw/acme/kept") == b"stored while the tier was on"
+    await off.put("raw/acme/new", b"x")  # small, but the tier is off: a file
+    assert large.path_for("raw/acme/new").read_bytes() == b"x"
+    assert await off.exists_many(["raw/acme/kept", "raw/acme/new"]) == {
+        "raw/acme/kept",
+        "raw/acme/new",
+    }
+
+
 async def test_max_bytes_is_bounded(pool: asyncpg.Pool, large: LocalDirectoryStore) -> None:
-    for bad in (0, objectstore_db.MAX_MAX_BYTES + 1):
+    for bad in (-1, objectstore_db.MAX_MAX_BYTES + 1):
         with pytest.raises(ValueError):
             DatabaseTierStore(pool, large, max_bytes=bad)

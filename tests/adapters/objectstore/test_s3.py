@@ -348,10 +348,14 @@ async def test_open_object_store_puts_small_objects_in_the_database(
     assert isinstance(local, DatabaseTierStore)
     assert local.max_bytes == 64 * 1024
     assert isinstance(local.large, LocalDirectoryStore)
+    # the tier off still reads the table (objects stored while it was on)
     off = {"kind": "local", "path": str(tmp_path / "o"), "database_max_bytes": 0}
-    assert isinstance(open_object_store(off, pool=pool), LocalDirectoryStore)
+    reading = open_object_store(off, pool=pool)
+    assert isinstance(reading, DatabaseTierStore) and reading.max_bytes == 0
     # S3 keeps one object per message unless asked otherwise
-    assert isinstance(open_object_store({"kind": "s3", "bucket": "b"}, pool=pool), S3Store)
+    s3 = open_object_store({"kind": "s3", "bucket": "b"}, pool=pool)
+    assert isinstance(s3, DatabaseTierStore) and s3.max_bytes == 0
+    assert isinstance(s3.large, S3Store)
     tiered = open_object_store({"kind": "s3", "bucket": "b", "database_max_bytes": 4096}, pool=pool)
     assert isinstance(tiered, DatabaseTierStore)
     assert (tiered.max_bytes, type(tiered.large)) == (4096, S3Store)
