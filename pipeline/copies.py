@@ -54,6 +54,31 @@ async def known_copies(
     return {r[0] for r in rows}
 
 
+async def settled_copies(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    tenant_id: str,
+    mailbox_id: str,
+    external_ids: Iterable[str],
+) -> set[str]:
+    """The subset of `external_ids` this mailbox has a copy of whose message has every
+    attachment stored: seeing them again would change nothing, so a door may skip
+    them unparsed. A copy with an unstored attachment is left out: its next sighting
+    is what stores the attachment again (ingest_bytes, the cascade's duplicate path)."""
+    ids = list(dict.fromkeys(external_ids))
+    if not ids:
+        return set()
+    rows = await conn.fetch(
+        "SELECT c.external_id FROM message_copies c "
+        "WHERE c.tenant_id = $1 AND c.mailbox_id = $2 AND c.external_id = ANY($3::text[]) "
+        "AND NOT EXISTS (SELECT 1 FROM attachments a WHERE a.tenant_id = c.tenant_id "
+        "AND a.message_id = c.message_id AND NOT a.stored)",
+        tenant_id,
+        mailbox_id,
+        ids,
+    )
+    return {r[0] for r in rows}
+
+
 async def live_copies_under(
     conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, mailbox_id: str, prefix: str
 ) -> list[str]:

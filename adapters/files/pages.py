@@ -23,12 +23,18 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from dataclasses import dataclass
 
 import anyio.to_thread
+import structlog
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.files.source import ImportPlan, RawMessage, SourceError, iter_messages
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.message import AttachmentData, MessageData
 from inboxd.pipeline.outcomes import ItemResult
 from inboxd.pipeline.parsing import parse_in_workers
+
+log = structlog.get_logger(__name__)
+
+_LOOKUP_FAILURES: tuple[type[BaseException], ...] = (TimeoutError, *DATABASE_ERRORS)
 
 # Messages per page, i.e. per ingest transaction. The cascade costs ≤ 2 queries
 # per batch and every write is one set-based statement, so bigger batches
@@ -37,10 +43,14 @@ from inboxd.pipeline.parsing import parse_in_workers
 # batch retries. (100, 250, 500 and 1000 measured within noise on 3,940 messages.)
 IMPORT_PAGE_SIZE = 500
 # A page also closes at this many raw bytes, so an mbox of large attachments keeps
-# memory bounded (three pages in flight: one read ahead here, one in the queue, one
-# being ingested, plus parsed attachment copies).
+# memory bounded (four pages in flight: one read ahead here, one being looked up and
+# parsed, one in the queue, one being ingested, plus parsed attachment copies).
 IMPORT_PAGE_MAX_BYTES = 64 * 1024 * 1024
 IMPORT_PROVIDER = "import"
+# Deadline of the one "which of these are stored" query per page (CONTRIBUTING.md
+# rule 7): a page of 500 ids answers in milliseconds; past this the database is in
+# trouble and the page is parsed whole instead (ImportSource._stored).
+KNOWN_TIMEOUT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -114,12 +124,24 @@ class ImportSource:
             self.read_error = exc
             return []
 
+    async def _stored(self, shas: list[str]) -> set[str]:
+        """`known(shas)`, or nothing when the database does not answer in time: the
+        page is then parsed whole and the ingest path meets the outage with its own
+        retries and report (the lookup only saves work, it never decides an outcome)."""
+        assert self.known is not None
+        try:
+            with anyio.fail_after(KNOWN_TIMEOUT_S):
+                return await self.known(shas)
+        except _LOOKUP_FAILURES as exc:
+            log.warning("import_known_lookup_failed", error=type(exc).__name__)
+            return set()
+
     async def _page_of(self, raws: list[RawMessage]) -> Page:
         span_bytes = sum(m.span_bytes for m in raws)
         stored: set[str] = set()
         if self.known:
             shas = await anyio.to_thread.run_sync(_hash_all, raws)
-            stored = await self.known(shas)
+            stored = await self._stored(shas)
             todo = [m for m, sha in zip(raws, shas, strict=True) if sha not in stored]
         else:
             todo = raws

@@ -63,7 +63,7 @@ from inboxd.daemon.commands.stopping import StopSignals
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
-from inboxd.pipeline.copies import known_copies
+from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
@@ -156,7 +156,7 @@ class _Importer:
             mode = "process" if self.plan.total_bytes >= PROCESS_PARSE_MIN_BYTES else "thread"
 
         async def known(ids: Sequence[str]) -> set[str]:
-            return await known_copies(pool, self.tenant, self.mailbox, ids)
+            return await settled_copies(pool, self.tenant, self.mailbox, ids)
 
         return ImportSource(
             self.tenant,

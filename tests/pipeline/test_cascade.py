@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from factories import T0, CountingStore, message
 
+from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import AttachmentData
 from inboxd.pipeline.outcomes import Outcome
@@ -210,9 +211,13 @@ async def test_failed_attachment_store_is_retried_on_next_sighting(pool, tmp_pat
     )
     assert await ingest(stage, message(external_id="m1", attachments=[att])) == [Outcome.NEW]
     assert await count(pool, "SELECT count(*) FROM attachments WHERE NOT stored") == 1
+    # a door that skips copies it holds (import) must still see this one again
+    tenant, mailbox = inbox
+    assert await settled_copies(pool, tenant, mailbox, ["m1"]) == set()
     store.fail_prefixes = ()
     assert await ingest(stage, message(external_id="m1", attachments=[att])) == [Outcome.DUPLICATE]
     assert await count(pool, "SELECT count(*) FROM attachments WHERE stored") == 1
+    assert await settled_copies(pool, tenant, mailbox, ["m1", "m2"]) == {"m1"}
 
 
 async def test_failed_html_upload_degrades_to_inline(pool, tmp_path, inbox) -> None:

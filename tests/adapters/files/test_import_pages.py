@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from inboxd.adapters.files import ImportSource, PageRefs, plan_import
@@ -97,5 +98,21 @@ async def test_without_known_every_message_is_parsed(files: list[Path], tmp_path
     source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
     [(items, refs)] = await pages_of(source)
 
+    assert [i.external_id for i in items] == [sha(p) for p in files]
+    assert refs.known == 0
+
+
+async def test_a_database_that_does_not_answer_the_lookup_means_parsing_the_page(
+    files: list[Path], tmp_path: Path
+) -> None:
+    async def known(ids: Sequence[str]) -> set[str]:
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed")
+
+    source = ImportSource(
+        "acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True, known=known
+    )
+    [(items, refs)] = await pages_of(source)
+
+    # the lookup only saves work: the page goes to ingest whole, which meets the outage
     assert [i.external_id for i in items] == [sha(p) for p in files]
     assert refs.known == 0
