@@ -36,9 +36,6 @@ followed: a 3xx would carry the bearer token to another address.
 from __future__ import annotations
 
 import base64
-import math
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -51,6 +48,7 @@ from inboxd.adapters.extraction.errors import (
     ExtractionUnauthorized,
 )
 from inboxd.adapters.extraction.schema import ResultSchema
+from inboxd.adapters.retry_after import retry_after_s
 from inboxd.pipeline.leases import one_line
 from inboxd.pipeline.message import MessageData
 
@@ -212,23 +210,3 @@ def _detail_item(item: object) -> str:
         where = ".".join(str(part) for part in item.get("loc", []) or [])
         return f"{where}: {item['msg']}" if where else str(item["msg"])
     return str(item)
-
-
-def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
-    """Retry-After in seconds from now (RFC 9110 §10.2.3: delay-seconds or an
-    HTTP-date); None when absent or unreadable, 0.0 for a date already past.
-    The claim protocol caps it (extraction_claims.RETRY_AFTER_MAX_S)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # RFC 9110 §5.6.7: an HTTP-date is always GMT
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    return max(seconds, 0.0) if math.isfinite(seconds) else None

@@ -11,16 +11,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
 
 from inboxd.adapters.gmail.errors import GmailRequestRejected, GmailUnavailable
+from inboxd.adapters.retry_after import retry_after_s
 
 #: Longest Retry-After honoured, seconds; longer ones are the runner's backoff's business.
 MAX_RETRY_AFTER_S = 3600.0
@@ -137,24 +136,9 @@ def google_error(body: bytes) -> tuple[str | None, str]:
 
 
 def retry_after_of(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds (RFC 9110 §10.2.3: delay-seconds or an HTTP-date)."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    """Retry-After in seconds (adapters/retry_after.py), at most MAX_RETRY_AFTER_S."""
+    seconds = retry_after_s(headers.get("retry-after"))
+    return None if seconds is None else min(seconds, MAX_RETRY_AFTER_S)
 
 
 def json_object(body: bytes, what: str) -> dict[str, Any]:

@@ -22,11 +22,8 @@ other 4xx → OutlookRequestRejected.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -53,6 +50,7 @@ from inboxd.adapters.outlook.errors import (
     OutlookUnavailable,
 )
 from inboxd.adapters.pacing import TokenBucket
+from inboxd.adapters.retry_after import retry_after_s
 
 __all__ = ["Answer", "GraphTransport", "graph_error_code"]
 
@@ -234,7 +232,7 @@ class GraphTransport:
         """The exception for a non-2xx answer; a Retry-After holds the pacer."""
         code = graph_error_code(answer.body)
         text = f"{what}: Graph answered {answer.status}" + (f" {code}" if code else "")
-        after = retry_after_s(answer.headers)
+        after = retry_after_of(answer.headers)
         if answer.status == 429 or (answer.status == 503 and after is not None):
             hold = after if after is not None else 1.0
             self.pacer.hold(min(hold, MAX_RETRY_AFTER_S))
@@ -296,20 +294,10 @@ def graph_error_code(body: bytes) -> str | None:
     return None
 
 
-def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds (delta-seconds or an HTTP date), None when absent."""
-    value = None
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """Retry-After in seconds (adapters/retry_after.py), None when absent; the header
+    name matched whatever its case (kiota hands a plain mapping)."""
     for name, item in headers.items():
         if name.lower() == "retry-after":
-            value = item
-            break
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+            return retry_after_s(item)
+    return None
