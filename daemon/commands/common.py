@@ -120,7 +120,8 @@ def load_config(path: Path | None) -> dict[str, Any]:
 
 
 def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -> dict[str, Any]:
-    """`[object_store]` of the config, else a local directory under the data directory.
+    """`[object_store]` of the config, checked, else a local directory under the data
+    directory; a bad table is a CommandError (exit 2).
 
     A relative local `path` is relative to the config file's directory, as for
     `inboxd run` (daemon/config.py), so `import --config F` and `run --config F`
@@ -134,6 +135,12 @@ def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -
     path = spec.get("path")
     if spec.get("kind", "local") == "local" and isinstance(path, str) and config_path is not None:
         spec = {**spec, "path": str(relative_to(config_path.expanduser().absolute().parent, path))}
+    from inboxd.adapters.objectstore import ObjectStoreConfig
+
+    try:
+        ObjectStoreConfig.from_mapping(spec)  # a bad table fails before any connection
+    except ValueError as exc:
+        raise CommandError(f"config file: {exc}", EXIT_USAGE) from exc
     return spec
 
 

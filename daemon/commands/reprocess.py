@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
-import anyio
 import asyncpg
 import structlog
 
+from inboxd.adapters.objectstore import open_object_store
 from inboxd.daemon.commands.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -266,30 +266,15 @@ class _Run:
 
     async def run(self) -> int:
         started = time.monotonic()
-        error: CommandError | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.signals.watch, tg.cancel_scope)
-            try:
-                await self._run()
-            except CommandError as exc:  # raised here, not as an ExceptionGroup
-                error = exc
-            finally:
-                self.summary.elapsed_s = time.monotonic() - started
-                tg.cancel_scope.cancel()
-        if error is not None:
-            raise error
+        try:
+            await self.signals.run(self._run)
+        finally:
+            self.summary.elapsed_s = time.monotonic() - started
         return self._finish()
 
     async def _run(self) -> None:
-        # Imported here: aioboto3 behind it takes ~0.25 s to import (see importer.py).
-        from inboxd.adapters.objectstore import open_object_store
-
         config = load_config(self.args.config)
         spec = object_store_spec(config, self.args.config)
-        try:
-            open_object_store(spec)  # a bad [object_store] table fails before any connection
-        except ValueError as exc:
-            raise CommandError(f"config file: {exc}", EXIT_USAGE) from exc
         choice = await resolve(self.args, config)
         async with (
             open_pool(choice, max_size=POOL_SIZE) as pool,

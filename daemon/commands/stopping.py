@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import structlog
+
+from inboxd.daemon.commands.common import CommandError
 
 log = structlog.get_logger(__name__)
 
@@ -53,3 +55,19 @@ class StopSignals:
                 self.stop.set()
                 if self.on_stop is not None:
                     self.on_stop()
+
+    async def run(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` with signals served; its CommandError comes out as itself (not in
+        an exception group). A second signal cancels `work` and returns normally
+        (`aborted` says so)."""
+        error: CommandError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.watch, tg.cancel_scope)
+            try:
+                await work()
+            except CommandError as exc:
+                error = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
