@@ -24,23 +24,22 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from inboxd.adapters.extraction.config import parse_processor
-from inboxd.adapters.extraction.errors import ProcessorConfigError
-from inboxd.adapters.imap.config import MAILBOX_KEYS as IMAP_KEYS
-from inboxd.adapters.imap.config import ImapMailbox
-from inboxd.adapters.imap.errors import ImapConfigError
-from inboxd.adapters.ses.config import MAILBOX_KEYS, SesMailbox
-from inboxd.adapters.ses.errors import SesConfigError
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
     Reader,
     describe,
     join_key,
-    relative_to,
+)
+from inboxd.daemon.mailbox_settings import (
+    GENERIC_MAILBOX_KEYS,
+    imap_settings,
+    maildir_settings,
+    ses_settings,
 )
 from inboxd.daemon.provider_tables import TABLE_DOORS, parse_tables, table_mailbox
 from inboxd.daemon.secrets import Secret
+from inboxd.daemon.tenant_tables import parse_processors, parse_raw_tables
 from inboxd.pipeline.scheduling import SyncMode
 
 __all__ = [
@@ -77,7 +76,6 @@ _TENANT_KEYS = (
     "delivery_sources",
     "processors",
 )
-_MAILBOX_KEYS = ("id", "provider", "address", "sync_mode", "poll_interval_s")
 _MAILDIR_KEYS = ("path",)
 
 
@@ -223,9 +221,9 @@ def _parse_tenant_file(path: Path, options: Options) -> _TenantFile:
             if mailbox.provider == "ses":
                 for entry in mailbox.settings.get("addresses", ()):
                     result.ses_routes.append((f"{key}.addresses", entry))
-    delivery_sources = _parse_raw_tables(r, raw, "delivery_sources", "delivery source")
+    delivery_sources = parse_raw_tables(r, raw, "delivery_sources", "delivery source")
     known_mailboxes = {mailbox_id for _, mailbox_id in result.mailbox_ids}
-    processors = _parse_processors(r, raw, path.parent, known_mailboxes)
+    processors = parse_processors(r, raw, path.parent, known_mailboxes)
     if tenant_id is not None:
         result.tenant = TenantConfig(
             tenant_id=tenant_id,
@@ -272,26 +270,26 @@ def _parse_mailbox(
         prefix,
         _PROVIDER_POLL_INTERVAL_S.get(provider or "", DEFAULT_POLL_INTERVAL_S),
     )
-    extra = {k: v for k, v in table.items() if k not in _MAILBOX_KEYS}
+    extra = {k: v for k, v in table.items() if k not in GENERIC_MAILBOX_KEYS}
     settings: Mapping[str, Any]
     tenant_settings: Mapping[str, Any] = MappingProxyType({})
     if provider == "maildir":
         r.unknown_keys(
-            extra, _MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
+            extra, GENERIC_MAILBOX_KEYS + _MAILDIR_KEYS, prefix, what='key for provider "maildir"'
         )
-        settings = MappingProxyType(_maildir_settings(r, table, prefix, base))
+        settings = MappingProxyType(maildir_settings(r, table, prefix, base))
     elif provider == "ses":
-        settings = _ses_settings(r, extra, prefix)
+        settings = ses_settings(r, extra, prefix)
     elif provider == "imap":
-        settings = _imap_settings(r, extra, prefix)
+        settings = imap_settings(r, extra, prefix)
     elif provider in TABLE_DOORS:
         shared = tables.get(provider)
         door = TABLE_DOORS[provider]
-        settings = table_mailbox(r, door, extra, prefix, address, shared, _MAILBOX_KEYS)
+        settings = table_mailbox(r, door, extra, prefix, address, shared, GENERIC_MAILBOX_KEYS)
         tenant_settings = shared if shared is not None else tenant_settings
     else:
         for key in extra:
-            typo = difflib.get_close_matches(key, _MAILBOX_KEYS, n=1, cutoff=_TYPO_CUTOFF)
+            typo = difflib.get_close_matches(key, GENERIC_MAILBOX_KEYS, n=1, cutoff=_TYPO_CUTOFF)
             if typo:
                 r.problem(join_key(prefix, key), f'unknown key; did you mean "{typo[0]}"?')
         settings = r.freeze(extra, prefix)
@@ -307,51 +305,6 @@ def _parse_mailbox(
         settings=settings,
         tenant_settings=tenant_settings,
     )
-
-
-def _maildir_settings(r: Reader, table: dict[str, Any], prefix: str, base: Path) -> dict[str, Any]:
-    text = r.string(table, "path", prefix, required=True, nonempty=True)
-    if text is None:
-        return {}
-    path = relative_to(base, text)
-    # A missing directory is created when the door starts; a file in its place is not
-    # something we should turn into a Maildir.
-    if path.exists() and not path.is_dir():
-        r.problem(join_key(prefix, "path"), f"{path} exists and is not a directory")
-    return {"path": path}
-
-
-def _ses_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str, Any]:
-    """An ses mailbox's keys, checked by the adapter; kept normalised (addresses
-    lower-cased) so that routing and the duplicate check compare like with like."""
-    r.unknown_keys(extra, _MAILBOX_KEYS + MAILBOX_KEYS, prefix, what='key for provider "ses"')
-    try:
-        mailbox = SesMailbox.from_settings({k: v for k, v in extra.items() if k in MAILBOX_KEYS})
-    except SesConfigError as exc:
-        key, _, why = str(exc).partition(": ")
-        r.problem(join_key(prefix, key), why)
-        return MappingProxyType({})
-    return MappingProxyType(
-        {
-            "addresses": mailbox.addresses,
-            "allowed_senders": mailbox.allowed_senders,
-            "keep_objects": mailbox.keep_objects,
-        }
-    )
-
-
-def _imap_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str, Any]:
-    """An imap mailbox's keys, checked by the adapter (secrets wrapped first)."""
-    r.unknown_keys(extra, _MAILBOX_KEYS + tuple(IMAP_KEYS), prefix, what='key for provider "imap"')
-    # every key's secrets checked (a literal password under a misspelt key is still
-    # refused), the adapter's keys kept
-    frozen = MappingProxyType({k: v for k, v in r.freeze(extra, prefix).items() if k in IMAP_KEYS})
-    try:
-        ImapMailbox.from_settings(frozen)
-    except ImapConfigError as exc:
-        key, _, why = str(exc).partition(": ")
-        r.problem(join_key(prefix, key), why)
-    return frozen
 
 
 def _check_unique_routes(files: list[_TenantFile]) -> None:
@@ -370,55 +323,6 @@ def _check_unique_routes(files: list[_TenantFile]) -> None:
                 else f'tenant "{first[1]}" ({first[0]}: {first[2]})'
             )
             r.problem(key, f'"{entry}" is already routed to another ses mailbox: {where}')
-
-
-def _parse_raw_tables(
-    r: Reader,
-    raw: dict[str, Any],
-    name: str,
-    kind: str,
-) -> tuple[Mapping[str, Any], ...]:
-    """`[[delivery_sources]]`: tables with a unique `id` and a `provider`; everything
-    else kept as written (secrets checked and wrapped)."""
-    out: list[Mapping[str, Any]] = []
-    seen: dict[str, str] = {}
-    for key, table in r.tables(raw, name):
-        ident = r.ident(table, "id", key, kind=kind)
-        r.string(table, "provider", key, required=True, nonempty=True)
-        if ident is not None:
-            if ident in seen:
-                r.problem(f"{key}.id", f'duplicate {kind} id "{ident}" (also {seen[ident]})')
-            else:
-                seen[ident] = key
-        out.append(r.freeze(table, key))
-    return tuple(out)
-
-
-def _parse_processors(
-    r: Reader, raw: dict[str, Any], base: Path, mailboxes: set[str]
-) -> tuple[Mapping[str, Any], ...]:
-    """`[[processors]]`: each checked whole by adapters.extraction (backend keys, the
-    schema against its metaschema, builtin rules against the schema, the http token a
-    secret reference), its `mailboxes` among this tenant's; kept as written."""
-    out: list[Mapping[str, Any]] = []
-    seen: dict[str, str] = {}
-    for key, table in r.tables(raw, "processors"):
-        ident = r.ident(table, "id", key, kind="processor")
-        if ident is not None:
-            if ident in seen:
-                r.problem(f"{key}.id", f'duplicate processor id "{ident}" (also {seen[ident]})')
-            else:
-                seen[ident] = key
-        try:
-            processor = parse_processor(table, base)
-        except ProcessorConfigError as exc:
-            r.problem(key, str(exc))
-        else:
-            unknown = sorted(set(processor.mailboxes or ()) - mailboxes)
-            if unknown:
-                r.problem(f"{key}.mailboxes", f"no mailbox {', '.join(unknown)} in this tenant")
-        out.append(r.freeze(table, key))
-    return tuple(out)
 
 
 def _check_unique_ids(files: list[_TenantFile]) -> None:
