@@ -690,3 +690,15 @@ COMMENT ON COLUMN extraction_payload_conflicts.new_fingerprint IS 'Its payload f
 COMMENT ON COLUMN extraction_payload_conflicts.created_at IS 'When the conflict was detected.';
 COMMENT ON COLUMN extraction_payload_conflicts.resolved_at IS 'When someone reviewed it.';
 COMMENT ON COLUMN extraction_payload_conflicts.resolution IS 'What the reviewer decided.';
+
+CREATE TABLE IF NOT EXISTS extraction_inbox (
+    tenant_id   text NOT NULL,
+    message_id  bigint NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, message_id),
+    FOREIGN KEY (tenant_id, message_id) REFERENCES messages (tenant_id, message_id) ON DELETE CASCADE
+);
+COMMENT ON TABLE extraction_inbox IS 'New messages (ingest outcome new or conflict) of tenants with processors, written in the ingest transaction and not yet matched against the processors'' filters: the durable hand-off from ingest to the extraction stage (pipeline/extraction_inbox.py). A row is deleted in the transaction that queues its jobs, so a crash between ingest and extraction loses nothing.';
+COMMENT ON COLUMN extraction_inbox.tenant_id IS 'Tenant of the message.';
+COMMENT ON COLUMN extraction_inbox.message_id IS 'The new message row.';
+COMMENT ON COLUMN extraction_inbox.created_at IS 'When ingest committed it (the age of the oldest row is the feeder''s lag).';

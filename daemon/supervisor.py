@@ -13,6 +13,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
                              │                      stops receiving at the stop signal
                              ├─ fleet               presence, runners, poll scanner,
                              │                      doorbell (sync/)
+                             ├─ extraction          inbox feeder + one runner per
+                             │                      processor (daemon/extraction/)
                              ├─ attachment sweep    re-derives failed attachments
                              │                      (pipeline/attachment_sweep.py)
                              ├─ attention gauge     (daemon/attention_metric.py)
@@ -41,6 +43,7 @@ import structlog
 from inboxd.daemon import systemd
 from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.config import MainConfig, load_tenants
+from inboxd.daemon.extraction.stage import ExtractionStage
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.ses_door import SesDoor
@@ -93,8 +96,16 @@ class Daemon:
         self.store = store
         self.metrics = metrics or Metrics()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.extraction = ExtractionStage(
+            pool,
+            store,
+            tenants,
+            owner=self.owner,
+            lease_s=main.lease_ttl_s,
+            metrics=self.metrics,
+        )
         self.queue = IngestQueue(
-            IngestStage(pool, store),
+            IngestStage(pool, store, extraction=self.extraction.handoff),
             self.metrics,
             capacity_pages=max(1, main.queue_capacity // main.batch_size),
         )
@@ -183,6 +194,7 @@ class Daemon:
         with anyio.CancelScope() as self._fleet_scope:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.fleet.run, _synced(self.tenants))
+                await tg.start(self.extraction.run)
                 tg.start_soon(AttachmentSweeper(self.pool, self.store).run)
                 await tg.start(refresh_attention, self.pool, self.metrics)
                 tg.start_soon(systemd.run_watchdog, self._ready)
@@ -242,6 +254,7 @@ class Daemon:
         if self.ses is not None:
             self.ses.reload(merged)
         await self.fleet.reconcile(mailboxes)
+        self.extraction.reload(merged)
         self.tenants = merged
         try:
             self._tokens.replace(_api_tokens(merged))

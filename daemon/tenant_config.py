@@ -24,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from inboxd.adapters.extraction.config import ProcessorConfig
 from inboxd.daemon.config_reader import (
     ConfigProblem,
     Options,
@@ -116,9 +117,10 @@ class MailboxConfig:
 @dataclass(frozen=True)
 class TenantConfig:
     """One tenant file. `api_token` is the bearer token of the tenant's HTTP API
-    (`/v1/…`); None disables that API for the tenant. `delivery_sources` and
-    `processors` are kept as written (read-only, secrets as `Secret`) for the
-    modules that implement them; only `id` and `provider` are checked here.
+    (`/v1/…`); None disables that API for the tenant. `delivery_sources` are kept
+    as written (read-only, secrets as `Secret`) for daemon/webhooks; only `id` and
+    `provider` are checked here. `processors` are checked whole (adapters.extraction;
+    an http token stays its reference, revealed when the stage builds the backend).
     `provider_tables` holds the tables doors share (`[gmail]`, `[outlook]`), validated,
     secrets as `Secret`, by provider name; `gmail`/`outlook` read one (None when absent)."""
 
@@ -131,7 +133,7 @@ class TenantConfig:
     )
     mailboxes: tuple[MailboxConfig, ...] = ()
     delivery_sources: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
-    processors: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    processors: tuple[ProcessorConfig, ...] = field(default=(), hash=False)
 
     @property
     def gmail(self) -> Mapping[str, Any] | None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inboxd.adapters.extraction.config import parse_processor
+from inboxd.adapters.extraction.config import ProcessorConfig, parse_processor
 from inboxd.adapters.extraction.errors import ProcessorConfigError
 from inboxd.daemon.config_reader import Reader
 
@@ -39,11 +39,11 @@ def parse_raw_tables(
 
 def parse_processors(
     r: Reader, raw: dict[str, Any], base: Path, mailboxes: set[str]
-) -> tuple[Mapping[str, Any], ...]:
+) -> tuple[ProcessorConfig, ...]:
     """`[[processors]]`: each checked whole by adapters.extraction (backend keys, the
     schema against its metaschema, builtin rules against the schema, the http token a
-    secret reference), its `mailboxes` among this tenant's; kept as written."""
-    out: list[Mapping[str, Any]] = []
+    secret reference, kept as the reference), its `mailboxes` among this tenant's."""
+    out: list[ProcessorConfig] = []
     seen: dict[str, str] = {}
     for key, table in r.tables(raw, "processors"):
         ident = r.ident(table, "id", key, kind="processor")
@@ -60,5 +60,6 @@ def parse_processors(
             unknown = sorted(set(processor.mailboxes or ()) - mailboxes)
             if unknown:
                 r.problem(f"{key}.mailboxes", f"no mailbox {', '.join(unknown)} in this tenant")
-        out.append(r.freeze(table, key))
+            elif processor.token is None or r.secret(processor.token, f"{key}.token"):
+                out.append(processor)
     return tuple(out)

@@ -206,15 +206,43 @@ async def renew(conn: Executor, job: ClaimedJob, lease_s: float) -> bool:
     return bool(await conn.fetchval(sql, job.tenant_id, job.job_id, job.token, lease))
 
 
+async def renew_many(conn: Executor, jobs: Sequence[ClaimedJob], lease_s: float) -> set[int]:
+    """`renew` for many jobs of one tenant in one statement; the job ids still held."""
+    if not jobs:
+        return set()
+    tenants = {job.tenant_id for job in jobs}
+    if len(tenants) != 1:
+        raise ValueError("renew_many takes the jobs of one tenant")
+    rows = await conn.fetch(
+        """
+        UPDATE extraction_jobs j
+           SET lease_expires_at = now() + make_interval(secs => $4),
+               next_attempt_at = now() + make_interval(secs => $4), updated_at = now()
+          FROM unnest($2::bigint[], $3::bigint[]) AS r(job_id, token)
+         WHERE j.tenant_id = $1 AND j.job_id = r.job_id AND j.state = 'running'
+           AND j.lease_token = r.token AND j.lease_expires_at > now()
+        RETURNING j.job_id
+        """,
+        next(iter(tenants)),
+        [job.job_id for job in jobs],
+        [job.token for job in jobs],
+        _seconds("lease_s", lease_s),
+    )
+    return {r["job_id"] for r in rows}
+
+
 _COMPLETE = f"""
+WITH r AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS r(job_id, token, result)
+)
 UPDATE extraction_jobs j
-   SET state = 'completed', result = $4::jsonb, completed_at = now(), last_error = NULL,
+   SET state = 'completed', result = r.result::jsonb, completed_at = now(), last_error = NULL,
        {_RELEASED}
-  FROM messages m
- WHERE j.tenant_id = $1 AND j.job_id = $2 AND j.state = 'running' AND j.lease_token = $3
-   AND j.lease_expires_at > now()
+  FROM r, messages m
+ WHERE j.tenant_id = $1 AND j.job_id = r.job_id AND j.state = 'running'
+   AND j.lease_token = r.token AND j.lease_expires_at > now()
    AND m.tenant_id = j.tenant_id AND m.message_id = j.message_id
-RETURNING m.thread_id
+RETURNING j.job_id, m.thread_id
 """
 
 
@@ -228,26 +256,53 @@ async def complete(conn: Executor, job: ClaimedJob, result: object) -> bool:
     Validating `result` against the processor's JSON Schema is the caller's
     duty, before this call (an invalid one is `fail_terminal`).
     """
-    payload = orjson.dumps(result).decode()
+    return bool(await complete_many(conn, [(job, result)]))
+
+
+async def complete_many(conn: Executor, done: Sequence[tuple[ClaimedJob, object]]) -> set[int]:
+    """`complete` for many jobs of one tenant in one transaction; the job ids that won.
+
+    Each job is fenced by its own token: a job whose claim is no longer held
+    changes nothing and gets no event, whatever the others do. One UPDATE and
+    one event insert per mailbox, so a fast backend's results cost one commit
+    per batch instead of one per message.
+    """
+    if not done:
+        return set()
+    tenants = {job.tenant_id for job, _ in done}
+    if len(tenants) != 1:
+        raise ValueError("complete_many takes the jobs of one tenant")
+    if len({job.job_id for job, _ in done}) != len(done):
+        raise ValueError("complete_many takes each job once")
+    (tenant,) = tenants
     async with transaction(conn) as tx:
-        row = await tx.fetchrow(_COMPLETE, job.tenant_id, job.job_id, job.token, payload)
-        if row is None:
-            return False
-        events = EventBuffer()
-        events.add(
-            COMPLETED_EVENT,
-            thread_id=row["thread_id"],
-            message_id=job.message_id,
-            payload={
-                "job_id": job.job_id,
-                "processor": job.processor_id,
-                "schema_version": job.schema_version,
-                "dedup_key": job.dedup_key,
-                "result": result,
-            },
+        rows = await tx.fetch(
+            _COMPLETE,
+            tenant,
+            [job.job_id for job, _ in done],
+            [job.token for job, _ in done],
+            [orjson.dumps(result).decode() for _, result in done],
         )
-        await events.flush(tx, job.tenant_id, job.mailbox_id)
-    return True
+        threads = {r["job_id"]: r["thread_id"] for r in rows}
+        by_mailbox: dict[str, EventBuffer] = {}
+        for job, result in done:
+            if job.job_id not in threads:
+                continue
+            by_mailbox.setdefault(job.mailbox_id, EventBuffer()).add(
+                COMPLETED_EVENT,
+                thread_id=threads[job.job_id],
+                message_id=job.message_id,
+                payload={
+                    "job_id": job.job_id,
+                    "processor": job.processor_id,
+                    "schema_version": job.schema_version,
+                    "dedup_key": job.dedup_key,
+                    "result": result,
+                },
+            )
+        for mailbox, events in sorted(by_mailbox.items()):
+            await events.flush(tx, tenant, mailbox)
+    return set(threads)
 
 
 # --- failures ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 
-from inboxd.pipeline import cascade, threads
+from inboxd.pipeline import cascade, extraction_inbox, threads
 from inboxd.pipeline.errors import DATABASE_ERRORS, blames_the_data, db_fault, describe
 from inboxd.pipeline.ingest_bytes import AttachmentFetcher, store_dead_raw, store_message_bytes
 from inboxd.pipeline.ingest_plan import (
@@ -67,9 +67,16 @@ class IngestBatch:
 class IngestStage:
     """Turns batches of MessageData into rows; safe to call concurrently."""
 
-    def __init__(self, pool: asyncpg.Pool, store: ObjectStore) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: ObjectStore,
+        *,
+        extraction: extraction_inbox.HandOff | None = None,
+    ) -> None:
         self._pool = pool
         self._store = store
+        self._extraction = extraction
         self._statistics = IngestStatistics(pool)
         # mailbox address per (tenant, mailbox); addresses change only with config
         self._addresses: dict[tuple[str, str], str] = {}
@@ -104,6 +111,9 @@ class IngestStage:
                 for i in range(len(batch.items))
             ]
         await self._statistics.note_stored(sum(r.outcome is Outcome.NEW for r in results))
+        handoff = self._extraction
+        if handoff is not None and handoff.wants(batch.tenant_id) and _extracted_rows(results):
+            handoff.noted()
         return results
 
     async def _isolate(self, batch: IngestBatch, exc: BaseException) -> list[ItemResult]:
@@ -184,6 +194,8 @@ class IngestStage:
             if batch.backfill:
                 add_backfill_event(results, events)
             await events.flush(conn, tenant, mailbox)
+            if self._extraction is not None and self._extraction.wants(tenant):
+                await extraction_inbox.note_new(conn, tenant, _extracted_rows(results))
         return results
 
     async def _mark_direction(
@@ -222,6 +234,15 @@ class IngestStage:
         plan.raw_keys, plan.html_keys = stored.raw_keys, stored.html_keys
         plan.att_state = stored.att_state
         plan.failures.update(stored.failures)
+
+
+#: Outcomes whose rows the extraction stage sees: merged and duplicate items are
+#: another sighting of a row already handed over (pipeline/extraction_inbox.py).
+_EXTRACTED = frozenset({Outcome.NEW, Outcome.CONFLICT})
+
+
+def _extracted_rows(results: list[ItemResult]) -> list[int]:
+    return [r.message_id for r in results if r.outcome in _EXTRACTED and r.message_id is not None]
 
 
 def _sub(batch: IngestBatch, items: list[MessageData | DeadItem]) -> IngestBatch:

@@ -12,7 +12,13 @@ config.py parses a tenant file's `[[processors]]` table and its mail filter.
 from __future__ import annotations
 
 from inboxd.adapters.extraction.builtin import BuiltinBackend, Rule, extract_fields, parse_rules
-from inboxd.adapters.extraction.config import MailFilter, ProcessorConfig, matches, parse_processor
+from inboxd.adapters.extraction.config import (
+    MailFilter,
+    ProcessorConfig,
+    matches,
+    matches_fields,
+    parse_processor,
+)
 from inboxd.adapters.extraction.errors import (
     ExtractionError,
     ExtractionRetryable,
@@ -39,6 +45,7 @@ __all__ = [
     "extract_fields",
     "load_schema",
     "matches",
+    "matches_fields",
     "parse_processor",
     "parse_rules",
 ]

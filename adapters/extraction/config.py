@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 from inboxd.adapters.extraction.builtin import Rule, parse_rules
 from inboxd.adapters.extraction.errors import ProcessorConfigError
 from inboxd.adapters.extraction.schema import ResultSchema, compile_schema, load_schema
+from inboxd.pipeline.extraction_inbox import FilterFields
 from inboxd.pipeline.message import MessageData
 
 BACKENDS = ("builtin", "http")
@@ -193,16 +194,46 @@ def _filter(value: object) -> MailFilter:
 def matches(processor: ProcessorConfig, message: MessageData, mailbox_id: str) -> bool:
     """True when `processor` takes `message`, which arrived in `mailbox_id`
     (module docstring: globs, any within a list, every list)."""
+    recipients = [a.email for a in (*message.to, *message.cc, *message.bcc) if a.email]
+    return _matches(
+        processor,
+        mailbox_id,
+        message.from_.email if message.from_ else "",
+        recipients,
+        message.subject,
+        [a.content_type for a in message.attachments],
+    )
+
+
+def matches_fields(processor: ProcessorConfig, fields: FilterFields) -> bool:
+    """`matches` for a stored message, by what the database holds of it
+    (pipeline/extraction_inbox.py `load_filter_fields`)."""
+    return _matches(
+        processor,
+        fields.mailbox_id,
+        fields.sender,
+        list(fields.recipients),
+        fields.subject,
+        list(fields.attachment_types),
+    )
+
+
+def _matches(
+    processor: ProcessorConfig,
+    mailbox_id: str,
+    sender: str,
+    recipients: list[str],
+    subject: str,
+    content_types: list[str],
+) -> bool:
     if processor.mailboxes is not None and mailbox_id not in processor.mailboxes:
         return False
     rules = processor.filter
-    sender = message.from_.email if message.from_ else ""
-    recipients = [a.email for a in (*message.to, *message.cc, *message.bcc) if a.email]
-    types = [a.content_type.split(";")[0].strip() for a in message.attachments]
+    types = [t.split(";")[0].strip() for t in content_types]
     return (
         _any(rules.senders, [sender])
         and _any(rules.recipients, recipients)
-        and _any(rules.subjects, [message.subject])
+        and _any(rules.subjects, [subject])
         and _any(rules.attachment_types, types)
     )
 

@@ -249,8 +249,8 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
     assert imap.settings["password"] == Secret("file:/run/secrets/imap-password")
     assert imap.settings["folders"][1]["direction"] == "outbound"
     assert acme.delivery_sources[0]["webhook_secret"] == Secret("env:POSTMARK_SECRET")
-    assert acme.processors[0]["backend"] == "http"
-    assert acme.processors[0]["token"] == Secret("env:PARSE_TOKEN")
+    assert acme.processors[0].backend == "http"
+    assert acme.processors[0].token == "env:PARSE_TOKEN"
     with pytest.raises(TypeError):
         imap.settings["host"] = "x"  # type: ignore[index]
 

@@ -21,7 +21,7 @@ from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S, retry_af
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING
-from .fake_parse_api import Answer, FakeParseApi
+from fakes.parse_api import Answer, FakeParseApi
 
 TOKEN = "tok-3f9a"
 SCHEMA = compile_schema(

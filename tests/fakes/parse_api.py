@@ -1,14 +1,18 @@
 """FakeParseApi: a parse API on 127.0.0.1 (ephemeral port) for the http backend's tests.
 
 POST /parse takes `{raw_mime, schema_id | schema}` with a bearer token, records
-what it received, and answers whatever `answer` says (a status, headers and a
-body), or never answers while `hold` is set (a slow endpoint: the client's
-deadline fires first; closing the server lets the handler go).
+what it received, and answers the next of `script` (a list of answers given in
+order), else whatever `answer` says (a status, headers and a body), after
+`delay_s` (an endpoint's latency), or never answers while `hold` is set (a slow
+endpoint: the client's deadline fires first; closing the server lets the
+handler go). `answer` may also be a function of the received request (an
+endpoint that extracts something from the mail).
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -40,7 +44,9 @@ class FakeParseApi:
     """`async with FakeParseApi() as api:` then point a backend at `api.url`."""
 
     def __init__(self) -> None:
-        self.answer = Answer.json(200, {})
+        self.answer: Answer | Callable[[Received], Answer] = Answer.json(200, {})
+        self.script: list[Answer] = []
+        self.delay_s = 0.0
         self.hold = False
         self.received: list[Received] = []
         self._release = anyio.Event()
@@ -68,15 +74,20 @@ class FakeParseApi:
 
     async def _parse(self, request: web.Request) -> web.Response:
         document = orjson.loads(await request.read())
-        self.received.append(
-            Received(
-                request.headers.get("Authorization"),
-                base64.b64decode(document["raw_mime"], validate=True),
-                document,
-            )
+        received = Received(
+            request.headers.get("Authorization"),
+            base64.b64decode(document["raw_mime"], validate=True),
+            document,
         )
+        self.received.append(received)
         if self.hold:
             await self._release.wait()
-        return web.Response(
-            status=self.answer.status, body=self.answer.body, headers=self.answer.headers
-        )
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+        if self.script:
+            answer = self.script.pop(0)
+        elif callable(self.answer):
+            answer = self.answer(received)
+        else:
+            answer = self.answer
+        return web.Response(status=answer.status, body=answer.body, headers=answer.headers)

@@ -1,0 +1,1 @@
+"""The extraction stage of the daemon (stage.py): inbox feeder and processor runners."""

@@ -1,0 +1,145 @@
+"""The extraction stage of `inboxd run`: its own queue and workers beside ingest.
+
+    ingest transaction ──note_new──▶ extraction_inbox ──feeder──▶ extraction_jobs
+                                                                     │ claim_due
+                                                    runner per (tenant, processor)
+
+Ingest only writes one set-based INSERT of the new rows' ids and rings the
+feeder (`handoff`); everything else runs here, so a slow parse API never slows
+ingest, and the queue between them is a table: bounded memory, nothing lost to
+a crash. Each processor has a `ProcessorRunner` (runner.py) under its own
+cancel scope, so a SIGHUP reload restarts only what changed; every http backend
+shares one aiohttp session, closed when the stage ends. Cancelling the stage
+(SIGTERM) releases the claims it holds (runner.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import aiohttp
+import anyio
+import anyio.abc
+import asyncpg
+import structlog
+
+from inboxd.adapters.extraction import ProcessorConfig
+from inboxd.daemon.extraction.feeder import Feeder
+from inboxd.daemon.extraction.processors import Processor, build_processors
+from inboxd.daemon.extraction.runner import ProcessorRunner
+from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline.extraction_inbox import HandOff
+from inboxd.pipeline.objectstore import ObjectStore
+
+log = structlog.get_logger(__name__)
+
+#: Connections the stage's aiohttp session opens to one parse API at most: the
+#: largest `concurrency` a processor may ask for (adapters/extraction/config.py).
+HTTP_CONNECTIONS_PER_HOST = 64
+
+
+class ExtractionStage:
+    """Feeder plus one runner per configured processor."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: ObjectStore,
+        tenants: Mapping[str, TenantConfig],
+        *,
+        owner: str,
+        lease_s: float,
+        metrics: Metrics,
+    ) -> None:
+        self._pool = pool
+        self._store = store
+        self._owner = owner
+        self._lease_s = lease_s
+        self._metrics = metrics
+        self._tenants = dict(tenants)
+        self.feeder = Feeder(pool, self._configs_of, self._ring_tenant)
+        self.handoff = HandOff(wants=self._wants, noted=self.feeder.ring)
+        self._runners: dict[tuple[str, str], tuple[ProcessorRunner, anyio.CancelScope]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._group: anyio.abc.TaskGroup | None = None
+
+    @property
+    def runners(self) -> dict[tuple[str, str], ProcessorRunner]:
+        return {key: runner for key, (runner, _) in self._runners.items()}
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        connector = aiohttp.TCPConnector(limit_per_host=HTTP_CONNECTIONS_PER_HOST)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            self._session = session
+            try:
+                async with anyio.create_task_group() as group:
+                    self._group = group
+                    await group.start(self.feeder.run)
+                    self._start(self._tenants)
+                    task_status.started()
+            finally:
+                self._group = None
+                self._session = None
+
+    def reload(self, tenants: Mapping[str, TenantConfig]) -> None:
+        """New tenant configs: start new processors, restart changed ones, stop gone
+        ones (their claims are released). Before `run` started, only remembered."""
+        self._tenants = dict(tenants)
+        if self._group is not None:
+            self._start(self._tenants)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _start(self, tenants: Mapping[str, TenantConfig]) -> None:
+        assert self._group is not None and self._session is not None
+        wanted, problems = build_processors(tenants, self._session)
+        for problem in problems:
+            log.error("extraction_processor_not_started", problem=problem)
+        for key, (runner, scope) in list(self._runners.items()):
+            if key not in wanted or wanted[key].config is not runner.processor.config:
+                scope.cancel()
+                del self._runners[key]
+        for key, processor in wanted.items():
+            if key not in self._runners:
+                self._launch(processor)
+
+    def _launch(self, processor: Processor) -> None:
+        assert self._group is not None
+        runner = ProcessorRunner(
+            processor,
+            self._pool,
+            self._store,
+            owner=self._owner,
+            lease_s=self._lease_s,
+            metrics=self._metrics,
+        )
+        scope = anyio.CancelScope()
+        self._runners[processor.key] = (runner, scope)
+
+        async def run_scoped() -> None:
+            with scope:
+                await runner.run()
+
+        self._group.start_soon(run_scoped)
+        log.info(
+            "extraction_processor_started",
+            tenant=processor.tenant_id,
+            processor=processor.config.id,
+            backend=processor.config.backend,
+            concurrency=processor.config.concurrency,
+        )
+
+    def _configs_of(self, tenant_id: str) -> Sequence[ProcessorConfig]:
+        tenant = self._tenants.get(tenant_id)
+        return tenant.processors if tenant is not None else ()
+
+    def _wants(self, tenant_id: str) -> bool:
+        return bool(self._configs_of(tenant_id))
+
+    def _ring_tenant(self, tenant_id: str) -> None:
+        for (tenant, _), (runner, _) in self._runners.items():
+            if tenant == tenant_id:
+                runner.ring()

@@ -1,0 +1,276 @@
+"""The daemon's extraction stage in-process (daemon/extraction/): ingest hands new rows
+over through the inbox, the feeder queues jobs by filter, runners extract and commit.
+
+Real PostgreSQL and object store; the http backend talks to FakeParseApi over HTTP.
+Waiting is on conditions with deadlines (helpers.eventually), never on sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import orjson
+from fakes.parse_api import Answer, FakeParseApi
+from helpers import eventually
+
+from inboxd.adapters.extraction import ProcessorConfig, parse_processor
+from inboxd.daemon.extraction.stage import ExtractionStage
+from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.message import MessageData
+from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.outcomes import Outcome
+
+T = "acme"
+SCHEMA = {
+    "type": "object",
+    "properties": {"order": {"type": "string"}, "sender": {"type": "string"}},
+    "required": ["order"],
+}
+ORDER_RULES = {
+    "order": {"regex": r"Order (?P<value>[A-Z]+-\d+)", "in": "subject"},
+    "sender": {"address": "from.email"},
+}
+DEADLINE_S = 30.0
+
+
+def builtin(tmp: Path, **extra: Any) -> ProcessorConfig:
+    table = {
+        "id": "orders",
+        "backend": "builtin",
+        "schema": SCHEMA,
+        "schema_version": 1,
+        "rules": ORDER_RULES,
+        **extra,
+    }
+    return parse_processor(table, tmp)
+
+
+def http(tmp: Path, url: str, **extra: Any) -> ProcessorConfig:
+    table = {
+        "id": "parser",
+        "backend": "http",
+        "url": url,
+        "token": "env:TEST_PARSE_TOKEN",
+        "schema": SCHEMA,
+        "schema_version": 1,
+        "timeout_s": 5,
+        **extra,
+    }
+    return parse_processor(table, tmp)
+
+
+def tenant(tmp: Path, *processors: ProcessorConfig) -> dict[str, TenantConfig]:
+    return {T: TenantConfig(T, "Acme", tmp / "acme.toml", processors=processors)}
+
+
+def raw_mail(i: int, *, subject: str | None = None, tag: str = "A", body: str = "") -> bytes:
+    subject = subject if subject is not None else f"Order {tag}-{i}"
+    return (
+        f"From: Shop <shop{i % 3}@vendor.example>\r\nTo: ap@acme.example\r\n"
+        f"Subject: {subject}\r\nDate: Mon, 02 Nov 2026 09:30:00 +0000\r\n"
+        f"Message-ID: <{tag}-{i}@vendor.example>\r\n\r\nHello {i}. {body}\r\n"
+    ).encode()
+
+
+def parsed(raw: bytes, mailbox: str = "inbox") -> MessageData:
+    item = parse_raw(raw, tenant_id=T, mailbox_id=mailbox, source="import")
+    assert isinstance(item, MessageData)
+    return item
+
+
+@asynccontextmanager
+async def running(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    tenants: dict[str, TenantConfig],
+    *,
+    lease_s: float = 30.0,
+) -> AsyncIterator[tuple[ExtractionStage, IngestStage]]:
+    stage = ExtractionStage(
+        pool, store, tenants, owner="test-owner", lease_s=lease_s, metrics=Metrics()
+    )
+    ingest = IngestStage(pool, store, extraction=stage.handoff)
+    async with anyio.create_task_group() as tg:
+        await tg.start(stage.run)
+        yield stage, ingest
+        tg.cancel_scope.cancel()
+
+
+async def ingest_raws(
+    ingest: IngestStage, raws: list[bytes], mailbox: str = "inbox"
+) -> list[tuple[Outcome, int | None]]:
+    results = await ingest.ingest(IngestBatch(T, mailbox, [parsed(r, mailbox) for r in raws]))
+    return [(r.outcome, r.message_id) for r in results]
+
+
+async def jobs(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT job_id, processor_id, message_id, state, result, attempts, review_reason, "
+        "lease_owner FROM extraction_jobs WHERE tenant_id = $1 ORDER BY job_id",
+        T,
+    )
+
+
+async def completed_events(pool: asyncpg.Pool) -> list[dict]:
+    rows = await pool.fetch(
+        "SELECT message_id, payload FROM events WHERE tenant_id = $1 "
+        "AND kind = 'extraction.completed' ORDER BY event_id",
+        T,
+    )
+    return [{"message_id": r["message_id"], **orjson.loads(r["payload"])} for r in rows]
+
+
+async def states(pool: asyncpg.Pool) -> list[str]:
+    return [r["state"] for r in await jobs(pool)]
+
+
+def all_in(state: str, n: int) -> Callable[[list[str]], bool]:
+    return lambda got: len(got) == n and all(s == state for s in got)
+
+
+async def test_new_mail_becomes_one_result_and_one_event_each(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        outcomes = await ingest_raws(ingest, [raw_mail(i) for i in range(5)])
+        assert [o for o, _ in outcomes] == [Outcome.NEW] * 5
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="5 completed", until=all_in("completed", 5)
+        )
+        # the same bytes again: duplicates, never extracted twice
+        assert [o for o, _ in await ingest_raws(ingest, [raw_mail(0)])] == [Outcome.DUPLICATE]
+    events = await completed_events(pool)
+    assert sorted(e["result"]["order"] for e in events) == [f"A-{i}" for i in range(5)]
+    assert {e["message_id"] for e in events} == {m for _, m in outcomes}
+    assert all(e["result"]["sender"].endswith("@vendor.example") for e in events)
+    assert await pool.fetchval("SELECT count(*) FROM extraction_inbox") == 0
+    assert {r["lease_owner"] for r in await jobs(pool)} == {None}
+
+
+async def test_filter_queues_only_matching_mail_of_its_mailboxes(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    await make_mailbox(T, "other", provider="import")
+    processor = builtin(tmp_path, mailboxes=["inbox"], filter={"subjects": ["order a-*"]})
+    async with running(pool, store, tenant(tmp_path, processor)) as (_, ingest):
+        await ingest_raws(ingest, [raw_mail(1), raw_mail(2, subject="Newsletter")])
+        await ingest_raws(ingest, [raw_mail(3, tag="B")], mailbox="other")
+        await ingest_raws(ingest, [raw_mail(4, tag="A")], mailbox="other")
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="1 completed", until=all_in("completed", 1)
+        )
+        await eventually(
+            lambda: pool.fetchval("SELECT count(*) FROM extraction_inbox"),
+            DEADLINE_S,
+            what="inbox drained",
+            until=lambda n: n == 0,
+        )
+    assert [e["result"]["order"] for e in await completed_events(pool)] == ["A-1"]
+
+
+async def test_message_id_reuse_with_other_content_is_a_payload_conflict(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        await ingest_raws(ingest, [raw_mail(1)])
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="completed", until=all_in("completed", 1)
+        )
+        reused = raw_mail(1, body="a different body under the same Message-ID")
+        assert [o for o, _ in await ingest_raws(ingest, [reused])] == [Outcome.CONFLICT]
+        await eventually(
+            lambda: pool.fetchval("SELECT count(*) FROM extraction_payload_conflicts"),
+            DEADLINE_S,
+            what="payload conflict",
+            until=lambda n: n == 1,
+        )
+    assert len(await jobs(pool)) == 1
+    assert len(await completed_events(pool)) == 1
+
+
+async def test_schema_invalid_result_goes_to_needs_review_once(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        await ingest_raws(ingest, [raw_mail(1, subject="No order number here")])
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="needs_review", until=all_in("needs_review", 1)
+        )
+    (job,) = await jobs(pool)
+    assert job["attempts"] == 1
+    assert "order" in job["review_reason"]
+    assert await completed_events(pool) == []
+
+
+async def test_http_429_then_success_is_one_result(
+    pool, store, make_mailbox, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TEST_PARSE_TOKEN", "s3cret")
+    await make_mailbox(T, "inbox", provider="import")
+    async with FakeParseApi() as api:
+        api.answer = Answer.json(429, {"error": "slow down"}, **{"Retry-After": "1"})
+        processor = http(tmp_path, api.url)
+        async with running(pool, store, tenant(tmp_path, processor)) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(1)])
+            await eventually(
+                lambda: states(pool), DEADLINE_S, what="retry_wait", until=all_in("retry_wait", 1)
+            )
+            api.answer = Answer.json(200, {"order": "A-1"})
+            await eventually(
+                lambda: states(pool), DEADLINE_S, what="completed", until=all_in("completed", 1)
+            )
+    assert len(api.received) == 2
+    assert api.received[0].authorization == "Bearer s3cret"
+    assert api.received[1].raw_mime == raw_mail(1)
+    assert [e["result"] for e in await completed_events(pool)] == [{"order": "A-1"}]
+
+
+async def test_cancelled_stage_releases_the_claims_it_holds(
+    pool, store, make_mailbox, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TEST_PARSE_TOKEN", "s3cret")
+    await make_mailbox(T, "inbox", provider="import")
+    async with FakeParseApi() as api:
+        api.hold = True  # the endpoint never answers: the jobs stay running
+        processor = http(tmp_path, api.url, concurrency=2)
+        async with running(pool, store, tenant(tmp_path, processor)) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(i) for i in range(3)])
+            await eventually(
+                lambda: len(api.received), DEADLINE_S, what="2 calls", until=lambda n: n == 2
+            )
+    rows = await jobs(pool)
+    assert [r["state"] for r in rows] == ["pending"] * 3
+    assert {r["lease_owner"] for r in rows} == {None}
+    assert {r["attempts"] for r in rows} == {0}
+
+
+async def test_unauthorized_releases_without_charging_and_pauses(
+    pool, store, make_mailbox, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TEST_PARSE_TOKEN", "wrong")
+    await make_mailbox(T, "inbox", provider="import")
+    async with FakeParseApi() as api:
+        api.answer = Answer.json(401, {"error": "bad token"})
+        async with running(pool, store, tenant(tmp_path, http(tmp_path, api.url))) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(i) for i in range(4)])
+            await eventually(lambda: len(api.received), DEADLINE_S, what="a call", until=bool)
+            await eventually(
+                lambda: states(pool), DEADLINE_S, what="all pending", until=all_in("pending", 4)
+            )
+            calls = len(api.received)
+        rows = await jobs(pool)
+    assert calls <= 4  # paused: the backlog is not walked into the wall
+    assert {r["attempts"] for r in rows} == {0}
+    assert {r["review_reason"] for r in rows} == {None}
