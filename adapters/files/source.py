@@ -37,6 +37,7 @@ This adapter imports nothing from the daemon.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import stat
@@ -72,6 +73,7 @@ _MAILDIR_INFO_SEP = ":"
 _READ_CHUNK = 64 * 1024
 
 FileKind = Literal["message", "mbox", "maildir"]
+_NAME = operator.attrgetter("name")  # sort key of directory entries
 
 
 class SourceError(Exception):
@@ -84,11 +86,19 @@ class SourceError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """One file to read: `message` (one message), `mbox`, or `maildir` (one message)."""
+    """One file to read: `message` (one message), `mbox`, or `maildir` (one message).
 
-    path: Path
+    `location` is the path as listed: a string, since building a `Path` per file
+    was 40 % of planning 20,000 files (bench/reimport.py); `path` makes one on demand.
+    """
+
+    location: str
     kind: FileKind
     size_bytes: int
+
+    @property
+    def path(self) -> Path:
+        return Path(self.location)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +145,7 @@ def plan_import(paths: Iterable[str | os.PathLike[str]]) -> ImportPlan:
             _check_listable(path)
             _walk(path, files, skipped, seen)
         elif stat.S_ISREG(st.st_mode):
-            _add(SourceFile(path, _sniff(path), st.st_size), st, files, seen)
+            _add(SourceFile(str(path), _sniff(path), st.st_size), st, files, seen)
         else:
             raise SourceError(f"{path}: not a regular file or directory")
     return ImportPlan(tuple(files), tuple(skipped))
@@ -151,10 +161,10 @@ def iter_messages(plan: ImportPlan) -> Iterator[RawMessage]:
         if source.kind == "mbox":
             yield from _read_mbox(source.path)
         elif source.kind == "maildir":
-            raw = _read_maildir_file(source.path)
-            yield RawMessage(str(source.path), raw, source.size_bytes)
+            raw = _read_maildir_file(source.location)
+            yield RawMessage(source.location, raw, source.size_bytes)
         else:
-            yield RawMessage(str(source.path), _read_file(source.path), source.size_bytes)
+            yield RawMessage(source.location, _read_file(source.location), source.size_bytes)
 
 
 # --- planning --------------------------------------------------------------------------
@@ -175,15 +185,15 @@ def _check_listable(path: Path) -> None:
         raise SourceError(f"{path}: permission denied (cannot list the directory)")
 
 
-def _check_readable(path: Path | str) -> None:
+def _check_readable(path: str) -> None:
     if not os.access(path, os.R_OK):
         raise SourceError(f"{path}: permission denied")
 
 
-def _sniff(path: Path) -> FileKind:
+def _sniff(path: Path | str) -> FileKind:
     """Open the file (proving it is readable) and tell an mbox from one message."""
     try:
-        with path.open("rb") as fh:
+        with open(path, "rb") as fh:
             head = fh.read(len(_POSTMARK))
     except OSError as exc:
         raise SourceError(f"{path}: {_reason(exc)}") from exc
@@ -206,6 +216,8 @@ def _is_maildir(path: Path) -> bool:
 def _walk(
     directory: Path, files: list[SourceFile], skipped: list[Path], seen: set[tuple[int, int]]
 ) -> None:
+    # Per entry, strings until a file is skipped: a Path and os.path.splitext per
+    # file were 0.1 s of the 0.25 s of planning 20,000 files (bench/reimport.py).
     maildir = _is_maildir(directory)
     if maildir:
         for part in _MAILDIR_READ:
@@ -216,12 +228,10 @@ def _walk(
                     continue
                 st = _entry_stat(entry)
                 if st is not None and stat.S_ISREG(st.st_mode):
-                    _check_readable(Path(entry.path))
-                    _add(SourceFile(Path(entry.path), "maildir", st.st_size), st, files, seen)
+                    _check_readable(entry.path)
+                    _add(SourceFile(entry.path, "maildir", st.st_size), st, files, seen)
                 else:
                     skipped.append(Path(entry.path))
-    # Per entry, strings until a file is taken: pathlib's parsing was most of the
-    # time of planning 20,000 files (0.6 s; bench/reimport.py).
     for entry in _entries(directory):
         if maildir and entry.name in _MAILDIR_PARTS:
             continue
@@ -230,26 +240,32 @@ def _walk(
             _walk(Path(entry.path), files, skipped, seen)
             continue
         st = _entry_stat(entry)
-        suffix = os.path.splitext(entry.name)[1].lower()
-        if (
-            st is None
-            or not stat.S_ISREG(st.st_mode)
-            or suffix not in (_MESSAGE_SUFFIX, _MBOX_SUFFIX)
-        ):
+        kind = _kind_by_name(entry.name)
+        if st is None or not stat.S_ISREG(st.st_mode) or kind is None:
             skipped.append(Path(entry.path))
-            continue
-        path = Path(entry.path)
-        if suffix == _MBOX_SUFFIX:
-            _add(SourceFile(path, _sniff(path), st.st_size), st, files, seen)
+        elif kind == "mbox":
+            _add(SourceFile(entry.path, _sniff(entry.path), st.st_size), st, files, seen)
         else:
             _check_readable(entry.path)
-            _add(SourceFile(path, "message", st.st_size), st, files, seen)
+            _add(SourceFile(entry.path, "message", st.st_size), st, files, seen)
+
+
+def _kind_by_name(name: str) -> FileKind | None:
+    """The kind a name ending .eml or .mbox (any case) gives, else None: the rule
+    of `os.path.splitext(name)[1].lower()` without its calls, so a name that is
+    only dots before the suffix (".eml", "..mbox") has no suffix, as there."""
+    tail = name[-len(_MBOX_SUFFIX) :].lower()
+    if tail.endswith(_MESSAGE_SUFFIX) and name[: -len(_MESSAGE_SUFFIX)].lstrip("."):
+        return "message"
+    if tail == _MBOX_SUFFIX and name[: -len(_MBOX_SUFFIX)].lstrip("."):
+        return "mbox"
+    return None
 
 
 def _entries(directory: Path) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as it:
-            return sorted(it, key=lambda e: e.name)
+            return sorted(it, key=_NAME)
     except OSError as exc:
         raise SourceError(f"{directory}: {_reason(exc)}") from exc
 
@@ -267,14 +283,14 @@ def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
 # --- reading ---------------------------------------------------------------------------
 
 
-def _read_file(path: Path) -> bytes:
+def _read_file(path: Path | str) -> bytes:
     try:
         return _read_bytes(path)
     except OSError as exc:
         raise SourceError(f"{path}: {_reason(exc)}") from exc
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path | str) -> bytes:
     """The file's bytes. os.open/os.read skip the io layer's buffering and objects:
     20,000 files of 5 KB in 0.25 s against 0.53 s with Path.read_bytes here, most
     of a re-import's time (bench/reimport.py)."""
@@ -288,12 +304,12 @@ def _read_bytes(path: Path) -> bytes:
         os.close(fd)
 
 
-def _read_maildir_file(path: Path) -> bytes:
+def _read_maildir_file(path: str) -> bytes:
     """Read a Maildir message, following a move new/ → cur/ or a flag change."""
     try:
         return _read_bytes(path)
     except FileNotFoundError:
-        moved = _find_moved(path)
+        moved = _find_moved(Path(path))
         if moved is None:
             raise SourceError(f"{path}: removed while importing") from None
         return _read_file(moved)
