@@ -19,15 +19,16 @@ than the collectors, so the label sets stay consistent in one place.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from inboxd.pipeline.extraction_review import Backlog
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
-__all__ = ["HTTP_UNMATCHED_ROUTE", "Metrics"]
+__all__ = ["EXTRACTION_OUTCOMES", "HTTP_UNMATCHED_ROUTE", "Metrics"]
 
 #: Route label for requests that matched no route (404/405): one series, not one per path.
 HTTP_UNMATCHED_ROUTE = "unmatched"
@@ -38,6 +39,11 @@ _HTTP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # Sync runs: an idle incremental Gmail/Graph sync is under a second; a backfill
 # page loop can run for an hour.
 _SYNC_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+#: What became of one claimed extraction job (`Metrics.extraction_finished`): the
+#: result committed, a retryable failure (retry_wait), a terminal one or attempts
+#: exhausted (needs_review), handed back at shutdown, or the lease lost (a late
+#: commit that changed no row). A closed set: the label's cardinality stays fixed.
+EXTRACTION_OUTCOMES = ("completed", "retry", "needs_review", "released", "lost")
 
 
 class _CursorLag(Collector):
@@ -78,6 +84,53 @@ class _NeedsAttention(Collector):
         for tenant, mailbox in sorted(watched):
             family.add_metric([tenant, mailbox], 1.0 if (tenant, mailbox) in flagged else 0.0)
         yield family
+
+
+class _ExtractionBacklog(Collector):
+    """The extraction backlog gauges, rendered from the last reading of the jobs table
+    (daemon/extraction_metric.py): a snapshot replaced whole at each refresh, so a
+    (tenant, processor) missing from the newest reading has no series any more."""
+
+    _STATES = ("pending", "running", "retry_wait", "needs_review")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily(
+            "inboxd_extraction_jobs",
+            "Extraction jobs not completed, by tenant, processor and state.",
+            labels=["tenant", "processor", "state"],
+        )
+        due = GaugeMetricFamily(
+            "inboxd_extraction_due",
+            "Extraction jobs claimable now (pending or retry_wait due, expired leases).",
+            labels=["tenant", "processor"],
+        )
+        oldest = GaugeMetricFamily(
+            "inboxd_extraction_oldest_due_seconds",
+            "How long the oldest claimable extraction job has waited (0 when none).",
+            labels=["tenant", "processor"],
+        )
+        for (tenant, processor), b in sorted(self._metrics.extraction_backlog.items()):
+            for state in self._STATES:
+                jobs.add_metric([tenant, processor, state], float(getattr(b, state)))
+            due.add_metric([tenant, processor], float(b.due))
+            oldest.add_metric([tenant, processor], b.oldest_due_s)
+        inbox = GaugeMetricFamily(
+            "inboxd_extraction_inbox",
+            "New messages handed to the extraction stage and not yet matched to processors.",
+            labels=["tenant"],
+        )
+        inbox_age = GaugeMetricFamily(
+            "inboxd_extraction_inbox_oldest_seconds",
+            "Age of the oldest of those messages (the feeder's lag; 0 when none).",
+            labels=["tenant"],
+        )
+        for tenant, (rows, age_s) in sorted(self._metrics.extraction_inbox.items()):
+            inbox.add_metric([tenant], float(rows))
+            inbox_age.add_metric([tenant], age_s)
+        yield from (jobs, due, oldest, inbox, inbox_age)
 
 
 class Metrics:
@@ -174,6 +227,17 @@ class Metrics:
             ["door"],
             registry=r,
         )
+        self.extractions = Counter(
+            "inboxd_extractions",
+            "Claimed extraction jobs finished by this process, by tenant, processor and "
+            "outcome (completed, retry, needs_review, released, lost).",
+            ["tenant", "processor", "outcome"],
+            registry=r,
+        )
+        #: The last reading of the extraction backlog (daemon/extraction_metric.py).
+        self.extraction_backlog: dict[tuple[str, str], Backlog] = {}
+        self.extraction_inbox: dict[str, tuple[int, float]] = {}
+        r.register(_ExtractionBacklog(self))
         # Show every outcome from the start (a 0 is information; a missing series is not).
         for outcome in Outcome:
             self.ingest_items.labels(outcome=outcome.value)
@@ -270,13 +334,32 @@ class Metrics:
     def sse_event_sent(self, n: int = 1) -> None:
         self.sse_events_sent.inc(n)
 
-    # exposition --------------------------------------------------------------
+    # extraction --------------------------------------------------------------
+
+    def extraction_finished(self, tenant: str, processor: str, outcome: str, n: int = 1) -> None:
+        """`n` claimed jobs of `processor` ended with `outcome` (EXTRACTION_OUTCOMES;
+        anything else is a ValueError: an unbounded label would be a new series each)."""
+        if outcome not in EXTRACTION_OUTCOMES:
+            raise ValueError(f"unknown extraction outcome {outcome!r}")
+        self.extractions.labels(tenant=tenant, processor=processor, outcome=outcome).inc(n)
+
+    def set_extraction_backlog(
+        self, backlog: Iterable[Backlog], inbox: Mapping[str, tuple[int, float]]
+    ) -> None:
+        """Replace the backlog gauges with this reading: one Backlog per (tenant,
+        processor) to show, inbox (rows, oldest age in s) per tenant to show."""
+        self.extraction_backlog = {(b.tenant_id, b.processor_id): b for b in backlog}
+        self.extraction_inbox = dict(inbox)
+
+    # queue doors ---------------------------------------------------------------
 
     def queue_door_counted(self, door: str, what: str, n: int = 1) -> None:
         self.queue_door_messages.labels(door=door, what=what).inc(n)
 
     def queue_door_failed(self, door: str) -> None:
         self.queue_door_errors.labels(door=door).inc()
+
+    # exposition --------------------------------------------------------------
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (serve with `CONTENT_TYPE_LATEST`)."""

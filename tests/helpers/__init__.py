@@ -3,6 +3,8 @@
 
 - waiting: `wait_for` / `eventually`, the one poll-until-true-with-a-deadline;
 - cli: `run_cli` / `run_cli_async`, the one runner of the `inboxd` command line;
+- mail: `store_mail`, received messages ingested through the real IngestStage (for
+  folders without tests/pipeline's factories);
 - keys: self-signed certificates and SNS signatures made independently of the code;
 - moto_server: the `moto_endpoint` session fixture (moto's S3/SQS server, fake AWS
   credentials), registered for every folder by tests/conftest.py.
