@@ -22,6 +22,7 @@ from inboxd.adapters.extraction import ProcessorConfig, parse_processor
 from inboxd.daemon.extraction.stage import ExtractionStage
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline.extraction_enqueue import enqueue
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.mime import parse_raw
@@ -93,10 +94,9 @@ async def running(
     tenants: dict[str, TenantConfig],
     *,
     lease_s: float = 30.0,
+    owner: str = "test-owner",
 ) -> AsyncIterator[tuple[ExtractionStage, IngestStage]]:
-    stage = ExtractionStage(
-        pool, store, tenants, owner="test-owner", lease_s=lease_s, metrics=Metrics()
-    )
+    stage = ExtractionStage(pool, store, tenants, owner=owner, lease_s=lease_s, metrics=Metrics())
     ingest = IngestStage(pool, store, extraction=stage.handoff)
     async with anyio.create_task_group() as tg:
         await tg.start(stage.run)
@@ -274,3 +274,67 @@ async def test_unauthorized_releases_without_charging_and_pauses(
     assert calls <= 4  # paused: the backlog is not walked into the wall
     assert {r["attempts"] for r in rows} == {0}
     assert {r["review_reason"] for r in rows} == {None}
+
+
+async def test_second_door_copy_is_linked_not_extracted_again(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "gm", provider="gmail")
+    await make_mailbox(T, "inbox", provider="maildir")
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        gmail_copy = parsed(raw_mail(7), "gm")
+        gmail_copy.external_id = "18c2f0a1b2c3d4e5"
+        [gmail] = await ingest.ingest(IngestBatch(T, "gm", [gmail_copy]))
+        assert gmail.outcome is Outcome.NEW
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="completed", until=all_in("completed", 1)
+        )
+        # the same mail delivered to the Maildir (CRLF → LF: other bytes, same message)
+        maildir_raw = raw_mail(7).replace(b"\r\n", b"\n")
+        assert await ingest_raws(ingest, [maildir_raw]) == [(Outcome.MERGED, gmail.message_id)]
+        # and queued again on purpose (a backfill over both mailboxes): linked
+        result = await enqueue(pool, T, "orders", "1", [gmail.message_id])
+        assert result.linked == [gmail.message_id]
+    (job,) = await jobs(pool)
+    assert (
+        await pool.fetchval(
+            "SELECT dedup_key FROM extraction_jobs WHERE job_id = $1", job["job_id"]
+        )
+        == "gmail:gm:18c2f0a1b2c3d4e5"
+    )
+    assert len(await completed_events(pool)) == 1
+
+
+async def test_new_schema_version_extracts_history_again(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        outcomes = await ingest_raws(ingest, [raw_mail(i) for i in range(3)])
+        await eventually(lambda: states(pool), DEADLINE_S, what="v1", until=all_in("completed", 3))
+    v2 = builtin(tmp_path, schema_version=2)
+    async with running(pool, store, tenant(tmp_path, v2)) as (stage, _):
+        result = await enqueue(pool, T, "orders", "2", [m for _, m in outcomes if m])
+        assert len(result.queued) == 3
+        stage.runners[(T, "orders")].ring()
+        await eventually(lambda: states(pool), DEADLINE_S, what="v2", until=all_in("completed", 6))
+    events = await completed_events(pool)
+    assert sorted(e["schema_version"] for e in events) == ["1"] * 3 + ["2"] * 3
+
+
+async def test_two_stages_racing_extract_each_message_once(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    tenants = tenant(tmp_path, builtin(tmp_path, concurrency=3))
+    async with (
+        running(pool, store, tenants, owner="one") as (_, ingest),
+        running(pool, store, tenants, owner="two"),
+    ):
+        await ingest_raws(ingest, [raw_mail(i) for i in range(120)])
+        await eventually(
+            lambda: states(pool), DEADLINE_S, what="120 completed", until=all_in("completed", 120)
+        )
+    events = await completed_events(pool)
+    assert len(events) == 120
+    assert len({e["job_id"] for e in events}) == 120

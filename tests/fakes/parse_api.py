@@ -72,6 +72,11 @@ class FakeParseApi:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def release_held(self) -> None:
+        """Let every request held so far be answered (with the answer current then)."""
+        self._release.set()
+        self._release = anyio.Event()
+
     async def _parse(self, request: web.Request) -> web.Response:
         document = orjson.loads(await request.read())
         received = Received(

@@ -1,0 +1,184 @@
+"""Extraction through `inboxd run` as a real process: Maildir mail in, results out,
+exactly once across SIGTERM, SIGKILL between the parse call and its commit, and a
+process paused past its lease (SIGSTOP) whose late commit must change nothing.
+
+The parse API is FakeParseApi, served by this test's event loop on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import asyncpg
+import orjson
+import pytest
+from fakes.parse_api import Answer, FakeParseApi
+from harness import DaemonProcess, deliver, maildir, write_config
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+TOKEN_ENV = {"PARSE_TOKEN": "t0ken-for-tests"}
+SCHEMA = '{type = "object", properties = {order = {type = "string"}}, required = ["order"]}'
+DEADLINE_S = 60.0
+
+
+def add_processor(tmp: Path, body: str) -> None:
+    tenant_file = tmp / "tenants" / "acme.toml"
+    tenant_file.write_text(tenant_file.read_text() + "\n[[processors]]\n" + body)
+
+
+def builtin_processor() -> str:
+    return f"""id = "orders"
+backend = "builtin"
+schema = {SCHEMA}
+schema_version = 1
+[processors.rules]
+order = {{ regex = 'Order (?P<value>[A-Z]+-\\d+)', in = "subject" }}
+"""
+
+
+def http_processor(url: str) -> str:
+    return f"""id = "parser"
+backend = "http"
+url = "{url}"
+token = "env:PARSE_TOKEN"
+timeout_s = 60
+concurrency = 2
+schema = {SCHEMA}
+schema_version = 1
+"""
+
+
+def order_mail(i: int) -> bytes:
+    return (
+        f"From: shop@vendor.example\r\nTo: ap@acme.example\r\nSubject: Order A-{i}\r\n"
+        f"Message-ID: <order-{i}@vendor.example>\r\nDate: Mon, 02 Nov 2026 09:30:00 +0000\r\n"
+        f"\r\nYour order {i}.\r\n"
+    ).encode()
+
+
+async def fetch(dsn: str, sql: str, *args) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def jobs(dsn: str) -> list[asyncpg.Record]:
+    return await fetch(
+        dsn,
+        "SELECT job_id, state, result, lease_owner, attempts, lease_expires_at < now() AS expired "
+        "FROM extraction_jobs ORDER BY job_id",
+    )
+
+
+async def results(dsn: str) -> list[dict]:
+    rows = await fetch(
+        dsn, "SELECT payload FROM events WHERE kind = 'extraction.completed' ORDER BY event_id"
+    )
+    return [orjson.loads(r["payload"])["result"] for r in rows]
+
+
+def start(tmp: Path, config: Path, dsn: str, name: str) -> DaemonProcess:
+    daemon = DaemonProcess(config, dsn, tmp / f"{name}.log", env=TOKEN_ENV)
+    daemon.wait_ready()
+    return daemon
+
+
+def states_are(state: str, n: int):
+    return lambda rows: len(rows) == n and all(r["state"] == state for r in rows)
+
+
+async def test_maildir_mail_is_extracted_once_and_sigterm_holds_no_claim(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    add_processor(tmp_path, builtin_processor())
+    box = maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn, "daemon")
+    try:
+        deliver(box, [order_mail(i) for i in range(3)])
+        await daemon.eventually(
+            lambda: jobs(db_dsn), DEADLINE_S, what="3 completed", until=states_are("completed", 3)
+        )
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit() == 0
+    finally:
+        daemon.kill()
+    assert sorted(r["order"] for r in await results(db_dsn)) == ["A-0", "A-1", "A-2"]
+    assert {r["lease_owner"] for r in await jobs(db_dsn)} == {None}
+
+
+async def test_sigkill_between_the_call_and_its_commit_gives_exactly_one_result(
+    tmp_path, db_dsn
+) -> None:
+    async with FakeParseApi() as api:
+        api.hold = True  # the call is made, its answer never arrives before the kill
+        config = write_config(tmp_path, lease_ttl_s=2.0)
+        add_processor(tmp_path, http_processor(api.url))
+        box = maildir(tmp_path, "acme", "inbox")
+        first = start(tmp_path, config, db_dsn, "first")
+        try:
+            deliver(box, [order_mail(1)])
+            await first.eventually(lambda: len(api.received), DEADLINE_S, what="the call")
+        finally:
+            first.kill()  # SIGKILL: no release, no commit
+        api.hold = False
+        api.answer = Answer.json(200, {"order": "A-1"})
+        api.release_held()  # the killed daemon's answer goes nowhere
+        second = start(tmp_path, config, db_dsn, "second")
+        try:
+            await second.eventually(
+                lambda: jobs(db_dsn), DEADLINE_S, what="completed", until=states_are("completed", 1)
+            )
+        finally:
+            second.kill()
+    assert await results(db_dsn) == [{"order": "A-1"}]
+    assert len(api.received) == 2  # the parse API has no idempotency key: called again
+    assert api.received[1].raw_mime == order_mail(1)
+
+
+async def test_a_process_paused_past_its_lease_cannot_overwrite_the_reclaimed_result(
+    tmp_path, db_dsn
+) -> None:
+    async with FakeParseApi() as api:
+        api.hold = True
+        config = write_config(tmp_path, lease_ttl_s=2.0)
+        add_processor(tmp_path, http_processor(api.url))
+        box = maildir(tmp_path, "acme", "inbox")
+        paused = start(tmp_path, config, db_dsn, "paused")
+        other: DaemonProcess | None = None
+        try:
+            deliver(box, [order_mail(1)])
+            await paused.eventually(lambda: len(api.received), DEADLINE_S, what="the call")
+            paused.signal(signal.SIGSTOP)
+            await paused.eventually(
+                lambda: jobs(db_dsn),
+                DEADLINE_S,
+                what="lease expired",
+                until=lambda rows: len(rows) == 1 and rows[0]["expired"],
+            )
+            api.hold = False
+            api.answer = Answer.json(200, {"order": "from-reclaimer"})
+            other = start(tmp_path, config, db_dsn, "other")
+            await other.eventually(
+                lambda: jobs(db_dsn), DEADLINE_S, what="completed", until=states_are("completed", 1)
+            )
+            api.answer = Answer.json(200, {"order": "from-paused"})
+            paused.signal(signal.SIGCONT)
+            api.release_held()
+            await paused.eventually(
+                lambda: any(
+                    e.get("event") == "extraction_results_fenced_out" for e in paused.events()
+                ),
+                DEADLINE_S,
+                what="the paused worker's late commit, fenced out",
+            )
+        finally:
+            paused.signal(signal.SIGCONT)
+            paused.kill()
+            if other is not None:
+                other.kill()
+    assert await results(db_dsn) == [{"order": "from-reclaimer"}]
+    (job,) = await jobs(db_dsn)
+    assert orjson.loads(job["result"]) == {"order": "from-reclaimer"}
