@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -47,6 +46,7 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
+from inboxd.daemon.commands.progress import ProgressBar
 from inboxd.daemon.commands.stopping import StopSignals
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, describe
@@ -218,51 +218,12 @@ class Summary:
         return None
 
 
-class ProgressBar:
-    """Messages examined of those in scope, on stderr, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self._progress: Any = None
-        self._task: Any = None
-
-    def open(self, total: int) -> AbstractContextManager[Any]:
-        if not sys.stderr.isatty():
-            return nullcontext()
-        # Imported here: only a terminal needs rich.
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("reprocessing"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[updated]} updated"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._task = self._progress.add_task("reprocess", total=total, updated=0)
-        return self._progress
-
-    def advance(self, messages: int, updated: int) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=messages, updated=updated)
-
-
 class _Run:
     def __init__(self, args: argparse.Namespace, scope: Scope) -> None:
         self.args = args
         self.summary = Summary(scope, args.after_id)
         self.signals = StopSignals("reprocess")
-        self.progress = ProgressBar()
+        self.progress = ProgressBar("reprocessing", "updated")
 
     async def run(self) -> int:
         started = time.monotonic()
