@@ -1,5 +1,9 @@
 """`inboxd status`: each mailbox's cursor, lag, throttle, state and last error.
 
+After the mailboxes, when a tenant has any, the extraction backlog: jobs by
+state per processor and the feeder's inbox (daemon/commands/status_extraction.py);
+`--extraction` shows it alone (with --json, as a list per tenant).
+
 Read-only: one query (`pipeline.mailbox_status.mailbox_status`) against the database
 the other commands use, so it shows what every replica sees, whichever
 process runs it. On a terminal the table is drawn with rich; piped, it is
@@ -32,6 +36,7 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
+from inboxd.daemon.commands.status_extraction import TenantExtraction, extraction_status
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.mailbox_status import MailboxStatus, mailbox_status
@@ -71,7 +76,15 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         "objects with all fields. Run `inboxd migrate` first on a new database.",
     )
     parser.add_argument("--tenant", metavar="T", help="only this tenant's mailboxes")
-    parser.add_argument(
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
+        "--extraction",
+        action="store_true",
+        help="show the extraction backlog instead: per tenant and processor, jobs pending, "
+        "running, in retry_wait and needing review, due now and the oldest due one's wait, "
+        "and the new mail not yet matched to processors (with --json, a list per tenant)",
+    )
+    only.add_argument(
         "--queues",
         action="store_true",
         help="show the queue pollers (SES SQS) instead: queue, messages received, stored, "
@@ -89,6 +102,10 @@ async def run(args: argparse.Namespace) -> int:
             statuses = await mailbox_status(pool, tenant)
             # tenant-less: shown to the operator's whole view only
             pollers = [] if tenant else await _pollers(pool)
+            extraction = await extraction_status(pool, tenant)
+    if args.extraction:
+        _print_extraction(extraction, as_json=args.json)
+        return EXIT_OK
     if args.queues:
         _print_pollers(pollers, as_json=args.json)
         return EXIT_OK
@@ -110,7 +127,56 @@ async def run(args: argparse.Namespace) -> int:
     if pollers and not args.json:
         print()
         _print_pollers(pollers, as_json=False)
+    if extraction and not args.json:
+        print()
+        _print_extraction(extraction, as_json=False)
     return EXIT_OK
+
+
+EXTRACTION_COLUMNS = (
+    "TENANT",
+    "PROCESSOR",
+    "PENDING",
+    "RUNNING",
+    "RETRY WAIT",
+    "NEEDS REVIEW",
+    "DUE",
+    "OLDEST DUE",
+)
+
+
+def _print_extraction(tenants: list[TenantExtraction], *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.buffer.write(
+            orjson.dumps([t.as_json() for t in tenants], option=orjson.OPT_APPEND_NEWLINE)
+        )
+        sys.stdout.flush()
+        return
+    if not tenants:
+        print("no extraction backlog (every job completed, no new mail waiting)")
+        return
+    rows = [
+        (
+            t.tenant_id,
+            b.processor_id,
+            str(b.pending),
+            str(b.running),
+            str(b.retry_wait),
+            str(b.needs_review),
+            str(b.due),
+            format_duration(b.oldest_due_s) if b.due else "-",
+        )
+        for t in tenants
+        for b in t.processors
+    ]
+    if rows:
+        print(plain_table(rows, EXTRACTION_COLUMNS))
+    for t in tenants:
+        if t.inbox:
+            print(
+                f"extraction inbox of {t.tenant_id}: {t.inbox} new messages not yet matched "
+                f"to processors (oldest {format_duration(t.inbox_oldest_s)})"
+            )
 
 
 POLLER_COLUMNS = (
