@@ -1,7 +1,7 @@
 """The `inboxd` command line: parses arguments and dispatches to `commands/<name>.py`.
 
 Each subcommand lives in its own module (`commands.migrate`, `commands.importer`,
-`reprocess`, `run`, `status`, `check-config`, `sync`, `delivery`, `db`, `connect`) and
+`reprocess`, `extract`, `run`, `status`, `check-config`, `sync`, `delivery`, `db`, `connect`) and
 registers its parser; this module only builds the parser, configures logging and turns
 the outcome into an exit code (see `commands.common` for the codes). Every failure is one line on
 stderr, ``inboxd: error: …``, without a traceback (``--log-level debug`` logs it)
@@ -43,6 +43,7 @@ COMMANDS = {
     "migrate": "migrate",
     "import": "importer",
     "reprocess": "reprocess",
+    "extract": "extract",
     "check-config": "check_config",
     "run": "run",
     "status": "status",
