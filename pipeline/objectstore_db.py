@@ -47,8 +47,10 @@ import asyncpg
 
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.objectstore import (
+    ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    run_bounded,
     validate_key,
     validate_url_expiry,
 )
@@ -66,6 +68,9 @@ MAX_MAX_BYTES = 16 * 1024 * 1024
 # batch of many small attachments builds: 8 MiB is ~1,400 messages of the corpus's
 # mean 5.7 KB, more than one ingest batch.
 DB_PUT_CHUNK_BYTES = 8 * 1024 * 1024
+# Reads of larger objects (files, S3) at once in get_many: what reprocess uses for
+# the same reads (pipeline/reprocess.py RAW_READ_CONCURRENCY).
+LARGE_READS_AT_ONCE = 4
 
 # New keys are inserted; a key that exists is left alone unless its bytes differ.
 # Not ON CONFLICT DO UPDATE … WHERE: that locks every conflicting row until commit,
@@ -205,6 +210,34 @@ class DatabaseTierStore:
         if data is not None:
             return bytes(data)
         return await self.large.get(key)
+
+    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """The bytes of every key that has an object, in one statement for the small
+        ones (a `get` each cost one round trip: 100 keys took 25 ms against 3 ms,
+        bench/extraction.py); larger ones from the large store, four at a time. A
+        key with no object is left out; a store error is raised."""
+        wanted = sorted({validate_key(key) for key in keys})
+        if not wanted:
+            return {}
+        try:
+            rows = await self.pool.fetch(
+                "SELECT key, data FROM small_objects "
+                "WHERE tenant_id = ANY($1::text[]) AND key = ANY($2::text[])",
+                sorted({_tenant_of(key) for key in wanted}),
+                wanted,
+            )
+        except DATABASE_ERRORS as exc:
+            raise _store_error("reading", wanted[0], exc) from exc
+        found = {r["key"]: bytes(r["data"]) for r in rows}
+        rest = [key for key in wanted if key not in found]
+        results = await run_bounded(self.large.get, rest, concurrency=LARGE_READS_AT_ONCE)
+        for key, result in zip(rest, results, strict=True):
+            if isinstance(result, ObjectNotFound):
+                continue
+            if isinstance(result, Exception):
+                raise result
+            found[key] = result
+        return found
 
     async def exists(self, key: str) -> bool:
         return bool(await self.exists_many([key]))

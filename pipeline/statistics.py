@@ -25,12 +25,22 @@ import structlog
 
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 
-__all__ = ["ANALYZE_GROWTH", "ANALYZE_MIN_ROWS", "IngestStatistics"]
+__all__ = [
+    "ANALYZE_GROWTH",
+    "ANALYZE_MIN_ROWS",
+    "EXTRACTION_TABLES",
+    "INGEST_TABLES",
+    "IngestStatistics",
+]
 
 log = structlog.get_logger(__name__)
 
 #: Tables whose plans matter to the ingest stage (schema.sql).
 INGEST_TABLES = ("messages", "message_participants", "message_copies", "threads")
+#: ... and to the extraction stage: its claims and the feeder's enqueue planned on an
+#: empty extraction_jobs scanned it per id (a re-run of 20,000 linked messages took
+#: 9 s instead of ~1, bench/extraction.py (c)).
+EXTRACTION_TABLES = ("extraction_jobs", "extraction_inbox")
 #: Messages stored before the first ANALYZE: a plan on 500 rows already uses the
 #: indexes; before that a scan is as cheap.
 ANALYZE_MIN_ROWS = 500
@@ -41,10 +51,21 @@ ANALYZE_GROWTH = 0.5
 
 
 class IngestStatistics:
-    """When to ANALYZE the ingest tables (module docstring); one per IngestStage."""
+    """When to ANALYZE the ingest tables (module docstring); one per IngestStage.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    `tables`/`counted` serve another set of growing tables the same way: the
+    extraction feeder's (EXTRACTION_TABLES, counted by extraction_jobs)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        tables: tuple[str, ...] = INGEST_TABLES,
+        counted: str = "messages",
+    ) -> None:
         self._pool = pool
+        self._tables = tables
+        self._counted = counted
         self._stored_since = 0
         self._size_then: float | None = None  # messages' reltuples at the last look
         self._lock = anyio.Lock()
@@ -64,15 +85,20 @@ class IngestStatistics:
                     return
                 stored = self._stored_since
                 async with self._pool.acquire() as conn:
-                    await conn.execute(f"ANALYZE {', '.join(INGEST_TABLES)}")
+                    await conn.execute(f"ANALYZE {', '.join(self._tables)}")
                 self._size_then = await self._estimated_rows()
                 self._stored_since = 0
-                log.info("ingest_tables_analyzed", stored_since=stored, rows=int(self._size_then))
+                log.info(
+                    "ingest_tables_analyzed",
+                    tables=self._counted,
+                    stored_since=stored,
+                    rows=int(self._size_then),
+                )
             except DATABASE_ERRORS as exc:
                 log.warning("ingest_tables_not_analyzed", error=describe(exc))
 
     async def _estimated_rows(self) -> float:
         value = await self._pool.fetchval(
-            "SELECT reltuples FROM pg_class WHERE oid = 'messages'::regclass"
+            "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", self._counted
         )
         return max(0.0, float(value or 0.0))  # -1 before the first ANALYZE

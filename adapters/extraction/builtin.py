@@ -52,6 +52,7 @@ from typing import Any
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
 from inboxd.adapters.extraction.schema import ResultSchema
 from inboxd.pipeline.charsets import decode_bytes
+from inboxd.pipeline.extraction_messages import Reads
 from inboxd.pipeline.leases import one_line
 from inboxd.pipeline.message import Address, MessageData
 from inboxd.pipeline.mime import html_to_text
@@ -166,17 +167,32 @@ def _choice(value: object, allowed: tuple[str, ...], key: str) -> str:
 
 
 class BuiltinBackend:
-    """Rules plus the schema: `await extract(message)` is the validated result."""
+    """Rules plus the schema: `await extract(message)` is the validated result.
+
+    `reads`: what of a stored message the rules need (pipeline/extraction_messages.py):
+    attachment bytes only for a regex over attachments, the raw header block only
+    for header rules, else the fields ingest stored."""
 
     def __init__(self, rules: Mapping[str, Rule], schema: ResultSchema) -> None:
         self.rules = dict(rules)
         self.schema = schema
+        self.reads = reads_of(self.rules)
 
     async def extract(self, message: MessageData) -> dict[str, Any]:
         """The fields the rules find, validated; ExtractionTerminal when they do not
         validate or a value does not convert. Never retryable: nothing here can
         go better on a second try."""
         return self.schema.validate_result(extract_fields(message, self.rules))
+
+
+def reads_of(rules: Mapping[str, Rule]) -> Reads:
+    """How much of a stored message `rules` read (BuiltinBackend.reads)."""
+    kinds = list(rules.values())
+    if any(isinstance(r, RegexRule) and r.source == "attachments" for r in kinds):
+        return Reads.PARSED
+    if any(isinstance(r, HeaderRule) for r in kinds):
+        return Reads.RAW
+    return Reads.ROW
 
 
 def extract_fields(message: MessageData, rules: Mapping[str, Rule]) -> dict[str, Any]:

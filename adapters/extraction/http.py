@@ -49,6 +49,7 @@ from inboxd.adapters.extraction.errors import (
 )
 from inboxd.adapters.extraction.schema import ResultSchema
 from inboxd.adapters.retry_after import retry_after_s
+from inboxd.pipeline.extraction_messages import Reads
 from inboxd.pipeline.leases import one_line
 from inboxd.pipeline.message import MessageData
 
@@ -92,6 +93,7 @@ class HttpBackend:
         self.schema_id = schema_id
         self.timeout_s = timeout_s
         self.session = session
+        self.reads = Reads.RAW  # the raw MIME is all it sends
 
     def __repr__(self) -> str:  # never the token
         return f"HttpBackend(url={self.url!r}, schema_id={self.schema_id!r})"

@@ -60,13 +60,16 @@ from inboxd.pipeline.extraction_backfill import (
     count_scope,
 )
 from inboxd.pipeline.extraction_inbox import FilterFields
+from inboxd.pipeline.statistics import EXTRACTION_TABLES, IngestStatistics
 
 log = structlog.get_logger(__name__)
 
-# Messages per batch (one transaction each): the live feeder's order of size; a
-# batch is three set-based statements of ≤ 500 ids (fields, identities, jobs), tens
-# of milliseconds, so a Ctrl-C waits that long and a lock is held no longer.
-BACKFILL_BATCH_SIZE = 500
+# Messages per batch (one transaction each): the live feeder's size; a batch is a
+# few set-based statements over ≤ 2,000 ids (fields, identities, jobs), ~70 ms, so
+# a Ctrl-C waits that long and a lock is held no longer. The statements' fixed cost
+# dominates smaller batches: a re-run of 10,000 linked messages took 0.62 s in
+# batches of 500 and 0.34 s in batches of 2,000 (bench/extraction.py (c)).
+BACKFILL_BATCH_SIZE = 2000
 
 
 @dataclass(slots=True)
@@ -215,6 +218,9 @@ class _Run:
         def select(fields: FilterFields) -> bool:
             return matches_fields(processor, fields)
 
+        # a backfill is what grows extraction_jobs fastest: keep its plans current
+        statistics = IngestStatistics(pool, tables=EXTRACTION_TABLES, counted="extraction_jobs")
+
         while not self.signals.stop.is_set():
             try:
                 batch = await backfill_batch(
@@ -227,6 +233,7 @@ class _Run:
             if not batch.examined:
                 return
             s.report.merge(batch)
+            await statistics.note_stored(batch.queued)
             log.info(
                 "extract_backfill_batch_committed",
                 tenant=s.scope.tenant_id,

@@ -15,6 +15,8 @@ It then rings the tenant's processor runners. Unrung, it looks every
 FEED_POLL_S: rows noted by another process (`inboxd import`, a second daemon).
 A database error is logged and the round tried again after FEED_RETRY_S: the
 rows stay in the table meanwhile, so nothing is lost and ingest never waits.
+As jobs pile up it ANALYZEs the extraction tables (pipeline/statistics.py: the
+claim and enqueue plans made on an empty table scan it).
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ from inboxd.adapters.extraction import ProcessorConfig, matches_fields
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.extraction_enqueue import enqueue
 from inboxd.pipeline.extraction_inbox import load_filter_fields, take
+from inboxd.pipeline.statistics import EXTRACTION_TABLES, IngestStatistics
 
 log = structlog.get_logger(__name__)
 
-#: Inbox rows per feeder transaction: one ingest page is 100 messages; 500 keeps a
-#: 20,000-message backfill at ~40 rounds without a long-held transaction.
-FEED_BATCH = 500
+#: Inbox rows per feeder transaction at most: a round's statements cost mostly their
+#: fixed part, so a backlog drains in rounds of 2,000 (~0.1 s each; the same figure
+#: as `inboxd extract backfill`'s batches, bench/extraction.py (c)); new mail is fed
+#: as it comes, a round taking whatever is there.
+FEED_BATCH = 2000
 #: How often an unrung feeder looks at the inbox (rows another process noted).
 FEED_POLL_S = 2.0
 #: Wait after a database error before the next round.
@@ -55,6 +60,9 @@ class Feeder:
         self._processors_of = processors_of
         self._on_queued = on_queued
         self._bell = anyio.Event()
+        self._statistics = IngestStatistics(
+            pool, tables=EXTRACTION_TABLES, counted="extraction_jobs"
+        )
 
     def ring(self) -> None:
         self._bell.set()
@@ -85,7 +93,7 @@ class Feeder:
     async def feed_once(self) -> int:
         """One round; how many inbox rows it took."""
         queued: set[str] = set()
-        taken_rows = 0
+        queued_jobs = taken_rows = 0
         async with self._pool.acquire() as conn, conn.transaction():
             taken = await take(conn, FEED_BATCH)
             for tenant, message_ids in taken.items():
@@ -103,6 +111,7 @@ class Feeder:
                     )
                     if result.queued:
                         queued.add(tenant)
+                        queued_jobs += len(result.queued)
                     if result.conflicts:
                         log.warning(
                             "extraction_payload_conflict",
@@ -110,6 +119,7 @@ class Feeder:
                             processor=processor.id,
                             messages=result.conflicts,
                         )
+        await self._statistics.note_stored(queued_jobs)
         for tenant in sorted(queued):
             self._on_queued(tenant)
         return taken_rows

@@ -1,16 +1,17 @@
 """One processor's workers: claim → load → call the backend → commit, as a pipeline.
 
-    claimer ──(job, message)──▶ callers × concurrency ──(job, outcome)──▶ committer
-       │  claim_due ≤ room          backend.extract: one attempt          complete_many /
-       │  load_messages (parsed                                            fail_* / release,
-       │  in the parse workers)                                            one transaction
-       └──────────── renewer: renew_many of every held job, every lease/3 ──┘
+    claimer ─(jobs)─▶ loader ─(job, message)─▶ callers × concurrency ─(job, outcome)─▶ committer
+    claim_due ≤ room   load_messages          backend.extract:                  complete_many /
+                       (as much as the        one attempt                       fail_* / release,
+                       backend reads)                                           one transaction
+       └──────────── renewer: renew_many of every held job, every lease/3 ──────────┘
 
-Every claimed job is *held* from its claim until its outcome is written; the
-claimer claims only while fewer than `prefetch` are held, so the callers never
-wait for a claim (an http endpoint answering in 50 ms keeps `concurrency`
-requests in flight: throughput = concurrency / latency), and a slow endpoint
-holds at most `prefetch` leases. Every write is fenced by the job's token
+Every claimed job is *held* from its claim until its outcome is written. The
+claimer claims while fewer than `prefetch` jobs wait for a call (and the
+committer is not far behind), and the next claim runs while the loader reads a
+batch, so the callers never wait for a claim: an http endpoint answering in
+50 ms keeps `concurrency` requests in flight (throughput = concurrency /
+latency), and a stalled endpoint holds few leases. Every write is fenced by the job's token
 (pipeline/extraction_claims.py): a job whose lease was lost — the renewer finds
 it gone, or the process was paused past it — changes no row when its outcome
 arrives, and the reclaimer's result stands.
@@ -63,14 +64,23 @@ CLAIM_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, StoreUnavaila
 #: Jobs claimed in one statement at most: one load_messages batch, parsed in chunks of
 #: 50 on every core (pipeline/parsing.py), so 100 keeps both parse workers busy.
 CLAIM_BATCH_MAX = 100
-#: Jobs a builtin processor holds at once: two claim batches, so one is parsed while
-#: the other is extracted and committed.
+#: Claimed jobs a builtin processor has waiting for its rules at most: two claim
+#: batches, so one is loaded while the other is extracted.
 BUILTIN_PREFETCH = 2 * CLAIM_BATCH_MAX
-#: An http processor holds this many per caller: one in the call, one ready, so a
-#: caller never waits for a claim, and a stalled endpoint holds few leases.
+#: An http processor has this many per caller waiting for a call: one in the call,
+#: one ready, so a caller never waits for a claim, and a stalled endpoint holds few
+#: leases.
 HTTP_PREFETCH_PER_CALLER = 2
 #: Outcomes written in one transaction at most (one UPDATE and one event insert).
 COMMIT_BATCH_MAX = 200
+#: The committer gathers outcomes this long before a commit: a commit cost 16 ms
+#: (its fsync) and carried ~33 builtin results without it, ~100 with it
+#: (bench/extraction.py (b)); an http result waits 5 ms more for its commit, which
+#: no caller waits for.
+COMMIT_LINGER_S = 0.005
+#: Outcomes computed but not yet committed at most before the claimer waits: bounds
+#: what a slow database lets pile up (and what a crash would make be redone).
+MAX_UNCOMMITTED = 2 * COMMIT_BATCH_MAX
 #: An idle processor looks for due jobs this often without being rung (retry_wait
 #: jobs coming due, jobs another process queued): one indexed query.
 CLAIM_POLL_S = 1.0
@@ -132,7 +142,8 @@ class ProcessorRunner:
             if config.backend == "builtin"
             else HTTP_PREFETCH_PER_CALLER * config.concurrency
         )
-        self.held: dict[int, ClaimedJob] = {}
+        self.held: dict[int, ClaimedJob] = {}  # claimed, outcome not yet written
+        self._unattempted = 0  # of those, not yet through a backend call
         self._bell = anyio.Event()
         self._room = anyio.Event()
         self._paused_until = -math.inf
@@ -149,9 +160,11 @@ class ProcessorRunner:
         done_send, done_receive = anyio.create_memory_object_stream[tuple[ClaimedJob, Outcome]](
             math.inf
         )
+        batches_send, batches_receive = anyio.create_memory_object_stream[list[ClaimedJob]](1)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._claim, work_send)
+                tg.start_soon(self._claim, batches_send)
+                tg.start_soon(self._load_batches, batches_receive, work_send)
                 for _ in range(self._concurrency):
                     tg.start_soon(self._call, work_receive.clone(), done_send.clone())
                 work_receive.close()
@@ -166,23 +179,40 @@ class ProcessorRunner:
 
     # claimer ------------------------------------------------------------------------
 
-    async def _claim(self, work: MemoryObjectSendStream[Work]) -> None:
-        async with work:
+    async def _claim(self, batches: MemoryObjectSendStream[list[ClaimedJob]]) -> None:
+        async with batches:
             while True:
                 await self._wait_for_room()
                 await self._wait_out_pause()
                 bell = self._bell = anyio.Event()
-                room = min(self._prefetch - len(self.held), CLAIM_BATCH_MAX)
+                room = min(self._prefetch - self._unattempted, CLAIM_BATCH_MAX)
                 try:
                     jobs = await self._claim_due(room)
-                    messages = await self._load(jobs)
-                except CLAIM_ERRORS as exc:
+                except DATABASE_ERRORS as exc:
                     self._log.warning("extraction_claim_failed", error=type(exc).__name__)
                     await anyio.sleep(DATABASE_RETRY_S)
                     continue
                 if not jobs:
                     with anyio.move_on_after(CLAIM_POLL_S):
                         await bell.wait()
+                    continue
+                self._unattempted += len(jobs)
+                # the next claim runs while this batch is loaded (one batch waits at most)
+                await batches.send(jobs)
+
+    async def _load_batches(
+        self,
+        batches: MemoryObjectReceiveStream[list[ClaimedJob]],
+        work: MemoryObjectSendStream[Work],
+    ) -> None:
+        async with batches, work:
+            async for jobs in batches:
+                try:
+                    messages = await self._load(jobs)
+                except CLAIM_ERRORS as exc:  # the claims were given back by _load
+                    self._log.warning("extraction_load_failed", error=type(exc).__name__)
+                    self._attempted(len(jobs))
+                    await anyio.sleep(DATABASE_RETRY_S)
                     continue
                 for job in jobs:
                     await work.send((job, messages.get(job.message_id)))
@@ -209,6 +239,7 @@ class ProcessorRunner:
                 self._store,
                 self.processor.tenant_id,
                 [job.message_id for job in jobs],
+                reads=self.processor.backend.reads,
                 in_thread=self._in_thread,
             )
         except BaseException:
@@ -218,9 +249,18 @@ class ProcessorRunner:
             raise
 
     async def _wait_for_room(self) -> None:
-        while len(self.held) >= self._prefetch:
+        """Until fewer than `prefetch` claimed jobs wait for their call, and the
+        committer is not more than MAX_UNCOMMITTED behind."""
+        while (
+            self._unattempted >= self._prefetch
+            or len(self.held) - self._unattempted >= MAX_UNCOMMITTED
+        ):
             self._room = anyio.Event()
             await self._room.wait()
+
+    def _attempted(self, n: int = 1) -> None:
+        self._unattempted -= n
+        self._room.set()
 
     async def _wait_out_pause(self) -> None:
         wait = self._paused_until - anyio.current_time()
@@ -237,8 +277,13 @@ class ProcessorRunner:
         async with work, done:
             async for job, message in work:
                 if job.job_id not in self.held:
+                    self._attempted()
                     continue  # its lease was lost while it waited: another worker has it
-                await done.send((job, await self._attempt(message)))
+                try:
+                    outcome = await self._attempt(message)
+                finally:
+                    self._attempted()
+                await done.send((job, outcome))
 
     async def _attempt(self, message: MessageData | None) -> Outcome:
         if anyio.current_time() < self._paused_until:
@@ -267,6 +312,9 @@ class ProcessorRunner:
         # not `async with done`: at cancellation _wind_down still reads what is left
         async for first in done:
             batch = [first]
+            # a fast backend's outcomes arrive a few at a time: waiting a moment lets
+            # one commit (one fsync) carry a claim batch instead of one per handful
+            await anyio.sleep(COMMIT_LINGER_S)
             while len(batch) < COMMIT_BATCH_MAX:
                 try:
                     batch.append(done.receive_nowait())
