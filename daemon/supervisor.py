@@ -18,6 +18,7 @@ Task tree (every task belongs to one of these groups; nothing is detached):
                              ├─ attachment sweep    re-derives failed attachments
                              │                      (pipeline/attachment_sweep.py)
                              ├─ attention gauge     (daemon/attention_metric.py)
+                             ├─ extraction gauges   (daemon/extraction_metric.py)
                              └─ watchdog            sd_notify WATCHDOG=1
 
 Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
@@ -44,6 +45,7 @@ from inboxd.daemon import systemd
 from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.config import MainConfig, load_tenants
 from inboxd.daemon.extraction.stage import ExtractionStage
+from inboxd.daemon.extraction_metric import refresh_extraction_backlog
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.ses_door import SesDoor
@@ -197,6 +199,13 @@ class Daemon:
                 await tg.start(self.extraction.run)
                 tg.start_soon(AttachmentSweeper(self.pool, self.store).run)
                 await tg.start(refresh_attention, self.pool, self.metrics)
+                await tg.start(
+                    refresh_extraction_backlog,
+                    self.pool,
+                    self.metrics,
+                    lambda: [t for t, c in self.tenants.items() if c.processors],
+                    lambda: [(t, p.id) for t, c in self.tenants.items() for p in c.processors],
+                )
                 tg.start_soon(systemd.run_watchdog, self._ready)
                 systemd.notify("READY=1")
                 self._log.info("daemon_ready", port=port, mailboxes=len(self.fleet.runners))

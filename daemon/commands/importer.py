@@ -34,7 +34,8 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import anyio
 import asyncpg
@@ -66,6 +67,7 @@ from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
+from inboxd.pipeline.extraction_inbox import HandOff
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
 
@@ -213,8 +215,11 @@ class _Importer:
                         await ensure_mailbox(conn, self.tenant, self.mailbox, provider="import")
             except DATABASE_ERRORS as exc:
                 raise database_error(exc, choice) from exc
+            handoff = extraction_handoff(self.args.config, config, self.tenant)
             queue = IngestQueue(
-                IngestStage(pool, store), Metrics(), capacity_pages=IMPORT_QUEUE_PAGES
+                IngestStage(pool, store, extraction=handoff),
+                Metrics(),
+                capacity_pages=IMPORT_QUEUE_PAGES,
             )
             source = self.source(pool)
             log.info(
@@ -261,6 +266,38 @@ class _Importer:
             s.error = str(self.read_error)
             return EXIT_FAILURE
         return EXIT_OK
+
+
+def extraction_handoff(path: Path | None, config: dict[str, Any], tenant_id: str) -> HandOff | None:
+    """Imported mail reaches the tenant's processors like any door's: new rows go to
+    extraction_inbox in the ingest transaction, for a running daemon's feeder (it
+    looks every few seconds). Only when the main file names tenant files (`[tenants]`)
+    and the tenant's has `[[processors]]`; the tenant files are read only then (an
+    import without them starts as fast as before). A tenant file with problems is
+    reported and the import goes on without the hand-off: `inboxd extract backfill`
+    queues the mail later."""
+    if path is None or "tenants" not in config:
+        return None
+    from inboxd.daemon.config import ConfigError, load_main, load_tenants
+
+    try:
+        tenants = load_tenants(load_main(path))
+    except ConfigError as exc:
+        log.warning("import_tenant_config_unusable", error=str(exc))
+        return None
+    tenant = tenants.tenants.get(tenant_id)
+    if tenant is None:
+        if tenants.problems:
+            log.warning(
+                "import_without_extraction",
+                tenant=tenant_id,
+                reason="tenant files have problems",
+                problems=[str(p) for p in tenants.problems],
+            )
+        return None
+    if not tenant.processors:
+        return None
+    return HandOff(wants=lambda t: t == tenant_id)
 
 
 async def _next(pages: MemoryObjectReceiveStream[Page]) -> Page | None:

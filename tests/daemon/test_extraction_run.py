@@ -10,11 +10,13 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import orjson
 import pytest
 from fakes.parse_api import Answer, FakeParseApi
 from harness import DaemonProcess, deliver, maildir, write_config
+from helpers import run_cli_async
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -101,6 +103,15 @@ async def test_maildir_mail_is_extracted_once_and_sigterm_holds_no_claim(tmp_pat
         await daemon.eventually(
             lambda: jobs(db_dsn), DEADLINE_S, what="3 completed", until=states_are("completed", 3)
         )
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{daemon.port}/metrics") as response,
+        ):
+            metrics = await response.text()
+        assert (
+            'inboxd_extractions_total{outcome="completed",processor="orders",tenant="acme"} 3.0'
+            in metrics
+        )
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit() == 0
     finally:
@@ -182,3 +193,57 @@ async def test_a_process_paused_past_its_lease_cannot_overwrite_the_reclaimed_re
     assert await results(db_dsn) == [{"order": "from-reclaimer"}]
     (job,) = await jobs(db_dsn)
     assert orjson.loads(job["result"]) == {"order": "from-reclaimer"}
+
+
+async def test_imported_mail_reaches_the_running_daemons_processors(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    add_processor(tmp_path, builtin_processor())
+    maildir(tmp_path, "acme", "inbox")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for i in range(4):
+        (archive / f"{i}.eml").write_bytes(order_mail(100 + i))
+    imported = await run_cli_async(
+        "import",
+        "--config",
+        config,
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "archive",
+        archive,
+    )
+    assert imported.code == 0, imported.stderr
+    # handed over in the import's own transactions, waiting for a daemon
+    assert len(await fetch(db_dsn, "SELECT message_id FROM extraction_inbox")) == 4
+    daemon = start(tmp_path, config, db_dsn, "daemon")
+    try:
+        await daemon.eventually(
+            lambda: jobs(db_dsn), DEADLINE_S, what="4 completed", until=states_are("completed", 4)
+        )
+    finally:
+        daemon.kill()
+    assert sorted(r["order"] for r in await results(db_dsn)) == [f"A-{100 + i}" for i in range(4)]
+
+
+async def test_import_without_processors_hands_nothing_over(tmp_path, db_dsn) -> None:
+    config = write_config(tmp_path)
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "1.eml").write_bytes(order_mail(1))
+    imported = await run_cli_async(
+        "import",
+        "--config",
+        config,
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "archive",
+        archive,
+    )
+    assert imported.code == 0, imported.stderr
+    assert await fetch(db_dsn, "SELECT message_id FROM extraction_inbox") == []
