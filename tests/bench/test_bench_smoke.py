@@ -329,6 +329,23 @@ def test_imap(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_imap", pid)
 
 
+def test_extraction(server_dsn: str) -> None:
+    pid, out = run_bench("extraction.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^  \(a\) ingest, new mail \(cascade \+ hand-off\)\s+300\s+[\d.]+\s+[\d,.]+$",
+            r"^  \(b\) builtin extraction, all new\s+300\s+[\d.]+\s+[\d,.]+$",
+            r"^  \(c\) re-run of the same messages, all linked\s+300\s",
+            r"^  \(d\) http, concurrency 8, 50 ms endpoint\s+60\s",
+            r"^  \(d0\) baseline: bare aiohttp POSTs, same endpoint\s+60\s",
+            r"^  \(b\) ÷ \(a\) = [\d.]+ \(target ≥ 0.50: (ok|MISSED)\)",
+            r"^  \(d\) ÷ concurrency/latency \(160.0/s\) = [\d.]+",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_extraction", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
     """A new benchmark in bench/ gets a test here too (vocabulary.py is data,
     door_run.py the machinery gmail.py and outlook.py share)."""
@@ -337,6 +354,7 @@ def test_every_script_has_a_smoke_test() -> None:
         "parse.py",
         "daemon_backfill.py",
         "reimport.py",
+        "extraction.py",
         "webhooks.py",
         "gmail.py",
         "outlook.py",
