@@ -148,7 +148,12 @@ def _from_row(tenant_id: str, row: asyncpg.Record) -> MessageData:
         AttachmentData(filename=f, content_type=t, size_bytes=n, disposition=d)
         for f, t, n, d in orjson.loads(row["attachments"] or "[]")
     ]
-    sender = Address(row["from_address"], row["from_name"]) if row["from_address"] else None
+    # A sender with a name but no address ("From: MAILER-DAEMON <>", "<moderator>"
+    # without a domain) is parsed as Address("", name) and stored as from_address ''
+    # with its from_name: keep it, or from.name would find nothing here and the name
+    # in a re-parse (tests/pipeline/test_extraction_reads.py).
+    has_sender = row["from_address"] or row["from_name"]
+    sender = Address(row["from_address"], row["from_name"]) if has_sender else None
     return MessageData(
         tenant_id=tenant_id,
         mailbox_id=row["mailbox_id"],
