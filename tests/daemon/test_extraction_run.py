@@ -83,6 +83,15 @@ async def results(dsn: str) -> list[dict]:
     return [orjson.loads(r["payload"])["result"] for r in rows]
 
 
+async def import_dir(config: Path, dsn: str, directory: Path) -> None:
+    """`inboxd import` of `directory` into acme's mailbox "archive"; must exit 0."""
+    imported = await run_cli_async(
+        "import", "--config", config, "--dsn", dsn, "--tenant", "acme",
+        "--mailbox", "archive", directory,
+    )  # fmt: skip
+    assert imported.code == 0, imported.stderr
+
+
 def start(tmp: Path, config: Path, dsn: str, name: str) -> DaemonProcess:
     daemon = DaemonProcess(config, dsn, tmp / f"{name}.log", env=TOKEN_ENV)
     daemon.wait_ready()
@@ -203,19 +212,7 @@ async def test_imported_mail_reaches_the_running_daemons_processors(tmp_path, db
     archive.mkdir()
     for i in range(4):
         (archive / f"{i}.eml").write_bytes(order_mail(100 + i))
-    imported = await run_cli_async(
-        "import",
-        "--config",
-        config,
-        "--dsn",
-        db_dsn,
-        "--tenant",
-        "acme",
-        "--mailbox",
-        "archive",
-        archive,
-    )
-    assert imported.code == 0, imported.stderr
+    await import_dir(config, db_dsn, archive)
     # handed over in the import's own transactions, waiting for a daemon
     assert len(await fetch(db_dsn, "SELECT message_id FROM extraction_inbox")) == 4
     daemon = start(tmp_path, config, db_dsn, "daemon")
@@ -233,17 +230,5 @@ async def test_import_without_processors_hands_nothing_over(tmp_path, db_dsn) ->
     archive = tmp_path / "archive"
     archive.mkdir()
     (archive / "1.eml").write_bytes(order_mail(1))
-    imported = await run_cli_async(
-        "import",
-        "--config",
-        config,
-        "--dsn",
-        db_dsn,
-        "--tenant",
-        "acme",
-        "--mailbox",
-        "archive",
-        archive,
-    )
-    assert imported.code == 0, imported.stderr
+    await import_dir(config, db_dsn, archive)
     assert await fetch(db_dsn, "SELECT message_id FROM extraction_inbox") == []
