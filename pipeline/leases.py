@@ -370,8 +370,9 @@ async def take_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
 
 
 def one_line(text: str, limit: int = ERROR_MAX_CHARS) -> str:
-    """`text` with whitespace runs (newlines included) collapsed, cut to `limit` chars."""
-    flat = " ".join(str(text).split()) or "unknown error"
+    """`text` with whitespace runs (newlines included) collapsed and NULs dropped (a
+    PostgreSQL text column refuses U+0000), cut to `limit` chars."""
+    flat = " ".join(str(text).replace("\x00", "").split()) or "unknown error"
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ class ResultSchema:
     """A checked schema and its validator, built once per processor."""
 
     schema: dict[str, Any]
-    validator: jsonschema.protocols.Validator
+    # equal schemas are equal processors (a SIGHUP with the same file changes nothing)
+    validator: jsonschema.protocols.Validator = field(compare=False)
 
     def validate_result(self, result: object) -> dict[str, Any]:
         """`result` unchanged when it is a JSON object valid against the schema.

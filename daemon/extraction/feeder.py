@@ -7,9 +7,10 @@ FEED_BATCH rows: takes the rows (deleting them), reads their filter fields,
 and queues a job for every processor whose mailboxes and filter take the
 message (`enqueue`: same key and fingerprint → linked, other fingerprint →
 payload conflict). Commit makes the rows gone and the jobs queued together;
-a crash before it gives the rows back. Rows of a tenant that has no processor
-any more are dropped (nothing would extract them; `inboxd extract backfill`
-queues history for a processor added later).
+a crash before it gives the rows back. Only rows of tenants that have
+processors here are taken: another tenant's rows wait for a daemon (or a
+reload) that has them — `inboxd import` may have noted them from a tenant file
+that was edited before this daemon was told.
 
 It then rings the tenant's processor runners. Unrung, it looks every
 FEED_POLL_S: rows noted by another process (`inboxd import`, a second daemon).
@@ -55,9 +56,12 @@ class Feeder:
         pool: asyncpg.Pool,
         processors_of: Callable[[str], Sequence[ProcessorConfig]],
         on_queued: Callable[[str], None],
+        *,
+        tenants: Callable[[], Sequence[str]],
     ) -> None:
         self._pool = pool
         self._processors_of = processors_of
+        self._tenants = tenants
         self._on_queued = on_queued
         self._bell = anyio.Event()
         self._statistics = IngestStatistics(
@@ -94,13 +98,14 @@ class Feeder:
         """One round; how many inbox rows it took."""
         queued: set[str] = set()
         queued_jobs = taken_rows = 0
+        tenants = self._tenants()
+        if not tenants:
+            return 0
         async with self._pool.acquire() as conn, conn.transaction():
-            taken = await take(conn, FEED_BATCH)
+            taken = await take(conn, FEED_BATCH, tenant_ids=tenants)
             for tenant, message_ids in taken.items():
                 taken_rows += len(message_ids)
                 processors = self._processors_of(tenant)
-                if not processors:
-                    continue
                 fields = await load_filter_fields(conn, tenant, message_ids)
                 for processor in processors:
                     chosen = [f.message_id for f in fields if matches_fields(processor, f)]

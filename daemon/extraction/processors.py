@@ -11,8 +11,9 @@ the others run.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -35,11 +36,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Processor:
-    """A tenant's processor, ready to run."""
+    """A tenant's processor, ready to run. `token_sha256` tells a rotated token
+    apart on reload without keeping a second copy of it."""
 
     tenant_id: str
     config: ProcessorConfig
-    backend: Backend
+    backend: Backend = field(compare=False, repr=False)
+    token_sha256: str | None = field(default=None, repr=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -53,31 +56,33 @@ class Processor:
 
 def build_processors(
     tenants: Mapping[str, TenantConfig], session: aiohttp.ClientSession
-) -> tuple[dict[tuple[str, str], Processor], list[str]]:
+) -> tuple[dict[tuple[str, str], Processor], dict[tuple[str, str], str]]:
     """Every configured processor by (tenant, processor id), and the problems of
-    those left out (one line each, naming tenant, processor and reference)."""
+    those left out by key (one line each, naming tenant, processor and reference)."""
     built: dict[tuple[str, str], Processor] = {}
-    problems: list[str] = []
+    problems: dict[tuple[str, str], str] = {}
     for tenant_id, tenant in sorted(tenants.items()):
         for config in tenant.processors:
             try:
-                backend = _backend(config, session)
+                built[(tenant_id, config.id)] = _build(tenant_id, config, session)
             except SecretError as exc:
-                problems.append(f"tenant {tenant_id} processor {config.id}: {exc}")
-                continue
-            built[(tenant_id, config.id)] = Processor(tenant_id, config, backend)
+                problems[(tenant_id, config.id)] = (
+                    f"tenant {tenant_id} processor {config.id}: {exc}"
+                )
     return built, problems
 
 
-def _backend(config: ProcessorConfig, session: aiohttp.ClientSession) -> Backend:
+def _build(tenant_id: str, config: ProcessorConfig, session: aiohttp.ClientSession) -> Processor:
     if config.backend == "builtin":
-        return BuiltinBackend(config.rules, config.schema)
+        return Processor(tenant_id, config, BuiltinBackend(config.rules, config.schema))
     assert config.url is not None and config.token is not None  # checked by parse_processor
-    return HttpBackend(
+    token = Secret(config.token).reveal()
+    backend = HttpBackend(
         url=config.url,
-        token=Secret(config.token).reveal(),
+        token=token,
         schema=config.schema,
         timeout_s=config.timeout_s,
         session=session,
         schema_id=config.schema_id,
     )
+    return Processor(tenant_id, config, backend, hashlib.sha256(token.encode()).hexdigest())

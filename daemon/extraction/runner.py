@@ -11,18 +11,14 @@ claimer claims while fewer than `prefetch` jobs wait for a call (and the
 committer is not far behind), and the next claim runs while the loader reads a
 batch, so the callers never wait for a claim: an http endpoint answering in
 50 ms keeps `concurrency` requests in flight (throughput = concurrency /
-latency), and a stalled endpoint holds few leases. Every write is fenced by the job's token
-(pipeline/extraction_claims.py): a job whose lease was lost — the renewer finds
-it gone, or the process was paused past it — changes no row when its outcome
-arrives, and the reclaimer's result stands.
-
-Outcomes, from the backend's exception tree (adapters/extraction/errors.py):
-a result → complete (with its `extraction.completed` event); ExtractionTerminal
-→ needs_review with the reason; ExtractionRetryable → retry_wait with backoff
-and Retry-After; ExtractionUnauthorized (the endpoint refused our token) →
-the job is released, not charged, and the processor pauses for the server's
-wait: a revoked token must not walk the backlog into needs_review; an
-unexpected exception in a backend (a bug) → retryable, so attempts bound it.
+latency), and a stalled endpoint holds few leases. Every write is fenced by
+the job's token (pipeline/extraction_claims.py): a job whose lease was lost —
+the renewer finds it gone, or the process was paused past it — changes no row
+when its outcome arrives, and the reclaimer's result stands. What an attempt
+comes to and how it is written: outcomes.py (a 401/403 pauses this processor).
+A load that fails for the database or the store gives the jobs back uncharged;
+one that fails otherwise (a parse worker killed) charges them, so a message
+that kills its loader ends in needs_review instead of a loop.
 
 Cancellation (SIGTERM, reload): outcomes already computed are committed, every
 other held job is released (pending, due now, its attempt given back), shielded
@@ -33,18 +29,19 @@ expire, and another worker reclaims them with a larger token.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import asyncpg
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from inboxd.adapters.extraction import (
-    ExtractionRetryable,
-    ExtractionTerminal,
-    ExtractionUnauthorized,
+from inboxd.daemon.extraction.outcomes import (
+    LOST,
+    RETRY,
+    Outcome,
+    Release,
+    attempt,
+    write_outcomes,
 )
 from inboxd.daemon.extraction.processors import Processor
 from inboxd.daemon.metrics import Metrics
@@ -93,24 +90,6 @@ COMMIT_TIMEOUT_S = 10.0
 RELEASE_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
-    result: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    reason: str
-    terminal: bool
-    retry_after_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    reason: str
-
-
-Outcome = Done | Failed | Release
 Work = tuple[ClaimedJob, MessageData | None]
 
 
@@ -144,9 +123,11 @@ class ProcessorRunner:
         )
         self.held: dict[int, ClaimedJob] = {}  # claimed, outcome not yet written
         self._unattempted = 0  # of those, not yet through a backend call
+        self._committing: set[int] = set()  # job ids in the committer's transaction
         self._bell = anyio.Event()
         self._room = anyio.Event()
         self._paused_until = -math.inf
+        self._failing = False  # the database is not answering the claimer
         self._log = log.bind(tenant=processor.tenant_id, processor=config.id)
 
     def ring(self) -> None:
@@ -177,7 +158,7 @@ class ProcessorRunner:
                 await self._wind_down(done_receive)
             done_receive.close()
 
-    # claimer ------------------------------------------------------------------------
+    # claimer and loader -------------------------------------------------------------
 
     async def _claim(self, batches: MemoryObjectSendStream[list[ClaimedJob]]) -> None:
         async with batches:
@@ -189,9 +170,10 @@ class ProcessorRunner:
                 try:
                     jobs = await self._claim_due(room)
                 except DATABASE_ERRORS as exc:
-                    self._log.warning("extraction_claim_failed", error=type(exc).__name__)
+                    self._note_failure("extraction_claim_unavailable", exc)
                     await anyio.sleep(DATABASE_RETRY_S)
                     continue
+                self._note_recovery()
                 if not jobs:
                     with anyio.move_on_after(CLAIM_POLL_S):
                         await bell.wait()
@@ -199,23 +181,6 @@ class ProcessorRunner:
                 self._unattempted += len(jobs)
                 # the next claim runs while this batch is loaded (one batch waits at most)
                 await batches.send(jobs)
-
-    async def _load_batches(
-        self,
-        batches: MemoryObjectReceiveStream[list[ClaimedJob]],
-        work: MemoryObjectSendStream[Work],
-    ) -> None:
-        async with batches, work:
-            async for jobs in batches:
-                try:
-                    messages = await self._load(jobs)
-                except CLAIM_ERRORS as exc:  # the claims were given back by _load
-                    self._log.warning("extraction_load_failed", error=type(exc).__name__)
-                    self._attempted(len(jobs))
-                    await anyio.sleep(DATABASE_RETRY_S)
-                    continue
-                for job in jobs:
-                    await work.send((job, messages.get(job.message_id)))
 
     async def _claim_due(self, limit: int) -> list[ClaimedJob]:
         jobs = await claims.claim_due(
@@ -230,9 +195,28 @@ class ProcessorRunner:
             self.held[job.job_id] = job
         return jobs
 
+    async def _load_batches(
+        self,
+        batches: MemoryObjectReceiveStream[list[ClaimedJob]],
+        work: MemoryObjectSendStream[Work],
+    ) -> None:
+        async with batches, work:
+            async for jobs in batches:
+                try:
+                    messages = await self._load(jobs)
+                except CLAIM_ERRORS as exc:  # not the messages' fault: given back uncharged
+                    self._note_failure("extraction_load_unavailable", exc)
+                    await self._give_back(jobs, charge=None)
+                    await anyio.sleep(DATABASE_RETRY_S)
+                    continue
+                except Exception as exc:  # a parse worker died, a bug: charged, so bounded
+                    self._log.exception("extraction_load_failed", jobs=len(jobs))
+                    await self._give_back(jobs, charge=f"loading failed: {type(exc).__name__}")
+                    continue
+                for job in jobs:
+                    await work.send((job, messages.get(job.message_id)))
+
     async def _load(self, jobs: list[ClaimedJob]) -> dict[int, MessageData]:
-        if not jobs:
-            return {}
         try:
             return await load_messages(
                 self._pool,
@@ -242,11 +226,27 @@ class ProcessorRunner:
                 reads=self.processor.backend.reads,
                 in_thread=self._in_thread,
             )
-        except BaseException:
-            # nothing was handed to a caller: give the claims back (or let them expire)
+        except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S):
-                await self._release(jobs)
+                await self._give_back(jobs, charge=None)
             raise
+
+    async def _give_back(self, jobs: list[ClaimedJob], *, charge: str | None) -> None:
+        """Jobs that never reached a caller: released (charge None) or failed
+        retryably with `charge` as the reason; either way no longer held here."""
+        try:
+            for job in jobs:
+                if charge is None:
+                    self._count("released" if await claims.release(self._pool, job) else LOST)
+                else:
+                    state = await claims.fail_retryable(self._pool, job, charge)
+                    self._count(LOST if state is None else RETRY)
+        except DATABASE_ERRORS as exc:  # the leases expire instead
+            self._log.warning("extraction_give_back_failed", error=type(exc).__name__)
+        finally:
+            for job in jobs:
+                self._drop(job)
+            self._attempted(len(jobs))
 
     async def _wait_for_room(self) -> None:
         """Until fewer than `prefetch` claimed jobs wait for their call, and the
@@ -276,9 +276,9 @@ class ProcessorRunner:
     ) -> None:
         async with work, done:
             async for job, message in work:
-                if job.job_id not in self.held:
+                if self.held.get(job.job_id) is not job:
                     self._attempted()
-                    continue  # its lease was lost while it waited: another worker has it
+                    continue  # its lease was lost while it waited: another claim has it
                 try:
                     outcome = await self._attempt(message)
                 finally:
@@ -288,86 +288,64 @@ class ProcessorRunner:
     async def _attempt(self, message: MessageData | None) -> Outcome:
         if anyio.current_time() < self._paused_until:
             return Release("processor paused: the endpoint refused the token")
-        if message is None:
-            return Failed("the message row is gone", terminal=True)
-        try:
-            return Done(await self.processor.backend.extract(message))
-        except ExtractionUnauthorized as exc:
-            wait = exc.retry_after_s or 0.0
+        outcome = await attempt(self.processor.backend, message)
+        if isinstance(outcome, Release) and outcome.pause_s:
             if anyio.current_time() >= self._paused_until:
-                self._log.error("extraction_unauthorized", reason=exc.reason, pause_s=wait)
-            self._paused_until = max(self._paused_until, anyio.current_time() + wait)
-            return Release(exc.reason)
-        except ExtractionTerminal as exc:
-            return Failed(exc.reason, terminal=True)
-        except ExtractionRetryable as exc:
-            return Failed(exc.reason, terminal=False, retry_after_s=exc.retry_after_s)
-        except Exception as exc:  # a backend bug: retryable, so MAX_ATTEMPTS bounds it
-            self._log.exception("extraction_backend_crashed")
-            return Failed(f"internal error: {type(exc).__name__}", terminal=False)
+                self._log.error(
+                    "extraction_unauthorized", reason=outcome.reason, pause_s=outcome.pause_s
+                )
+            self._paused_until = max(self._paused_until, anyio.current_time() + outcome.pause_s)
+        return outcome
 
     # committer ----------------------------------------------------------------------
 
     async def _commit(self, done: MemoryObjectReceiveStream[tuple[ClaimedJob, Outcome]]) -> None:
         # not `async with done`: at cancellation _wind_down still reads what is left
         async for first in done:
-            batch = [first]
-            # a fast backend's outcomes arrive a few at a time: waiting a moment lets
-            # one commit (one fsync) carry a claim batch instead of one per handful
-            await anyio.sleep(COMMIT_LINGER_S)
-            while len(batch) < COMMIT_BATCH_MAX:
-                try:
-                    batch.append(done.receive_nowait())
-                except anyio.WouldBlock:
-                    break
-            # shielded: a result computed (an http call paid for) is committed even
-            # when shutdown comes meanwhile, instead of waiting for its lease to expire
+            # shielded from here: an outcome taken (an http call paid for) is committed
+            # even when shutdown comes meanwhile, instead of waiting for its lease
             with anyio.CancelScope(shield=True), anyio.move_on_after(COMMIT_TIMEOUT_S):
+                # a fast backend's outcomes arrive a few at a time: waiting a moment lets
+                # one commit (one fsync) carry a claim batch instead of one per handful
+                await anyio.sleep(COMMIT_LINGER_S)
+                batch = [first]
+                while len(batch) < COMMIT_BATCH_MAX:
+                    try:
+                        batch.append(done.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
                 await self._write(batch)
 
     async def _write(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
+        ids = {job.job_id for job, _ in batch}
+        self._committing |= ids
+        fates: dict[tuple[int, int], str] = {}
         try:
-            results = [(job, o.result) for job, o in batch if isinstance(o, Done)]
-            won = await claims.complete_many(self._pool, results)
-            self._count("completed", len(won))
-            if len(won) < len(results):
-                # a lease ran out under us (a paused process): the rows were not touched
-                self._log.warning(
-                    "extraction_results_fenced_out",
-                    jobs=sorted(j.job_id for j, _ in results if j.job_id not in won),
-                )
-                self._count("lost", len(results) - len(won))
-            for job, outcome in batch:
-                if isinstance(outcome, Failed):
-                    await self._fail(job, outcome)
-                elif isinstance(outcome, Release):
-                    self._count("released" if await claims.release(self._pool, job) else "lost")
+            fates = await write_outcomes(self._pool, batch)
         except DATABASE_ERRORS as exc:
             # the claims stay in the table: their leases expire and they are claimed again
             self._log.warning("extraction_commit_failed", error=type(exc).__name__, jobs=len(batch))
+        except Exception:  # a bug must not stop the daemon; the leases expire
+            self._log.exception("extraction_commit_crashed", jobs=len(batch))
         finally:
+            self._committing -= ids
+            fenced = []
             for job, _ in batch:
-                self._drop(job)
-
-    async def _fail(self, job: ClaimedJob, outcome: Failed) -> None:
-        if outcome.terminal:
-            held = await claims.fail_terminal(self._pool, job, outcome.reason)
-            self._count("needs_review" if held else "lost")
-            return
-        state = await claims.fail_retryable(
-            self._pool, job, outcome.reason, retry_after_s=outcome.retry_after_s
-        )
-        if state is None:
-            self._count("lost")
-        else:
-            self._count("needs_review" if state is claims.JobState.NEEDS_REVIEW else "retry")
+                fate = fates.get((job.job_id, job.token))
+                if self._drop(job) and fate is not None:
+                    self._count(fate)
+                    if fate == LOST:
+                        fenced.append(job.job_id)
+            if fenced:
+                # a lease ran out under us (a paused process): the rows were not touched
+                self._log.warning("extraction_results_fenced_out", jobs=sorted(fenced))
 
     # renewer ------------------------------------------------------------------------
 
     async def _renew(self) -> None:
         while True:
             await anyio.sleep(self._lease_s / 3)
-            jobs = list(self.held.values())
+            jobs = [j for j in self.held.values() if j.job_id not in self._committing]
             if not jobs:
                 continue
             try:
@@ -376,10 +354,11 @@ class ProcessorRunner:
                 self._log.warning("extraction_renew_failed", error=type(exc).__name__)
                 continue
             for job in jobs:
-                if job.job_id not in kept and self.held.get(job.job_id) is job:
+                if job.job_id in kept or job.job_id in self._committing:
+                    continue  # a job the committer took meanwhile is its to count
+                if self._drop(job):
                     self._log.warning("extraction_lease_lost", job=job.job_id)
-                    self._drop(job)
-                    self._count("lost")
+                    self._count(LOST)
 
     # shutdown -----------------------------------------------------------------------
 
@@ -395,26 +374,30 @@ class ProcessorRunner:
             await self._write(finished)
         rest = list(self.held.values())
         if rest:
-            await self._release(rest)
-
-    async def _release(self, jobs: list[ClaimedJob]) -> None:
-        try:
-            for job in jobs:
-                self._count("released" if await claims.release(self._pool, job) else "lost")
-        except DATABASE_ERRORS as exc:  # the leases expire instead
-            self._log.warning("extraction_release_failed", error=type(exc).__name__)
-        finally:
-            for job in jobs:
-                self._drop(job)
+            await self._give_back(rest, charge=None)
+            self._unattempted = 0  # nothing runs any more
 
     # helpers ------------------------------------------------------------------------
 
-    def _drop(self, job: ClaimedJob) -> None:
-        if self.held.get(job.job_id) is job:
-            del self.held[job.job_id]
-            self._room.set()
+    def _drop(self, job: ClaimedJob) -> bool:
+        """Forget `job` (this claim of it); False when it was not held any more."""
+        if self.held.get(job.job_id) is not job:
+            return False
+        del self.held[job.job_id]
+        self._room.set()
+        return True
 
     def _count(self, outcome: str, n: int = 1) -> None:
         if n:
             tenant, processor = self.processor.key
             self._metrics.extraction_finished(tenant, processor, outcome, n)
+
+    def _note_failure(self, event: str, exc: BaseException) -> None:
+        if not self._failing:
+            self._log.warning(event, error=type(exc).__name__)
+        self._failing = True
+
+    def _note_recovery(self) -> None:
+        if self._failing:
+            self._log.info("extraction_database_recovered")
+        self._failing = False

@@ -8,7 +8,9 @@ Ingest only writes one set-based INSERT of the new rows' ids and rings the
 feeder (`handoff`); everything else runs here, so a slow parse API never slows
 ingest, and the queue between them is a table: bounded memory, nothing lost to
 a crash. Each processor has a `ProcessorRunner` (runner.py) under its own
-cancel scope, so a SIGHUP reload restarts only what changed; every http backend
+cancel scope, so a SIGHUP reload restarts only what changed (its config, or its
+token: a processor whose token cannot be read at a reload keeps running with the
+one it has); every http backend
 shares one aiohttp session, closed when the stage ends. Cancelling the stage
 (SIGTERM) releases the claims it holds (runner.py).
 """
@@ -58,7 +60,9 @@ class ExtractionStage:
         self._lease_s = lease_s
         self._metrics = metrics
         self._tenants = dict(tenants)
-        self.feeder = Feeder(pool, self._configs_of, self._ring_tenant)
+        self.feeder = Feeder(
+            pool, self._configs_of, self._ring_tenant, tenants=self._tenants_with_processors
+        )
         self.handoff = HandOff(wants=self._wants, noted=self.feeder.ring)
         self._runners: dict[tuple[str, str], tuple[ProcessorRunner, anyio.CancelScope]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -96,10 +100,16 @@ class ExtractionStage:
     def _start(self, tenants: Mapping[str, TenantConfig]) -> None:
         assert self._group is not None and self._session is not None
         wanted, problems = build_processors(tenants, self._session)
-        for problem in problems:
-            log.error("extraction_processor_not_started", problem=problem)
+        for key, problem in problems.items():
+            if key in self._runners:  # e.g. a token file unreadable right now: keep running
+                log.error("extraction_processor_not_reloaded", problem=problem)
+                wanted[key] = self._runners[key][0].processor
+            else:
+                log.error("extraction_processor_not_started", problem=problem)
         for key, (runner, scope) in list(self._runners.items()):
-            if key not in wanted or wanted[key].config is not runner.processor.config:
+            # compared by value (config and token digest): a reload of an unchanged file
+            # must not cancel calls in flight, which would be paid for twice
+            if wanted.get(key) != runner.processor:
                 scope.cancel()
                 del self._runners[key]
         for key, processor in wanted.items():
@@ -135,6 +145,9 @@ class ExtractionStage:
     def _configs_of(self, tenant_id: str) -> Sequence[ProcessorConfig]:
         tenant = self._tenants.get(tenant_id)
         return tenant.processors if tenant is not None else ()
+
+    def _tenants_with_processors(self) -> list[str]:
+        return sorted(t for t, config in self._tenants.items() if config.processors)
 
     def _wants(self, tenant_id: str) -> bool:
         return bool(self._configs_of(tenant_id))
