@@ -232,3 +232,49 @@ async def test_import_without_processors_hands_nothing_over(tmp_path, db_dsn) ->
     (archive / "1.eml").write_bytes(order_mail(1))
     await import_dir(config, db_dsn, archive)
     assert await fetch(db_dsn, "SELECT message_id FROM extraction_inbox") == []
+
+
+async def test_sigkill_after_the_answer_and_before_the_commit_gives_exactly_one_result(
+    tmp_path, db_dsn
+) -> None:
+    async with FakeParseApi() as api:
+        api.hold = True
+        config = write_config(tmp_path, lease_ttl_s=2.0)
+        add_processor(tmp_path, http_processor(api.url))
+        box = maildir(tmp_path, "acme", "inbox")
+        first = start(tmp_path, config, db_dsn, "first")
+        blocker = await asyncpg.connect(db_dsn)
+        try:
+            deliver(box, [order_mail(1)])
+            await first.eventually(lambda: len(api.received), DEADLINE_S, what="the call")
+            # hold the job's row, so the commit of the answer waits on it
+            lock = blocker.transaction()
+            await lock.start()
+            await blocker.execute("SELECT 1 FROM extraction_jobs FOR UPDATE")
+            api.answer = Answer.json(200, {"order": "first answer"})
+            api.hold = False
+            api.release_held()
+            await first.eventually(
+                lambda: fetch(
+                    db_dsn,
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%extraction_jobs%'",
+                ),
+                DEADLINE_S,
+                what="the answer's commit waiting on the row",
+            )
+            first.kill()  # SIGKILL: the answer is lost with the process
+            await lock.rollback()
+        finally:
+            first.kill()
+            await blocker.close()
+        api.answer = Answer.json(200, {"order": "second answer"})
+        second = start(tmp_path, config, db_dsn, "second")
+        try:
+            await second.eventually(
+                lambda: jobs(db_dsn), DEADLINE_S, what="completed", until=states_are("completed", 1)
+            )
+        finally:
+            second.kill()
+    assert await results(db_dsn) == [{"order": "second answer"}]
+    assert len(api.received) == 2
