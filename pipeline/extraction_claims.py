@@ -109,12 +109,17 @@ class ClaimedJob:
 # A running job's next_attempt_at is its lease expiry, so "due" is one condition
 # over one partial index (schema.sql extraction_jobs_due_idx). A job whose claims
 # are exhausted (its last holder died) goes to needs_review instead of running.
+# ORDER BY next_attempt_at alone, the order the index gives: a job_id tiebreak made
+# PostgreSQL sort every due job sharing the oldest timestamp before the LIMIT (an
+# enqueue or a retry commits thousands with one now()). 300k due jobs with one
+# timestamp (EXPLAIN ANALYZE): 192 ms per claim of 100 with it, 3-5 ms without.
+# Ties are taken in index order; claim_due returns its jobs sorted by job_id.
 _CLAIM_DUE = """
 WITH due AS (
     SELECT tenant_id, job_id FROM extraction_jobs
      WHERE tenant_id = ANY($1::text[]) AND ($2::text IS NULL OR processor_id = $2)
        AND state IN ('pending', 'running', 'retry_wait') AND next_attempt_at <= now()
-     ORDER BY next_attempt_at, job_id
+     ORDER BY next_attempt_at
      LIMIT $5
        FOR UPDATE SKIP LOCKED
 )
