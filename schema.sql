@@ -702,3 +702,7 @@ COMMENT ON TABLE extraction_inbox IS 'New messages (ingest outcome new or confli
 COMMENT ON COLUMN extraction_inbox.tenant_id IS 'Tenant of the message.';
 COMMENT ON COLUMN extraction_inbox.message_id IS 'The new message row.';
 COMMENT ON COLUMN extraction_inbox.created_at IS 'When ingest committed it (the age of the oldest row is the feeder''s lag).';
+-- the feeder's oldest-first take (extraction_inbox.take: ORDER BY created_at, tenant_id,
+-- message_id … LIMIT … FOR UPDATE SKIP LOCKED); without it every round sorted the inbox
+CREATE INDEX IF NOT EXISTS extraction_inbox_created_idx
+    ON extraction_inbox (created_at, tenant_id, message_id);

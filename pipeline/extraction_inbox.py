@@ -4,7 +4,8 @@ New mail must reach the processors exactly once, crash or not, without the
 ingest transaction doing extraction's work::
 
     ingest transaction                       feeder transaction (daemon/extraction/feeder.py)
-      rows written, outcome new/conflict       take ≤ n inbox rows (deleted, SKIP LOCKED)
+      rows written, outcome new/conflict       take ≤ n inbox rows of the tenants it has
+                                                 processors for (deleted, SKIP LOCKED)
       note_new ──▶ extraction_inbox ─────────▶ load_filter_fields → each processor's filter
       commit                                   enqueue the matches (extraction_enqueue.py)
                                                commit: rows gone and jobs queued together
@@ -18,6 +19,10 @@ ingest transaction doing extraction's work::
   queues; a feeder killed halfway rolls both back and the rows are taken again.
   `enqueue` is idempotent (same key and fingerprint → linked), so even a row
   taken twice queues one job.
+* A feeder takes only the rows of the tenants it has processors for: a row
+  noted for another tenant (an import that ran before this daemon's SIGHUP
+  added the processor, a daemon with other tenant files) stays for the
+  daemon that has them.
 * The filter runs on what the database holds of the message (mailbox of the
   primary copy, sender, To/Cc/Bcc addresses, subject, attachment content
   types), the same fields `adapters.extraction.matches` reads from a parsed
@@ -73,22 +78,33 @@ async def note_new(conn: asyncpg.Connection, tenant_id: str, message_ids: Sequen
         )
 
 
-async def take(conn: asyncpg.Connection, limit: int) -> dict[str, list[int]]:
-    """Delete up to `limit` of the oldest inbox rows; message ids by tenant.
+# Oldest first along extraction_inbox_created_idx (schema.sql), whose columns are the
+# ORDER BY: a round reads `limit` index entries instead of sorting the whole inbox.
+# The rows are deleted by the ctid the locking scan returned: joined back by key, the
+# planner hashed the whole inbox to find them. A round of 2,000 of 300k rows (EXPLAIN
+# ANALYZE): 275 ms sorting, 55 ms with the index and the key join, 3-5 ms as here.
+# The ctid is stable: the rows stay locked until commit, and inbox rows are only
+# ever inserted and deleted, never updated.
+_TAKE = """
+DELETE FROM extraction_inbox
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM extraction_inbox
+        WHERE tenant_id = ANY($2::text[])
+        ORDER BY created_at, tenant_id, message_id
+        LIMIT $1 FOR UPDATE SKIP LOCKED))
+RETURNING tenant_id, message_id
+"""
+
+
+async def take(
+    conn: asyncpg.Connection, limit: int, *, tenant_ids: Sequence[str]
+) -> dict[str, list[int]]:
+    """Delete up to `limit` of the oldest inbox rows of `tenant_ids`; message ids by tenant.
 
     Call inside the transaction that queues their jobs: a rollback gives the
-    rows back. Rows another feeder holds are skipped, not waited for."""
-    rows = await conn.fetch(
-        """
-        DELETE FROM extraction_inbox i
-         USING (SELECT tenant_id, message_id FROM extraction_inbox
-                 ORDER BY created_at, tenant_id, message_id
-                 LIMIT $1 FOR UPDATE SKIP LOCKED) t
-         WHERE i.tenant_id = t.tenant_id AND i.message_id = t.message_id
-        RETURNING i.tenant_id, i.message_id
-        """,
-        limit,
-    )
+    rows back. Rows another feeder holds are skipped, not waited for; rows of
+    other tenants are left for a feeder that has processors for them."""
+    rows = await conn.fetch(_TAKE, limit, list(tenant_ids))
     taken: dict[str, list[int]] = {}
     for r in rows:
         taken.setdefault(r["tenant_id"], []).append(r["message_id"])
