@@ -698,9 +698,9 @@ CREATE TABLE IF NOT EXISTS extraction_inbox (
     PRIMARY KEY (tenant_id, message_id),
     FOREIGN KEY (tenant_id, message_id) REFERENCES messages (tenant_id, message_id) ON DELETE CASCADE
 );
-COMMENT ON TABLE extraction_inbox IS 'New messages (ingest outcome new or conflict) of tenants with processors, written in the ingest transaction and not yet matched against the processors'' filters: the durable hand-off from ingest to the extraction stage (pipeline/extraction_inbox.py). A row is deleted in the transaction that queues its jobs, so a crash between ingest and extraction loses nothing.';
+COMMENT ON TABLE extraction_inbox IS 'New messages and new copies (ingest outcome new, conflict or merged) of tenants with processors, written in the ingest transaction and not yet matched against the processors'' filters: the durable hand-off from ingest to the extraction stage (pipeline/extraction_inbox.py). A row is deleted in the transaction that queues its jobs, so a crash between ingest and extraction loses nothing.';
 COMMENT ON COLUMN extraction_inbox.tenant_id IS 'Tenant of the message.';
-COMMENT ON COLUMN extraction_inbox.message_id IS 'The new message row.';
+COMMENT ON COLUMN extraction_inbox.message_id IS 'The new message row, or the row a new copy merged into.';
 COMMENT ON COLUMN extraction_inbox.created_at IS 'When ingest committed it (the age of the oldest row is the feeder''s lag).';
 -- the feeder's oldest-first take (extraction_inbox.take: ORDER BY created_at, tenant_id,
 -- message_id … LIMIT … FOR UPDATE SKIP LOCKED); without it every round sorted the inbox

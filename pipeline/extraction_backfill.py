@@ -17,9 +17,12 @@ re-extraction: docs/architecture.md §10), needs the history queued too::
   the live path queues each message identity once; a message whose key already
   has a job with another fingerprint is a payload conflict row, as live.
 * Messages the application recorded (`send_status` set: mail it sends) are not
-  in scope: they never pass through ingest, so the live path never extracts them.
-* The scope's mailbox is the message's primary copy's (`messages.mailbox_id`),
-  the mailbox a processor's `mailboxes` list is matched against.
+  in scope: the live path never extracts them either (their provider copy
+  syncing back is a merged outcome, but `load_filter_fields` leaves them out).
+* The scope's mailbox takes every message with a copy in it (`message_copies`),
+  not only those whose primary copy is there: a processor's `mailboxes` list is
+  matched against every copy's mailbox too (FilterFields.mailbox_ids), so mail
+  that reached the mailbox through a second door is part of its history.
 
 This module decides nothing about processors: `select` is the processor's
 filter (adapters.extraction.matches_fields), passed in by the daemon.
@@ -37,7 +40,8 @@ from inboxd.pipeline.extraction_keys import Executor, transaction
 
 @dataclass(frozen=True, slots=True)
 class BackfillScope:
-    """Whose messages, for which processor and schema_version; `mailbox_id` None: all."""
+    """Whose messages, for which processor and schema_version; `mailbox_id`: only
+    messages with a copy in that mailbox (None: all)."""
 
     tenant_id: str
     processor_id: str
@@ -71,11 +75,16 @@ class BackfillReport:
 
 
 # message_id order on the primary key (tenant_id, message_id): each batch is one
-# index range scan, however large the tenant.
+# index range scan, however large the tenant. A mailbox scope checks each message's
+# copies through message_copies_message_idx; the primary copy's mailbox is compared
+# first, so a message whose primary copy is there reads no copy row.
 _SCOPE = """
-  FROM messages
- WHERE tenant_id = $1 AND message_id > $2 AND send_status IS NULL
-   AND ($3::text IS NULL OR mailbox_id = $3)
+  FROM messages m
+ WHERE m.tenant_id = $1 AND m.message_id > $2 AND m.send_status IS NULL
+   AND ($3::text IS NULL OR m.mailbox_id = $3
+        OR EXISTS (SELECT 1 FROM message_copies c
+                    WHERE c.tenant_id = m.tenant_id AND c.message_id = m.message_id
+                      AND c.mailbox_id = $3))
 """
 
 
@@ -101,7 +110,7 @@ async def backfill_batch(
         ids = [
             r["message_id"]
             for r in await tx.fetch(
-                "SELECT message_id" + _SCOPE + " ORDER BY message_id LIMIT $4",
+                "SELECT m.message_id" + _SCOPE + " ORDER BY m.message_id LIMIT $4",
                 scope.tenant_id,
                 after_id,
                 scope.mailbox_id,

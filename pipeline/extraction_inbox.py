@@ -4,8 +4,8 @@ New mail must reach the processors exactly once, crash or not, without the
 ingest transaction doing extraction's work::
 
     ingest transaction                       feeder transaction (daemon/extraction/feeder.py)
-      rows written, outcome new/conflict       take ≤ n inbox rows of the tenants it has
-                                                 processors for (deleted, SKIP LOCKED)
+      rows written, outcome new/conflict/      take ≤ n inbox rows of the tenants it has
+        merged                                   processors for (deleted, SKIP LOCKED)
       note_new ──▶ extraction_inbox ─────────▶ load_filter_fields → each processor's filter
       commit                                   enqueue the matches (extraction_enqueue.py)
                                                commit: rows gone and jobs queued together
@@ -13,8 +13,12 @@ ingest transaction doing extraction's work::
 * `note_new` is one set-based INSERT inside the ingest transaction, only for
   tenants that have processors (the caller says which): the inbox rows commit
   with the message rows, so a message the application sees is one the stage
-  will see. Merged and duplicate outcomes are never noted: they are another
-  sighting of a message already noted (the issue: never extracted twice).
+  will see. Merged outcomes are noted too: the copy may be the message's first
+  in a mailbox, and a processor scoped to that mailbox (`mailboxes = ["x"]`)
+  has not seen it yet. That extracts nothing twice: the job key is the
+  message's, not the copy's (pipeline/extraction_keys.py), so a processor that
+  already has a job for the message is linked. Duplicate outcomes (this very
+  copy again) are never noted: they bring no new mailbox.
 * The feeder deletes what it takes in the same transaction as the jobs it
   queues; a feeder killed halfway rolls both back and the rows are taken again.
   `enqueue` is idempotent (same key and fingerprint → linked), so even a row
@@ -23,8 +27,8 @@ ingest transaction doing extraction's work::
   noted for another tenant (an import that ran before this daemon's SIGHUP
   added the processor, a daemon with other tenant files) stays for the
   daemon that has them.
-* The filter runs on what the database holds of the message (mailbox of the
-  primary copy, sender, To/Cc/Bcc addresses, subject, attachment content
+* The filter runs on what the database holds of the message (every mailbox it
+  has a copy in, sender, To/Cc/Bcc addresses, subject, attachment content
   types), the same fields `adapters.extraction.matches` reads from a parsed
   message, so a processor added later (`inboxd extract backfill`) selects
   the same history the live path would have.
@@ -60,7 +64,9 @@ class FilterFields:
 
     tenant_id: str
     message_id: int
-    mailbox_id: str  # the primary copy's: the mailbox it arrived in when new
+    # every mailbox the message has a copy in, the primary copy's first: a copy in a
+    # processor's mailbox is mail of that mailbox, whichever door saw it first
+    mailbox_ids: tuple[str, ...]
     sender: str
     recipients: tuple[str, ...]  # To, Cc, Bcc addresses, lower-cased
     subject: str
@@ -111,8 +117,17 @@ async def take(
     return {tenant: sorted(ids) for tenant, ids in sorted(taken.items())}
 
 
+# The copies' mailboxes through message_copies_message_idx, the primary copy's first.
+# Rows the application recorded (send_status set: mail it sends) are left out: their
+# provider copy syncing back is a merged outcome, noted like any other, but the
+# application's own mail is not extracted (nor backfilled: extraction_backfill.py).
 _FIELDS = """
-SELECT m.message_id, m.mailbox_id, m.from_address, m.subject,
+SELECT m.message_id, m.from_address, m.subject,
+       ARRAY[m.mailbox_id]
+         || coalesce((SELECT array_agg(DISTINCT c.mailbox_id ORDER BY c.mailbox_id)
+                        FROM message_copies c
+                       WHERE c.tenant_id = m.tenant_id AND c.message_id = m.message_id
+                         AND c.mailbox_id <> m.mailbox_id), '{}') AS mailbox_ids,
        coalesce((SELECT array_agg(p.address ORDER BY p.role, p.position)
                    FROM message_participants p
                   WHERE p.tenant_id = m.tenant_id AND p.message_id = m.message_id
@@ -122,7 +137,7 @@ SELECT m.message_id, m.mailbox_id, m.from_address, m.subject,
                   WHERE a.tenant_id = m.tenant_id AND a.message_id = m.message_id), '{}')
            AS attachment_types
   FROM messages m
- WHERE m.tenant_id = $1 AND m.message_id = ANY($2::bigint[])
+ WHERE m.tenant_id = $1 AND m.message_id = ANY($2::bigint[]) AND m.send_status IS NULL
  ORDER BY m.message_id
 """
 
@@ -130,8 +145,9 @@ SELECT m.message_id, m.mailbox_id, m.from_address, m.subject,
 async def load_filter_fields(
     conn: Executor, tenant_id: str, message_ids: Sequence[int]
 ) -> list[FilterFields]:
-    """The filter fields of the tenant's messages among `message_ids`, in id order
-    (one statement; ids that are not the tenant's messages are left out)."""
+    """The filter fields of the tenant's received messages among `message_ids`, in id
+    order (one statement; ids that are not the tenant's messages, or are mail the
+    application recorded, are left out)."""
     if not message_ids:
         return []
     rows = await conn.fetch(_FIELDS, tenant_id, sorted(set(message_ids)))
@@ -139,7 +155,7 @@ async def load_filter_fields(
         FilterFields(
             tenant_id=tenant_id,
             message_id=r["message_id"],
-            mailbox_id=r["mailbox_id"],
+            mailbox_ids=tuple(r["mailbox_ids"]),
             sender=r["from_address"],
             recipients=tuple(r["recipients"]),
             subject=r["subject"],

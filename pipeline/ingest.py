@@ -236,9 +236,12 @@ class IngestStage:
         plan.failures.update(stored.failures)
 
 
-#: Outcomes whose rows the extraction stage sees: merged and duplicate items are
-#: another sighting of a row already handed over (pipeline/extraction_inbox.py).
-_EXTRACTED = frozenset({Outcome.NEW, Outcome.CONFLICT})
+#: Outcomes whose rows the extraction stage sees (pipeline/extraction_inbox.py). Merged
+#: ones too: the copy may be the message's first in a mailbox, which is what a processor
+#: scoped to that mailbox waits for; a processor that already has the message's job is
+#: linked (the key is the message's), so nothing is extracted twice. Duplicates are
+#: this very copy again: no new mailbox, nothing to hand over.
+_EXTRACTED = frozenset({Outcome.NEW, Outcome.MERGED, Outcome.CONFLICT})
 
 
 def _extracted_rows(results: list[ItemResult]) -> list[int]:

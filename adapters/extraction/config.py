@@ -21,6 +21,10 @@ Choices:
   backtrack catastrophically on a hostile subject, and read like the addresses
   they match. Within one list any pattern may match; every list given must
   match (and an empty or absent list matches everything).
+* **`mailboxes` takes a message with a copy in any of them.** A stored message
+  is one row however many mailboxes it was seen in (docs/architecture.md §3);
+  mail that reached a Gmail mailbox first and then `billing` is mail of
+  `billing`, so `matches_fields` checks every mailbox the message has a copy in.
 * **`schema_version` is an integer ≥ 1**: it is part of the job's unique key
   (pipeline/extraction_claims.py), so it must compare exactly; bump it to
   extract again.
@@ -197,7 +201,7 @@ def matches(processor: ProcessorConfig, message: MessageData, mailbox_id: str) -
     recipients = [a.email for a in (*message.to, *message.cc, *message.bcc) if a.email]
     return _matches(
         processor,
-        mailbox_id,
+        (mailbox_id,),
         message.from_.email if message.from_ else "",
         recipients,
         message.subject,
@@ -207,10 +211,11 @@ def matches(processor: ProcessorConfig, message: MessageData, mailbox_id: str) -
 
 def matches_fields(processor: ProcessorConfig, fields: FilterFields) -> bool:
     """`matches` for a stored message, by what the database holds of it
-    (pipeline/extraction_inbox.py `load_filter_fields`)."""
+    (pipeline/extraction_inbox.py `load_filter_fields`); `mailboxes` takes it
+    when any mailbox it has a copy in is listed (module docstring)."""
     return _matches(
         processor,
-        fields.mailbox_id,
+        fields.mailbox_ids,
         fields.sender,
         list(fields.recipients),
         fields.subject,
@@ -220,13 +225,13 @@ def matches_fields(processor: ProcessorConfig, fields: FilterFields) -> bool:
 
 def _matches(
     processor: ProcessorConfig,
-    mailbox_id: str,
+    mailbox_ids: tuple[str, ...],
     sender: str,
     recipients: list[str],
     subject: str,
     content_types: list[str],
 ) -> bool:
-    if processor.mailboxes is not None and mailbox_id not in processor.mailboxes:
+    if processor.mailboxes is not None and not any(m in processor.mailboxes for m in mailbox_ids):
         return False
     rules = processor.filter
     types = [t.split(";")[0].strip() for t in content_types]

@@ -95,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
     backfill.add_argument("--tenant", metavar="T", required=True, help="tenant id")
     backfill.add_argument("--processor", metavar="P", required=True, help="processor id")
     backfill.add_argument(
-        "--mailbox", metavar="M", help="only messages whose primary copy is in this mailbox"
+        "--mailbox", metavar="M", help="only messages with a copy in this mailbox"
     )
     backfill.add_argument(
         "--after-id",

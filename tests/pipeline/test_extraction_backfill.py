@@ -99,7 +99,7 @@ async def test_resume_after_an_id_and_a_new_schema_version_requeues(pool, stage,
     assert [(m, v) for m, _, v, _ in await jobs(pool)] == [(m, v) for m in ids for v in ("2", "3")]
 
 
-async def test_scope_is_the_primary_mailbox_and_received_mail_only(pool, stage, mailboxes) -> None:
+async def test_scope_is_the_mailbox_and_received_mail_only(pool, stage, mailboxes) -> None:
     inbox = await ingest(stage, "inbox", VENDOR, VENDOR)
     other = await ingest(stage, "other", VENDOR, VENDOR)
     # Mail the application sends is never noted by ingest, so never backfilled either.
@@ -116,6 +116,32 @@ async def test_scope_is_the_primary_mailbox_and_received_mail_only(pool, stage, 
     report, _ = await backfill_all(pool, scope, 500)
     assert (report.examined, report.queued) == (1, 1)
     assert [m for m, *_ in await jobs(pool)] == [other[0]]
+
+
+async def test_a_mailbox_scope_takes_mail_whose_first_copy_was_elsewhere(
+    pool, stage, make_mailbox
+) -> None:
+    await make_mailbox(T, "gm", provider="gmail")
+    await make_mailbox(T, "x", provider="maildir")
+    copies = [
+        message(
+            mailbox=mailbox,
+            external_id=external_id,
+            mid="<inv7@vendor.example>",
+            sender=VENDOR,
+            text="Invoice 7",
+        )
+        for mailbox, external_id in (("gm", "18c2f0a1b2"), ("x", "1700000000.M1P2.host"))
+    ]
+    [first] = await stage.ingest(IngestBatch(T, "gm", copies[:1]))
+    [second] = await stage.ingest(IngestBatch(T, "x", copies[1:]))
+    scope = BackfillScope(T, P, "2", mailbox_id="x")
+
+    assert (first.outcome, second.outcome) == (Outcome.NEW, Outcome.MERGED)
+    assert await count_scope(pool, scope, 0) == 1
+    report, _ = await backfill_all(pool, scope, 500)
+    assert (report.examined, report.queued) == (1, 1)
+    assert await jobs(pool) == [(first.message_id, P, "2", "pending")]
 
 
 async def test_a_reused_message_id_with_other_content_is_a_conflict(pool, stage, mailboxes) -> None:

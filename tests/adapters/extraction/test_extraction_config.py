@@ -15,8 +15,10 @@ from inboxd.adapters.extraction.config import (
     DEFAULT_CONCURRENCY,
     ProcessorConfig,
     matches,
+    matches_fields,
     parse_processor,
 )
+from inboxd.pipeline.extraction_inbox import FilterFields
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING, TEXT_ATTACHMENTS
@@ -86,6 +88,26 @@ def test_the_filter_globs_match_a_corpus_message(tmp_path: Path, corpus_message:
     assert not matches(builtin, booking, "sales"), "another mailbox"
     assert not matches(builtin, corpus_message(TEXT_ATTACHMENTS), "billing"), "sender, subject"
     assert matches(http, corpus_message(TEXT_ATTACHMENTS), "any"), "no filter: everything"
+
+
+@pytest.mark.parametrize(
+    ("mailbox_ids", "taken"),
+    [(("gm", "billing"), True), (("billing",), True), (("gm", "sales"), False)],
+)
+def test_a_stored_message_is_taken_for_a_copy_in_any_listed_mailbox(
+    tmp_path: Path, mailbox_ids: tuple[str, ...], taken: bool
+) -> None:
+    fields = FilterFields(
+        tenant_id="t",
+        message_id=1,
+        mailbox_ids=mailbox_ids,  # the primary copy's first: here a Gmail mailbox's
+        sender="bookings@easyhotel.com",
+        recipients=("deepak@example.com",),
+        subject="Confirmation of your booking",
+        attachment_types=("application/pdf",),
+    )
+    invoices, _ = _processors(tmp_path)  # mailboxes = ["billing"]
+    assert matches_fields(invoices, fields) is taken
 
 
 @pytest.mark.parametrize(
