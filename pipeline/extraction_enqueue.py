@@ -1,6 +1,7 @@
 """Queuing extractions: the atomic claim of a message identity's key (step 1-2 of the protocol).
 
-`enqueue` turns message rows (the ingest outcome's `new` and `conflict` ones)
+`enqueue` turns message rows (those the ingest outcome handed over: new, conflict,
+and merged ones — a copy in a new mailbox; pipeline/extraction_inbox.py)
 into `extraction_jobs` rows, one per (tenant, processor, schema_version, dedup
 key), set-based. The unique key is the claim: a key that already has a job with
 the same payload fingerprint is *linked* (no new job, no second backend call,
@@ -96,8 +97,8 @@ async def enqueue(
     had a job. A key
     already claimed with the same fingerprint links (nothing written); with
     another fingerprint it records a payload conflict (the job untouched).
-    Pass the ingest outcome's `new` and `conflict` message ids; queuing a
-    merged or duplicate one again is harmless (linked).
+    Queuing a message whose key already has a job (a merged copy, a re-run) is
+    harmless: linked.
     """
     if not schema_version:
         raise ValueError("schema_version must be a non-empty string")

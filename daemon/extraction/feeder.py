@@ -1,6 +1,6 @@
 """The feeder: extraction_inbox rows → each matching processor's jobs.
 
-Ingest notes every new (or conflict) row of a tenant with processors in
+Ingest notes every new, conflict or merged row of a tenant with processors in
 `extraction_inbox`, in its own transaction (pipeline/extraction_inbox.py), and
 rings the feeder. The feeder, in one transaction per round of at most
 FEED_BATCH rows: takes the rows (deleting them), reads their filter fields,

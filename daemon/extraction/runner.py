@@ -332,10 +332,11 @@ class ProcessorRunner:
             fenced = []
             for job, _ in batch:
                 fate = fates.get((job.job_id, job.token))
+                if fate == LOST:
+                    fenced.append(job.job_id)
+                # counted once: a job the renewer already found lost was counted there
                 if self._drop(job) and fate is not None:
                     self._count(fate)
-                    if fate == LOST:
-                        fenced.append(job.job_id)
             if fenced:
                 # a lease ran out under us (a paused process): the rows were not touched
                 self._log.warning("extraction_results_fenced_out", jobs=sorted(fenced))

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from fakes.parse_api import Answer, FakeParseApi
 
 from inboxd.adapters.extraction import (
     ExtractionRetryable,
@@ -21,7 +22,6 @@ from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S, retry_af
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING
-from fakes.parse_api import Answer, FakeParseApi
 
 TOKEN = "tok-3f9a"
 SCHEMA = compile_schema(
