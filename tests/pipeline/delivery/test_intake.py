@@ -174,8 +174,13 @@ async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
                     # "aaa" sorts first: its FK violation fails the group at once.
                     for tenant, eid in (("aaa", "bad"), ("acme", "g1"), ("acme", "g2")):
                         posts.start_soon(post, tenant, eid)
+                    # this database's waits only: other xdist workers' tests wait on
+                    # locks of their own databases on the same server
                     await wait_until(
-                        pool, "SELECT count(*) FROM pg_locks WHERE NOT granted", lambda n: n > 0
+                        pool,
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                        lambda n: n > 0,
                     )
                     tg.cancel_scope.cancel()  # the intake stops mid-isolation
         await locker_tx.rollback()
