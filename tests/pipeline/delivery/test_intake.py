@@ -174,12 +174,12 @@ async def test_stopping_while_isolating_a_bad_request_settles_every_waiter(
                     # "aaa" sorts first: its FK violation fails the group at once.
                     for tenant, eid in (("aaa", "bad"), ("acme", "g1"), ("acme", "g2")):
                         posts.start_soon(post, tenant, eid)
-                    # this database's waits only: other xdist workers' tests wait on
-                    # locks of their own databases on the same server
+                    # waits of this database's sessions only: other xdist workers' tests
+                    # wait on locks of their own (a row lock's wait names no database)
                     await wait_until(
                         pool,
-                        "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
-                        "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                        "WHERE NOT l.granted AND a.datname = current_database()",
                         lambda n: n > 0,
                     )
                     tg.cancel_scope.cancel()  # the intake stops mid-isolation
