@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/ingest.py [--messages N] [--batch-size B] [--dsn DSN]
         [--raw-messages M] [--raw-batch B] [--only a,b,c,d,e] [--rtt-ms MS]
-        [--no-analyze] [--auxx-messages M] [--keep] [--smoke]
+        [--no-analyze] [--auxx-messages M] [--no-s3] [--keep] [--smoke]
 
 One run, one PostgreSQL server, one set of generated messages (realistic
 MessageData of one tenant/mailbox: Gmail-style external ids, Message-IDs, threads
@@ -28,7 +28,13 @@ equal:
       and the import door keep them: up to 64 KiB in PostgreSQL, in the ingest
       transaction, larger in a LocalDirectoryStore), parsing inline, in a thread,
       or in worker processes overlapping the database work; beside parse-only and
-      ingest-only rates.
+      ingest-only rates. Ingest-only is also measured with the raw bytes in an S3
+      bucket on moto's server over HTTP (`python -m moto.server`, a subprocess on a
+      free loopback port, fake credentials; --no-s3 skips it), opened as the daemon
+      opens `[object_store] kind = "s3"` (adapters/objectstore open_object_store):
+      its default, one object per message (database_max_bytes 0), and with
+      database_max_bytes = 64 KiB; beside moto taking the same PUTs alone. moto's
+      CPU (its process, all threads, from /proc) is printed beside each.
 
 Only the work is timed, never the data generation. The machine is shared and
 noisy, so every figure is printed beside a baseline of the same run (ratios),
@@ -46,19 +52,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import http.client
 import multiprocessing
 import os
 import queue
 import random
 import shutil
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -69,6 +79,7 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime, formataddr
 from multiprocessing.connection import Connection
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -77,6 +88,7 @@ import anyio.to_thread
 import asyncpg
 import orjson
 
+from inboxd.adapters.objectstore import open_object_store
 from inboxd.pipeline.identity import content_fingerprint, normalise_message_id, normalise_subject
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import Address, DeadItem, MessageData
@@ -100,10 +112,21 @@ TARGET_E = 3_000.0
 TARGET_STORED_OVER_NOT = 0.80
 
 
-def open_store(pool: asyncpg.Pool, store_dir: str, where: str) -> ObjectStore:
+def open_store(
+    pool: asyncpg.Pool, store_dir: str, where: str, s3: Mapping[str, str] | None = None
+) -> ObjectStore:
     """`files`: one file per object (LocalDirectoryStore alone); `database`: objects up
     to DEFAULT_MAX_BYTES in PostgreSQL, in the ingest transaction (the daemon's and
-    `inboxd import`'s default for a local object store)."""
+    `inboxd import`'s default for a local object store); `s3`: the daemon's store for
+    `[object_store] kind = "s3"` and the fields of `s3` (its default database_max_bytes,
+    0: one S3 object each); `s3-database`: the same with database_max_bytes =
+    DEFAULT_MAX_BYTES."""
+    if where in ("s3", "s3-database"):
+        assert s3 is not None
+        spec: dict[str, object] = {"kind": "s3", **s3}
+        if where == "s3-database":
+            spec["database_max_bytes"] = DEFAULT_MAX_BYTES
+        return open_object_store(spec, pool=pool)
     files = LocalDirectoryStore(store_dir)
     if where == "files":
         return files
@@ -118,6 +141,13 @@ SMOKE_BATCH = 100
 SMOKE_RAW_MESSAGES = 200
 SMOKE_RAW_BATCH = 50
 SMOKE_RESYNC_PASSES = 2
+
+#: (e) S3: the bucket on moto's server, and how long moto may take to answer at start
+#: (importing moto + flask takes 1-3 s; a loaded machine is several times slower).
+S3_BUCKET = "bench-ingest"
+S3_REGION = "us-east-1"
+MOTO_START_TIMEOUT_S = 30.0
+MOTO_STOP_TIMEOUT_S = 10.0
 
 #: What made a figure meaningless (an outcome other than expected, rows that differ,
 #: nothing timed). Targets MISSED are results, not problems; problems make the exit
@@ -484,19 +514,25 @@ async def run_cascade(
     mailbox: str = MAILBOX,
     analyze_dsn: str | None = None,
     where: str = "files",
+    s3: Mapping[str, str] | None = None,
 ) -> tuple[Clock, Counter[str]]:
     """Sequential IngestStage.ingest calls, one per batch, as one mailbox's consumer does."""
-    stage = IngestStage(pool, open_store(pool, store_dir, where))
-    counts: Counter[str] = Counter()
-    clock = Clock(pids)
-    clock.start()
-    for i, items in enumerate(batches):
-        for r in await stage.ingest(IngestBatch(TENANT, mailbox, items)):
-            counts[r.outcome.value] += 1
-        if i == 0 and analyze_dsn:
-            await clock.paused(analyze_db(analyze_dsn))
-    clock.stop()
-    return clock, counts
+    store = open_store(pool, store_dir, where, s3)
+    await store.start()  # S3: the client and its connection pool (no request); untimed
+    try:
+        stage = IngestStage(pool, store)
+        counts: Counter[str] = Counter()
+        clock = Clock(pids)
+        clock.start()
+        for i, items in enumerate(batches):
+            for r in await stage.ingest(IngestBatch(TENANT, mailbox, items)):
+                counts[r.outcome.value] += 1
+            if i == 0 and analyze_dsn:
+                await clock.paused(analyze_db(analyze_dsn))
+        clock.stop()
+        return clock, counts
+    finally:
+        await store.aclose()
 
 
 # --------------------------------------------------------------------------- (d)
@@ -874,6 +910,162 @@ async def analyze_db(dsn: str) -> None:
         await conn.close()
 
 
+# --------------------------------------------------------------------------- moto (S3)
+
+# Loaded here, in the parent: moto's child only calls it between fork and exec.
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """In moto's process before exec: SIGTERM when this script dies (as bench/ses.py), so
+    a run killed by a deadline leaves no server behind. No allocation or import here."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def fake_aws_env() -> None:
+    """Fake credentials for moto, for this process's botocore (tests/helpers/moto_server.py),
+    and no profile or endpoint override of the user's."""
+    fake = "testing"  # what moto accepts; no real credential is looked for
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": fake,
+            "AWS_SECRET_ACCESS_KEY": fake,
+            "AWS_SECURITY_TOKEN": fake,
+            "AWS_SESSION_TOKEN": fake,
+            "AWS_DEFAULT_REGION": S3_REGION,
+            "AWS_CONFIG_FILE": "/nonexistent/inboxd-bench-aws-config",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/inboxd-bench-aws-credentials",
+        }
+    )
+    for name in (
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL_SQS",
+        "AWS_REGION",
+    ):
+        os.environ.pop(name, None)
+
+
+class Moto:
+    """moto's server (`python -m moto.server`) on a free loopback port, as
+    tests/helpers/moto_server.py and bench/ses.py start it; its output goes to a file."""
+
+    def __init__(self, log_path: Path) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+
+    async def ready(self) -> float:
+        """Wait until moto answers; the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < MOTO_START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"moto exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
+            if await anyio.to_thread.run_sync(self._probe):
+                return time.monotonic() - started
+            await anyio.sleep(0.1)
+        raise RuntimeError(f"moto not answering after {MOTO_START_TIMEOUT_S:g} s")
+
+    def _probe(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
+        try:
+            conn.request("GET", "/moto-api/data.json")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def cpu_s(self) -> float:
+        """user+system CPU seconds of moto's process (all its threads), from /proc."""
+        cpu = backend_cpu([self.proc.pid])
+        return float("nan") if cpu is None else cpu
+
+    def spec(self, prefix: str) -> dict[str, str]:
+        """The `[object_store] kind = "s3"` fields of a store below `prefix` of the bucket."""
+        return {
+            "bucket": S3_BUCKET,
+            "prefix": prefix,
+            "endpoint_url": self.url,
+            "region": S3_REGION,
+        }
+
+    async def create_bucket(self) -> None:
+        import aioboto3  # ~0.5 s of imports, paid only when S3 is measured
+
+        async with aioboto3.Session().client(
+            "s3", endpoint_url=self.url, region_name=S3_REGION
+        ) as client:
+            await client.create_bucket(Bucket=S3_BUCKET)
+
+    async def objects(self, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) moto holds below `prefix`: the PUTs a run made (every key of
+        these runs is a distinct sha256)."""
+        import aioboto3
+
+        count = size = 0
+        async with aioboto3.Session().client(
+            "s3", endpoint_url=self.url, region_name=S3_REGION
+        ) as client:
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=S3_BUCKET, Prefix=prefix + "/"
+            )
+            async for page in pages:
+                for obj in page.get("Contents", []):
+                    count += 1
+                    size += int(obj["Size"])
+        return count, size
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(MOTO_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def run_puts(
+    spec: Mapping[str, str], chunks: Sequence[Sequence[tuple[str, bytes, str]]]
+) -> tuple[Clock, int]:
+    """moto alone: the raw objects of the messages PUT by S3Store.put_many (16 at once), a
+    chunk per call as ingest makes them; (clock, failed PUTs)."""
+    store = open_object_store({"kind": "s3", **spec})  # without a pool: S3Store alone
+    async with store:
+        clock = Clock([])
+        clock.start()
+        failed = 0
+        for chunk in chunks:
+            failed += sum(1 for err in await store.put_many(chunk) if err is not None)
+        clock.stop()
+    clock.server = None
+    return clock, failed
+
+
+def moto_note(cpu: float, wall: float, objects: int) -> str:
+    per = f", {cpu / objects * 1000:.2f} ms per PUT" if objects else ""
+    return f"moto CPU {cpu:.2f}s ({cpu / wall:.0%} of a core){per}, {objects:,} objects in S3"
+
+
 # --------------------------------------------------------------------------- databases
 
 
@@ -1042,6 +1234,12 @@ async def summary(dsn: str) -> tuple:
 
 
 # --------------------------------------------------------------------------- output
+
+
+def _moto_version() -> str:
+    from importlib.metadata import version
+
+    return version("moto")
 
 
 def rate(n: int, seconds: float) -> float:
@@ -1255,6 +1453,20 @@ async def run_rows(
 
 
 async def run_raw(args: argparse.Namespace, server: Server, store_root: str, analyze: bool) -> None:
+    if args.no_s3:
+        await _run_raw(args, server, store_root, analyze, None)
+        return
+    fake_aws_env()
+    moto = Moto(Path(store_root) / "moto.log")
+    try:
+        await _run_raw(args, server, store_root, analyze, moto)
+    finally:
+        moto.stop()
+
+
+async def _run_raw(
+    args: argparse.Namespace, server: Server, store_root: str, analyze: bool, moto: Moto | None
+) -> None:
     t0 = time.perf_counter()
     raws = gen_raw(args.raw_messages, args.seed + 1)
     n = len(raws)
@@ -1269,6 +1481,15 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
         f"batch each, every "
         f"database fresh; worker-process CPU is not in 'client CPU':"
     )
+    if moto is not None:
+        started = await moto.ready()
+        await moto.create_bucket()
+        print(
+            f"S3: moto {_moto_version()} server over HTTP on 127.0.0.1:{moto.port} (up in "
+            f"{started:.1f} s, untimed), one bucket, the daemon's store for [object_store] "
+            f'kind = "s3"\n(open_object_store; PUTs 16 at once); moto\'s CPU is in neither '
+            "CPU column (--no-s3: no S3 rows):"
+        )
     print(HEADER)
     chunks = [raws[i : i + args.raw_batch] for i in range(0, n, args.raw_batch)]
     boxes = ((MAILBOX, "gmail"), ("import", "import"))
@@ -1311,18 +1532,49 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
 
     batches = [parsed[i : i + args.raw_batch] for i in range(0, n, args.raw_batch)]
     rates: dict[str, float] = {}
-    variants = (
+    variants = [
         ("files", "ingest only (pre-parsed), raw: one file each"),
         ("database", "ingest only (pre-parsed), raw: in PostgreSQL"),
-        ("none", "ingest only (pre-parsed), raw NOT stored"),
-    )
+    ]
+    if moto is not None:
+        variants += [
+            ("puts", "S3 PUTs alone (S3Store.put_many), no ingest"),
+            ("s3", "ingest only (pre-parsed), raw: one S3 object each"),
+            ("s3-database", "ingest only (pre-parsed), raw: S3 + database tier"),
+        ]
+    variants.append(("none", "ingest only (pre-parsed), raw NOT stored"))
+    moto_per_put: dict[str, float] = {}  # moto's CPU seconds per object it holds
+    put_rates: dict[str, float] = {}  # objects PUT per second of the timed work
     for where, label in variants:
+        if where == "puts":
+            assert moto is not None
+            objs = [
+                (f"raw/{TENANT}/{item.raw_sha256}", item.raw, "message/rfc822")
+                for item in parsed
+                if isinstance(item, MessageData) and item.raw is not None
+            ]
+            m0 = moto.cpu_s()
+            clock, failed = await run_puts(
+                moto.spec(where),
+                [objs[i : i + args.raw_batch] for i in range(0, len(objs), args.raw_batch)],
+            )
+            moto_cpu = moto.cpu_s() - m0
+            stored, _ = await moto.objects(where)
+            expect_timed(f"(e) {label}", clock)
+            if failed or stored != len(objs):
+                problem(f"(e) {label}: {failed} PUTs failed, {stored} of {len(objs)} in S3")
+            rates[where] = put_rates[where] = rate(stored, clock.wall)
+            if stored:
+                moto_per_put[where] = moto_cpu / stored
+            print(row(label, len(objs), clock, moto_note(moto_cpu, clock.wall, stored)))
+            continue
         if where == "none":
             for item in parsed:
                 if isinstance(item, MessageData):
                     item.raw = None
         dsn = await server.fresh(f"e_ingest_{where}", boxes)
         pool, pids = await open_pool(dsn)
+        m0 = moto.cpu_s() if moto is not None else 0.0
         try:
             clock, counts = await run_cascade(
                 pool,
@@ -1332,20 +1584,22 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
                 mailbox="import",
                 analyze_dsn=dsn if analyze else None,
                 where="files" if where == "none" else where,
+                s3=moto.spec(where) if moto is not None else None,
             )
         finally:
             await pool.close()
         expect_timed(f"(e) {label}", clock)
         expect_outcomes(f"(e) {label}", counts, n)
         rates[where] = rate(n, clock.wall)
-        print(
-            row(
-                label,
-                n,
-                clock,
-                f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only  {dict(counts)}",
-            )
-        )
+        extra = f"{rate(n, clock.wall) / parse_rate:.2f}× parse-only  {dict(counts)}"
+        if moto is not None and where.startswith("s3"):
+            moto_cpu = moto.cpu_s() - m0
+            stored, _ = await moto.objects(where)
+            put_rates[where] = rate(stored, clock.wall)
+            if stored:
+                moto_per_put[where] = moto_cpu / stored
+            extra += "  " + moto_note(moto_cpu, clock.wall, stored)
+        print(row(label, n, clock, extra))
     ingest_rate = rates["database"]
     print(
         "  "
@@ -1356,6 +1610,21 @@ async def run_raw(args: argparse.Namespace, server: Server, store_root: str, ana
         )
         + f"; one file each ÷ not stored = {rates['files'] / rates['none']:.2f}"
     )
+    if moto is not None:
+        per_put = "/".join(
+            f"{moto_per_put[k] * 1000:.2f}" for k in ("puts", "s3") if k in moto_per_put
+        )
+        print(
+            "  "
+            + ratio(
+                "one S3 object each ÷ not stored",
+                rates["s3"] / rates["none"],
+                TARGET_STORED_OVER_NOT,
+            )
+            + f"; S3 + database tier ÷ not stored = {rates['s3-database'] / rates['none']:.2f}"
+            + f"; its PUTs/s ÷ PUTs alone = {put_rates['s3'] / put_rates['puts']:.2f}"
+            + (f"; moto CPU per PUT (alone/in ingest) {per_put} ms" if per_put else "")
+        )
     del parsed, batches
 
     best = ("", 0.0)
@@ -1430,6 +1699,11 @@ def cli() -> int:
     p.add_argument("--only", default="a,b,c,d,e", help="comma list of a,b,c,d,e")
     p.add_argument("--seed", type=int, default=20240301)
     p.add_argument("--keep", action="store_true", help="keep the databases (for EXPLAIN)")
+    p.add_argument(
+        "--no-s3",
+        action="store_true",
+        help="(e) without the S3 rows (no moto server is started)",
+    )
     p.add_argument(
         "--rtt-ms",
         type=float,

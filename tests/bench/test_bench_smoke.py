@@ -123,6 +123,18 @@ def test_ingest(server_dsn: str, extra: tuple[str, ...]) -> None:
             r"ingest only \(pre-parsed\), raw: in PostgreSQL" + NUMBERS + r".*\{'new': 200\}",
             r"ingest only \(pre-parsed\), raw NOT stored" + NUMBERS + r".*\{'new': 200\}",
             r"stored in PostgreSQL ÷ not stored = [\d.]+ .*; one file each ÷ not stored = [\d.]+",
+            # the S3 object store on moto's server (on by default; --no-s3 skips it)
+            r"^S3: moto [\d.]+ server over HTTP on 127\.0\.0\.1:\d+",
+            r"S3 PUTs alone \(S3Store\.put_many\), no ingest" + NUMBERS + r".*moto CPU [\d.]+s"
+            r".*, 200 objects in S3",
+            r"ingest only \(pre-parsed\), raw: one S3 object each"
+            + NUMBERS
+            + r".*\{'new': 200\}  moto CPU [\d.]+s .*, [\d,]+ objects in S3",
+            r"ingest only \(pre-parsed\), raw: S3 \+ database tier"
+            + NUMBERS
+            + r".*\{'new': 200\}  moto CPU [\d.]+s",
+            r"one S3 object each ÷ not stored = [\d.]+ .*; S3 \+ database tier ÷ not stored = "
+            r"[\d.]+; its PUTs/s ÷ PUTs alone = [\d.]+",
             r"end to end: parse inline.*\{'new': 200\}",
             r"end to end: parse in a thread.*\{'new': 200\}",
             r"end to end: ProcessPoolExecutor\(1\).*\{'new': 200\}",
