@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
 
+import asyncpg
 import orjson
 from tenacity import RetryCallState, wait_random_exponential
 
@@ -289,25 +290,36 @@ async def complete_many(conn: Executor, done: Sequence[tuple[ClaimedJob, object]
             [orjson.dumps(result).decode() for _, result in done],
         )
         threads = {r["job_id"]: r["thread_id"] for r in rows}
-        by_mailbox: dict[str, EventBuffer] = {}
-        for job, result in done:
-            if job.job_id not in threads:
-                continue
-            by_mailbox.setdefault(job.mailbox_id, EventBuffer()).add(
-                COMPLETED_EVENT,
-                thread_id=threads[job.job_id],
-                message_id=job.message_id,
-                payload={
-                    "job_id": job.job_id,
-                    "processor": job.processor_id,
-                    "schema_version": job.schema_version,
-                    "dedup_key": job.dedup_key,
-                    "result": result,
-                },
-            )
-        for mailbox, events in sorted(by_mailbox.items()):
-            await events.flush(tx, tenant, mailbox)
+        await write_completed_events(tx, tenant, done, threads)
     return set(threads)
+
+
+async def write_completed_events(
+    tx: asyncpg.Connection,
+    tenant: str,
+    done: Sequence[tuple[ClaimedJob, object]],
+    threads: dict[int, int],
+) -> None:
+    """The `extraction.completed` events of the jobs in `threads` (job id → thread),
+    in the caller's transaction: one event insert per mailbox."""
+    by_mailbox: dict[str, EventBuffer] = {}
+    for job, result in done:
+        if job.job_id not in threads:
+            continue
+        by_mailbox.setdefault(job.mailbox_id, EventBuffer()).add(
+            COMPLETED_EVENT,
+            thread_id=threads[job.job_id],
+            message_id=job.message_id,
+            payload={
+                "job_id": job.job_id,
+                "processor": job.processor_id,
+                "schema_version": job.schema_version,
+                "dedup_key": job.dedup_key,
+                "result": result,
+            },
+        )
+    for mailbox, events in sorted(by_mailbox.items()):
+        await events.flush(tx, tenant, mailbox)
 
 
 # --- failures ----------------------------------------------------------------------------

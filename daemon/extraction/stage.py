@@ -7,11 +7,12 @@
 Ingest only writes one set-based INSERT of the new rows' ids and rings the
 feeder (`handoff`); everything else runs here, so a slow parse API never slows
 ingest, and the queue between them is a table: bounded memory, nothing lost to
-a crash. Each processor has a `ProcessorRunner` (runner.py) under its own
-cancel scope, so a SIGHUP reload restarts only what changed (its config, or its
-token: a processor whose token cannot be read at a reload keeps running with the
-one it has); every http backend
-shares one aiohttp session, closed when the stage ends. Cancelling the stage
+a crash. Each processor has a runner under its own cancel scope — a
+`LockedRunner` (locked_runner.py: the claim is a row lock of one transaction) for
+builtin rules, a `ProcessorRunner` (runner.py: leases) for an http backend — so a
+SIGHUP reload restarts only what changed (its config, or its token: a processor
+whose token cannot be read at a reload keeps running with the one it has); every
+http backend shares one aiohttp session, closed when the stage ends. Cancelling the stage
 (SIGTERM) releases the claims it holds (runner.py).
 """
 
@@ -27,6 +28,7 @@ import structlog
 
 from inboxd.adapters.extraction import ProcessorConfig
 from inboxd.daemon.extraction.feeder import Feeder
+from inboxd.daemon.extraction.locked_runner import LockedRunner
 from inboxd.daemon.extraction.processors import Processor, build_processors
 from inboxd.daemon.extraction.runner import ProcessorRunner
 from inboxd.daemon.metrics import Metrics
@@ -64,12 +66,14 @@ class ExtractionStage:
             pool, self._configs_of, self._ring_tenant, tenants=self._tenants_with_processors
         )
         self.handoff = HandOff(wants=self._wants, noted=self.feeder.ring)
-        self._runners: dict[tuple[str, str], tuple[ProcessorRunner, anyio.CancelScope]] = {}
+        self._runners: dict[
+            tuple[str, str], tuple[ProcessorRunner | LockedRunner, anyio.CancelScope]
+        ] = {}
         self._session: aiohttp.ClientSession | None = None
         self._group: anyio.abc.TaskGroup | None = None
 
     @property
-    def runners(self) -> dict[tuple[str, str], ProcessorRunner]:
+    def runners(self) -> dict[tuple[str, str], ProcessorRunner | LockedRunner]:
         return {key: runner for key, (runner, _) in self._runners.items()}
 
     async def run(
@@ -118,14 +122,19 @@ class ExtractionStage:
 
     def _launch(self, processor: Processor) -> None:
         assert self._group is not None
-        runner = ProcessorRunner(
-            processor,
-            self._pool,
-            self._store,
-            owner=self._owner,
-            lease_s=self._lease_s,
-            metrics=self._metrics,
-        )
+        runner: ProcessorRunner | LockedRunner
+        if processor.config.backend == "builtin":
+            # rules answer in microseconds: a row lock for one transaction is their claim
+            runner = LockedRunner(processor, self._pool, self._store, metrics=self._metrics)
+        else:
+            runner = ProcessorRunner(
+                processor,
+                self._pool,
+                self._store,
+                owner=self._owner,
+                lease_s=self._lease_s,
+                metrics=self._metrics,
+            )
         scope = anyio.CancelScope()
         self._runners[processor.key] = (runner, scope)
 
