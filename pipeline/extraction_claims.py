@@ -105,6 +105,22 @@ class ClaimedJob:
     attempts: int  # claims so far, this one included
 
 
+def claimed_job(row: asyncpg.Record, *, attempts: int | None = None) -> ClaimedJob:
+    """A ClaimedJob from an extraction_jobs row; `attempts` overrides the row's."""
+    return ClaimedJob(
+        tenant_id=row["tenant_id"],
+        job_id=row["job_id"],
+        processor_id=row["processor_id"],
+        schema_version=row["schema_version"],
+        dedup_key=row["dedup_key"],
+        message_id=row["message_id"],
+        mailbox_id=row["mailbox_id"],
+        payload_fingerprint=row["payload_fingerprint"],
+        token=row["lease_token"],
+        attempts=row["attempts"] if attempts is None else attempts,
+    )
+
+
 # --- claims ------------------------------------------------------------------------------
 
 # A running job's next_attempt_at is its lease expiry, so "due" is one condition
@@ -184,18 +200,7 @@ async def claim_due(
         max_attempts,
     )
     return [
-        ClaimedJob(
-            tenant_id=r["tenant_id"],
-            job_id=r["job_id"],
-            processor_id=r["processor_id"],
-            schema_version=r["schema_version"],
-            dedup_key=r["dedup_key"],
-            message_id=r["message_id"],
-            mailbox_id=r["mailbox_id"],
-            payload_fingerprint=r["payload_fingerprint"],
-            token=r["lease_token"],
-            attempts=r["attempts"],
-        )
+        claimed_job(r)
         for r in sorted(rows, key=lambda r: r["job_id"])
         if r["state"] == JobState.RUNNING
     ]

@@ -36,6 +36,7 @@ from inboxd.pipeline.extraction_claims import (
     MAX_ATTEMPTS,
     ClaimedJob,
     backoff_s,
+    claimed_job,
     write_completed_events,
 )
 from inboxd.pipeline.leases import one_line
@@ -106,19 +107,7 @@ async def lock_due(
     ids = list(job_ids) if job_ids is not None else None
     rows = await tx.fetch(_LOCK_DUE, tenant_id, processor_id, limit, ids)
     return [
-        ClaimedJob(
-            tenant_id=r["tenant_id"],
-            job_id=r["job_id"],
-            processor_id=r["processor_id"],
-            schema_version=r["schema_version"],
-            dedup_key=r["dedup_key"],
-            message_id=r["message_id"],
-            mailbox_id=r["mailbox_id"],
-            payload_fingerprint=r["payload_fingerprint"],
-            token=r["lease_token"],
-            attempts=r["attempts"] + 1,
-        )
-        for r in sorted(rows, key=lambda r: r["job_id"])
+        claimed_job(r, attempts=r["attempts"] + 1) for r in sorted(rows, key=lambda r: r["job_id"])
     ]
 
 
