@@ -40,6 +40,12 @@ ROUND_JOBS = 200
 #: Rounds at once per processor: two, so one round's rules overlap the other's
 #: database work; more only queue on PostgreSQL's two cores here.
 LOCKED_ROUNDS = 2
+#: Rounds at once in the whole stage, whatever the number of builtin processors: a
+#: round holds its transaction's connection while it loads messages on a second
+#: one, so unbounded rounds (processors × LOCKED_ROUNDS) could hold every pooled
+#: connection and each wait for one more. Two holders leave the daemon's pool
+#: (≥ 10 connections) room for everyone else, and the loads always a connection.
+LOCKED_ROUNDS_AT_ONCE = 2
 #: An idle processor looks for due jobs this often without being rung.
 IDLE_POLL_S = 1.0
 #: After a database or store error the round is tried again this much later.
@@ -60,9 +66,12 @@ class LockedRunner:
         store: ObjectStore,
         *,
         metrics: Metrics,
+        rounds: anyio.CapacityLimiter | None = None,
         in_thread: bool = False,
     ) -> None:
         self.processor = processor
+        # shared by the stage's locked runners (LOCKED_ROUNDS_AT_ONCE)
+        self._rounds_at_once = rounds or anyio.CapacityLimiter(LOCKED_ROUNDS)
         self._pool = pool
         self._store = store
         self._metrics = metrics
@@ -137,7 +146,11 @@ class LockedRunner:
         self, limit: int, locked: list[int], *, job_ids: list[int] | None = None
     ) -> int:
         tenant, processor_id = self.processor.key
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with (
+            self._rounds_at_once,
+            self._pool.acquire() as conn,
+            conn.transaction(),
+        ):
             jobs = await lock_due(conn, tenant, processor_id, limit, job_ids=job_ids)
             locked.extend(job.job_id for job in jobs)
             if not jobs:

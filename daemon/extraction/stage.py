@@ -28,7 +28,7 @@ import structlog
 
 from inboxd.adapters.extraction import ProcessorConfig
 from inboxd.daemon.extraction.feeder import Feeder
-from inboxd.daemon.extraction.locked_runner import LockedRunner
+from inboxd.daemon.extraction.locked_runner import LOCKED_ROUNDS_AT_ONCE, LockedRunner
 from inboxd.daemon.extraction.processors import Processor, build_processors
 from inboxd.daemon.extraction.runner import ProcessorRunner
 from inboxd.daemon.metrics import Metrics
@@ -70,6 +70,7 @@ class ExtractionStage:
             tuple[str, str], tuple[ProcessorRunner | LockedRunner, anyio.CancelScope]
         ] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._locked_rounds = anyio.CapacityLimiter(LOCKED_ROUNDS_AT_ONCE)
         self._group: anyio.abc.TaskGroup | None = None
 
     @property
@@ -125,7 +126,13 @@ class ExtractionStage:
         runner: ProcessorRunner | LockedRunner
         if processor.config.backend == "builtin":
             # rules answer in microseconds: a row lock for one transaction is their claim
-            runner = LockedRunner(processor, self._pool, self._store, metrics=self._metrics)
+            runner = LockedRunner(
+                processor,
+                self._pool,
+                self._store,
+                metrics=self._metrics,
+                rounds=self._locked_rounds,
+            )
         else:
             runner = ProcessorRunner(
                 processor,

@@ -8,6 +8,7 @@ deadlines, never sleeps.
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 from fakes.parse_api import Answer, FakeParseApi, Received
 from helpers import eventually
@@ -170,3 +171,22 @@ async def test_rows_of_a_tenant_without_processors_wait_for_one(
         await eventually(
             lambda: states(pool), DEADLINE_S, what="done", until=all_in("completed", 1)
         )
+
+
+async def test_many_builtin_processors_on_a_small_pool_never_starve_it(
+    db_dsn, store, make_mailbox, tmp_path
+) -> None:
+    """Each locked round holds a connection while it loads on another: with eight
+    processors (sixteen rounds) on a pool of four, unbounded rounds would all hold
+    one and wait for one more, forever."""
+    await make_mailbox(T, "inbox", provider="import")
+    processors = [builtin(tmp_path, id=f"orders{i}") for i in range(8)]
+    async with asyncpg.create_pool(db_dsn, min_size=1, max_size=4) as small:
+        async with running(small, store, tenant(tmp_path, *processors)) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(i) for i in range(20)])
+            await eventually(
+                lambda: states(small),
+                DEADLINE_S,
+                what="160 completed",
+                until=all_in("completed", 160),
+            )
