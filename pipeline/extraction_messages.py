@@ -25,21 +25,16 @@ StoreUnavailableError: retry later, the message is not at fault.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 
 import asyncpg
 import orjson
 
 from inboxd.pipeline.message import Address, AttachmentData, MessageData
-from inboxd.pipeline.objectstore import ObjectNotFound, ObjectStore, run_bounded
+from inboxd.pipeline.objectstore import ObjectStore, read_many
 from inboxd.pipeline.parsing import parse_in_workers
 from inboxd.pipeline.rows import clean_item
-
-#: Object-store reads at once per call: the database tier answers each read on a
-#: pool connection, S3 in parallel; four keeps a batch's reads off the critical path
-#: without taking the daemon's pool (the reprocess command's figure, same reads).
-RAW_READ_CONCURRENCY = 4
 
 
 class Reads(StrEnum):
@@ -86,7 +81,7 @@ async def load_messages(
     keys = [r["raw_key"] for r in rows if r["raw_key"] and reads is not Reads.ROW]
     if reads is not Reads.PARSED:
         keys += [r["html_key"] for r in rows if r["html_key"] and r["html_body"] is None]
-    objects = await read_objects(store, keys)
+    objects = await read_many(store, keys)
     out: dict[int, MessageData] = {}
     to_parse: dict[tuple[str, str], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:
@@ -116,28 +111,6 @@ async def load_messages(
                 message.raw = objects[row["raw_key"]]
                 out[row["message_id"]] = message
     return out
-
-
-async def read_objects(store: ObjectStore, keys: Iterable[str]) -> dict[str, bytes]:
-    """Bytes by key; a key with no object is left out, a store error raised. The
-    database tier reads a batch in one statement (`get_many`); other stores one
-    object at a time, RAW_READ_CONCURRENCY at once."""
-    unique = sorted(set(keys))
-    if not unique:
-        return {}
-    get_many = getattr(store, "get_many", None)
-    if get_many is not None:
-        found: dict[str, bytes] = await get_many(unique)
-        return found
-    results = await run_bounded(store.get, unique, concurrency=RAW_READ_CONCURRENCY)
-    objects: dict[str, bytes] = {}
-    for key, result in zip(unique, results, strict=True):
-        if isinstance(result, ObjectNotFound | ValueError):
-            continue
-        if isinstance(result, Exception):
-            raise result
-        objects[key] = result
-    return objects
 
 
 def _from_row(tenant_id: str, row: asyncpg.Record) -> MessageData:

@@ -205,6 +205,35 @@ def validate_url_expiry(expires_s: int) -> int:
     return expires_s
 
 
+#: Object reads at once for a batch (`read_many`): the database tier answers each on a
+#: pool connection, files and S3 in parallel; four keeps a batch's reads off the
+#: critical path without taking a caller's whole pool (reprocess's pool is sized on it).
+READS_AT_ONCE = 4
+
+
+async def read_many(store: ObjectStore, keys: Iterable[str]) -> dict[str, bytes]:
+    """The bytes of every key that has an object; a key with no object (or one no
+    store takes) is left out, any other failure raised. A store with `get_many` (the
+    database tier: one statement for the batch) reads through it; others read one
+    object at a time, READS_AT_ONCE at once."""
+    unique = sorted(set(keys))
+    if not unique:
+        return {}
+    get_many = getattr(store, "get_many", None)
+    if get_many is not None:
+        found: dict[str, bytes] = await get_many(unique)
+        return found
+    results = await run_bounded(store.get, unique, concurrency=READS_AT_ONCE)
+    objects: dict[str, bytes] = {}
+    for key, result in zip(unique, results, strict=True):
+        if isinstance(result, ObjectNotFound | ValueError):
+            continue
+        if isinstance(result, Exception):
+            raise result
+        objects[key] = result
+    return objects
+
+
 async def run_bounded(
     fn: Callable[[_T], Awaitable[_R]], items: Sequence[_T], *, concurrency: int
 ) -> list[_R | Exception]:

@@ -47,6 +47,7 @@ import asyncpg
 
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.objectstore import (
+    READS_AT_ONCE,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
@@ -68,9 +69,6 @@ MAX_MAX_BYTES = 16 * 1024 * 1024
 # batch of many small attachments builds: 8 MiB is ~1,400 messages of the corpus's
 # mean 5.7 KB, more than one ingest batch.
 DB_PUT_CHUNK_BYTES = 8 * 1024 * 1024
-# Reads of larger objects (files, S3) at once in get_many: what reprocess uses for
-# the same reads (pipeline/reprocess.py RAW_READ_CONCURRENCY).
-LARGE_READS_AT_ONCE = 4
 
 # New keys are inserted; a key that exists is left alone unless its bytes differ.
 # Not ON CONFLICT DO UPDATE … WHERE: that locks every conflicting row until commit,
@@ -230,7 +228,7 @@ class DatabaseTierStore:
             raise _store_error("reading", wanted[0], exc) from exc
         found = {r["key"]: bytes(r["data"]) for r in rows}
         rest = [key for key in wanted if key not in found]
-        results = await run_bounded(self.large.get, rest, concurrency=LARGE_READS_AT_ONCE)
+        results = await run_bounded(self.large.get, rest, concurrency=READS_AT_ONCE)
         for key, result in zip(rest, results, strict=True):
             if isinstance(result, ObjectNotFound):
                 continue

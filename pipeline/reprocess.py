@@ -60,7 +60,7 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.objectstore import ObjectNotFound, ObjectStore, run_bounded
+from inboxd.pipeline.objectstore import READS_AT_ONCE, ObjectStore, read_many
 from inboxd.pipeline.parsing import Item, parse_in_workers
 from inboxd.pipeline.reprocess_write import (
     StoredMessage,
@@ -79,7 +79,7 @@ from inboxd.pipeline.rows import clean_item
 REPROCESS_BATCH_MESSAGES = 200
 # Concurrent object-store reads per batch: the command's pool has a connection
 # for each (database tier) and S3 answers reads in parallel.
-RAW_READ_CONCURRENCY = 4
+RAW_READ_CONCURRENCY = READS_AT_ONCE
 
 _SELECT_PAGE = """
 SELECT m.message_id, m.mailbox_id, m.raw_key, m.send_status, m.xmin::text AS seen_xmin,
@@ -288,22 +288,10 @@ class Reprocessor:
         return out
 
     async def _read_raws(self, keys: list[str]) -> tuple[dict[str, bytes], set[str]]:
-        """The bytes under `keys`, and the keys with no object (or a key no store takes)."""
-
-        async def read(key: str) -> bytes:
-            return await self._store.get(key)
-
-        results = await run_bounded(read, keys, concurrency=RAW_READ_CONCURRENCY)
-        raws: dict[str, bytes] = {}
-        missing: set[str] = set()
-        for key, result in zip(keys, results, strict=True):
-            if isinstance(result, ObjectNotFound | ValueError):
-                missing.add(key)
-            elif isinstance(result, Exception):
-                raise result  # the store does not answer: stop, resumable
-            else:
-                raws[key] = result
-        return raws, missing
+        """The bytes under `keys`, and the keys with no object (or a key no store takes);
+        a store that does not answer raises: stop, resumable."""
+        raws = await read_many(self._store, keys)
+        return raws, set(keys) - set(raws)
 
     async def _parse(
         self, tenant: str, raws: dict[str, bytes], sources: dict[str, tuple[str, str]]
