@@ -1,4 +1,5 @@
-"""One processor's workers: claim → load → call the backend → commit, as a pipeline.
+"""An http processor's workers: claim → load → call the backend → commit, as a pipeline
+(builtin rules need no lease: locked_runner.py).
 
     claimer ─(jobs)─▶ loader ─(job, message)─▶ callers × concurrency ─(job, outcome)─▶ committer
     claim_due ≤ room   load_messages          backend.extract:                  complete_many /
@@ -58,22 +59,17 @@ log = structlog.get_logger(__name__)
 #: not answering (the claims are released, or expire).
 CLAIM_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, StoreUnavailableError)
 
-#: Jobs claimed in one statement at most: one load_messages batch, parsed in chunks of
-#: 50 on every core (pipeline/parsing.py), so 100 keeps both parse workers busy.
+#: Jobs claimed in one statement at most: one load_messages batch.
 CLAIM_BATCH_MAX = 100
-#: Claimed jobs a builtin processor has waiting for its rules at most: two claim
-#: batches, so one is loaded while the other is extracted.
-BUILTIN_PREFETCH = 2 * CLAIM_BATCH_MAX
 #: An http processor has this many per caller waiting for a call: one in the call,
 #: one ready, so a caller never waits for a claim, and a stalled endpoint holds few
 #: leases.
 HTTP_PREFETCH_PER_CALLER = 2
 #: Outcomes written in one transaction at most (one UPDATE and one event insert).
 COMMIT_BATCH_MAX = 200
-#: The committer gathers outcomes this long before a commit: a commit cost 16 ms
-#: (its fsync) and carried ~33 builtin results without it, ~100 with it
-#: (bench/extraction.py (b)); an http result waits 5 ms more for its commit, which
-#: no caller waits for.
+#: The committer gathers outcomes this long before a commit: a commit costs 16-25 ms
+#: (its fsync), so results arriving a few at a time share one; a result waits 5 ms
+#: more for its commit, which no caller waits for.
 COMMIT_LINGER_S = 0.005
 #: Outcomes computed but not yet committed at most before the claimer waits: bounds
 #: what a slow database lets pile up (and what a crash would make be redone).
@@ -116,11 +112,7 @@ class ProcessorRunner:
         self._in_thread = in_thread
         config = processor.config
         self._concurrency = config.concurrency
-        self._prefetch = (
-            BUILTIN_PREFETCH
-            if config.backend == "builtin"
-            else HTTP_PREFETCH_PER_CALLER * config.concurrency
-        )
+        self._prefetch = HTTP_PREFETCH_PER_CALLER * config.concurrency
         self.held: dict[int, ClaimedJob] = {}  # claimed, outcome not yet written
         self._unattempted = 0  # of those, not yet through a backend call
         self._committing: set[int] = set()  # job ids in the committer's transaction
