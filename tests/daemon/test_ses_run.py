@@ -194,9 +194,12 @@ class AwsProxy:
       (a body the daemon stops reading is cut off at once: its connection closes);
     - `hide_length`: object keys whose body goes out chunked, without
       Content-Length, as a server that does not announce sizes would send it;
-    - `lose_deletes`: DeleteMessageBatch entries of each message's first that many
-      deliveries answer a server-side failure (SQS's partial-failure answer), so
-      the message stays in the queue and comes back after its visibility timeout;
+    - `lose_deletes`: the first that many receipt handles of each message the daemon
+      tries to delete answer a server-side failure (SQS's partial-failure answer),
+      retries included, so the message stays in the queue and comes back after its
+      visibility timeout. Counted on the deletes the daemon sends, not on the
+      deliveries moto hands out: a long-poll answer that never reaches the daemon
+      would otherwise doom a delivery the daemon did not see (CI saw one);
     - `throttle_gets[key]`: that many GETs of the object answer S3's 503 SlowDown.
     """
 
@@ -209,7 +212,8 @@ class AwsProxy:
         self.lose_deletes = 0
         self.lost_deletes = 0
         self.throttle_gets: dict[str, int] = {}
-        self._deliveries: dict[str, int] = {}  # SQS message id → times delivered
+        self._message_of: dict[str, str] = {}  # receipt handle → SQS message id
+        self._lost_of: dict[str, int] = {}  # SQS message id → receipt handles doomed
         self._doomed: set[str] = set()  # receipt handles whose delete is lost
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -237,10 +241,10 @@ class AwsProxy:
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
         target = request.headers.get("X-Amz-Target", "")
         lost: list[dict[str, Any]] = []
-        if target == "AmazonSQS.DeleteMessageBatch" and self._doomed:
+        if target == "AmazonSQS.DeleteMessageBatch" and self.lose_deletes:
             document = orjson.loads(body)
             entries = document["Entries"]
-            lost = [e for e in entries if e["ReceiptHandle"] in self._doomed]
+            lost = [e for e in entries if self._doom(e["ReceiptHandle"])]
             if lost:
                 self.lost_deletes += len(lost)
                 kept = [e for e in entries if e not in lost]
@@ -272,10 +276,7 @@ class AwsProxy:
         document = orjson.loads(answer) if answer else {}
         if target == "AmazonSQS.ReceiveMessage":
             for message in document.get("Messages", []):
-                count = self._deliveries.get(message["MessageId"], 0) + 1
-                self._deliveries[message["MessageId"]] = count
-                if count <= self.lose_deletes:
-                    self._doomed.add(message["ReceiptHandle"])
+                self._message_of[message["ReceiptHandle"]] = message["MessageId"]
         if lost:
             document["Failed"] = [*document.get("Failed", []), *_failed(lost)]
             answer = orjson.dumps(document)
@@ -283,6 +284,17 @@ class AwsProxy:
             k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_HEADERS_DROPPED
         }
         return web.Response(status=upstream.status, body=answer, headers=headers)
+
+    def _doom(self, handle: str) -> bool:
+        """Is this delete lost? Every try of a doomed handle is."""
+        if handle in self._doomed:
+            return True
+        message = self._message_of.get(handle, "")
+        if self._lost_of.get(message, 0) >= self.lose_deletes:
+            return False
+        self._lost_of[message] = self._lost_of.get(message, 0) + 1
+        self._doomed.add(handle)
+        return True
 
     async def _stream(
         self, request: web.Request, upstream: aiohttp.ClientResponse
