@@ -5,15 +5,9 @@ One SQS message, from receipt to deletion:
     receive (long poll, ≤ max_messages, ApproximateReceiveCount)
       │   only while the ingest queue has room (backpressure: nothing is received
       │   that could not start within its visibility timeout)
-      ├─ received more than max_receive_count times → poison: dead, then delete
-      ├─ body → pointers (pointers.py); invalid → dead; S3 test event → delete
-      ├─ fetch each object from S3, streamed and size-limited (aws.py)
-      │     missing / too large → dead;  throttled / 5xx / network → leave it
-      ├─ parse the bytes (worker process), route by the envelope recipients (else
-      │   To/Cc/Delivered-To) to mailboxes (routing.py), apply each mailbox's
-      │   sender allowlist (refused → a dead item in that mailbox)
-      ├─ ingest, one transaction per mailbox (the daemon's bounded queue)
-      │     any item retriable (database down…) → leave the message
+      ├─ settle the batch (settle.py): poison / pointers / S3 fetch / parse /
+      │   route / ingest; each message ends settled (rows committed or dead) or
+      │   left for redelivery
       └─ every item settled → DeleteMessageBatch → (keep_objects = false in every
          mailbox it reached: delete the S3 object). Nothing is deleted before its
          rows committed; a pointer whose object is gone but whose message is
@@ -39,25 +33,24 @@ so an outage does not spend the messages' receive counts.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from email.parser import BytesHeaderParser
-from email.utils import getaddresses
-from typing import Protocol
 
 import anyio
 import structlog
 
 from inboxd.adapters.ses.aws import AwsClients, QueueMessage
 from inboxd.adapters.ses.config import SesSettings
-from inboxd.adapters.ses.errors import SesPermanent, SesTransient
-from inboxd.adapters.ses.pointers import Pointer, parse_pointers
-from inboxd.adapters.ses.routing import Route, Router
-from inboxd.pipeline.ingest import IngestBatch
-from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.outcomes import ItemResult, Outcome
-from inboxd.pipeline.parsing import parse_in_workers
+from inboxd.adapters.ses.errors import SesTransient
+from inboxd.adapters.ses.routing import Router
+from inboxd.adapters.ses.settle import (
+    BatchSettler,
+    Ingest,
+    PollerEvents,
+    RecordUnrouted,
+    StoredIn,
+    Unrouted,
+    Work,
+)
 
 __all__ = ["PollerEvents", "SesPoller", "Unrouted"]
 
@@ -72,48 +65,6 @@ RELEASE_TIMEOUT_S = 5.0
 # doubling from 1 s to 60 s, so an outage costs a request a minute per loop.
 RECEIVE_BACKOFF_MIN_S = 1.0
 RECEIVE_BACKOFF_MAX_S = 60.0
-# Header block read to find Delivered-To when a pointer names no recipients.
-_HEADER_SNIFF_BYTES = 256 * 1024
-
-_PARSE_TENANT = "-"  # items are parsed once, then copied to each mailbox they route to
-
-
-@dataclass(frozen=True, slots=True)
-class Unrouted:
-    """A message that belongs to no tenant (module docstring), for pipeline/unrouted.py."""
-
-    external_id: str
-    reason: str
-    detail: str
-    body: str
-    recipients: tuple[str, ...] = ()
-
-
-class PollerEvents(Protocol):
-    """What the daemon hears of the poller: counters (received, stored, duplicate,
-    dead, unrouted, poison, left, released, deleted) and the last error."""
-
-    def counted(self, what: str, n: int = 1) -> None: ...
-
-    def failed(self, error: str) -> None: ...
-
-
-Ingest = Callable[[IngestBatch], Awaitable[list[ItemResult]]]
-RecordUnrouted = Callable[[Unrouted], Awaitable[None]]
-# Is this external id stored in any of these (tenant, mailbox)?
-StoredIn = Callable[[list[tuple[str, str]], str], Awaitable[bool]]
-
-
-@dataclass(slots=True)
-class _Work:
-    """One SQS message being processed: its items and whether each is settled."""
-
-    message: QueueMessage
-    pointers: list[Pointer] = field(default_factory=list)
-    routes: list[Route] = field(default_factory=list)
-    pending: int = 0  # items handed to ingest and not answered settled yet
-    failed: bool = False  # left for redelivery
-    objects: list[Pointer] = field(default_factory=list)  # to delete after commit
 
 
 class SesPoller:
@@ -135,11 +86,17 @@ class SesPoller:
         self.settings = settings
         self.router = router
         self._aws = aws
-        self._ingest = ingest
         self._room = room
-        self._record_unrouted = record_unrouted
-        self._stored = stored
         self._ready = ready
+        self._settler = BatchSettler(
+            settings,
+            aws,
+            router=router,
+            ingest=ingest,
+            record_unrouted=record_unrouted,
+            events=events,
+            stored=stored,
+        )
         self._receiving = anyio.Event()  # cleared while receiving is paused
         self._receiving.set()
         self._events = events
@@ -238,9 +195,9 @@ class SesPoller:
         meanwhile comes back as `duplicate`."""
         for m in messages:
             self._in_flight[m.receipt_handle] = m
-        works = [_Work(m) for m in messages]
+        works = [Work(m) for m in messages]
         try:
-            await self._settle(works)
+            await self._settler.settle(works)
         except anyio.get_cancelled_exc_class():
             await self._release(messages)
             raise
@@ -250,201 +207,9 @@ class SesPoller:
         await self._finish(works)
         return any(w.failed or w.pending for w in works)
 
-    async def _settle(self, works: list[_Work]) -> None:
-        fetches: list[tuple[_Work, Pointer]] = []
-        for work in works:
-            message = work.message
-            try:
-                work.pointers = parse_pointers(message.body)
-            except SesPermanent as exc:
-                await self._dead(work, None, exc.reason, exc.detail)
-                continue
-            if message.receive_count > self.settings.max_receive_count:
-                await self._poison(work)
-                continue
-            fetches.extend((work, p) for p in work.pointers)
-        raws = await self._fetch_all(fetches)
-        fetched = [
-            (w, p, raw) for (w, p), raw in zip(fetches, raws, strict=True) if raw is not None
-        ]
-        if not fetched:
-            return
-        parsed = await parse_in_workers(
-            [raw for _, _, raw in fetched], _PARSE_TENANT, _PARSE_TENANT, "ses"
-        )
-        groups: dict[tuple[str, str], list[tuple[_Work, MessageData | DeadItem]]] = {}
-        for (work, pointer, raw), item in zip(fetched, parsed, strict=True):
-            placed = await self._place(work, pointer, raw, item)
-            for route, copy in placed:
-                groups.setdefault((route.tenant_id, route.mailbox_id), []).append((work, copy))
-                work.pending += 1
-            # the object goes only when no mailbox it reached keeps it as its raw copy
-            if placed and not any(route.mailbox.keep_objects for route, _ in placed):
-                work.objects.append(pointer)
-        async with anyio.create_task_group() as tg:
-            for (tenant, mailbox), entries in groups.items():
-                tg.start_soon(self._ingest_group, tenant, mailbox, entries)
-
-    async def _fetch_all(self, fetches: list[tuple[_Work, Pointer]]) -> list[bytes | None]:
-        raws: list[bytes | None] = [None] * len(fetches)
-
-        async def fetch(index: int, work: _Work, pointer: Pointer) -> None:
-            try:
-                raws[index] = await self._aws.fetch(
-                    pointer.bucket, pointer.key, max_bytes=self.settings.max_message_bytes
-                )
-            except SesPermanent as exc:
-                if exc.reason == "object_missing" and await self._stored_already(work, pointer):
-                    return  # keep_objects = false deleted it after a commit: a redelivery
-                await self._dead(work, pointer, exc.reason, exc.detail)
-            except SesTransient as exc:
-                self._leave(work, str(exc))
-
-        async with anyio.create_task_group() as tg:
-            for index, (work, pointer) in enumerate(fetches):
-                tg.start_soon(fetch, index, work, pointer)
-        return raws
-
-    async def _place(
-        self, work: _Work, pointer: Pointer, raw: bytes, item: MessageData | DeadItem
-    ) -> list[tuple[Route, MessageData | DeadItem]]:
-        """The copies of one parsed message, one per mailbox it reaches."""
-        recipients = pointer.recipients or _header_recipients(raw, item)
-        routes = self.router.route(recipients)
-        if not routes:
-            reason = "unparseable" if isinstance(item, DeadItem) else "no_mailbox"
-            detail = (
-                f"no ses mailbox for any recipient of {pointer.external_id}"
-                if reason == "no_mailbox"
-                else f"{pointer.external_id}: {item.detail}"  # type: ignore[union-attr]
-            )
-            await self._unrouted(work, pointer, reason, detail, recipients)
-            return []
-        copies: list[tuple[Route, MessageData | DeadItem]] = []
-        for route in routes:
-            tenant, mailbox = route.tenant_id, route.mailbox_id
-            if isinstance(item, DeadItem):
-                copy: MessageData | DeadItem = dataclasses.replace(
-                    item, tenant_id=tenant, mailbox_id=mailbox, external_id=pointer.external_id
-                )
-            elif not route.mailbox.allows_sender(item.from_.email if item.from_ else None):
-                copy = DeadItem(
-                    tenant_id=tenant,
-                    mailbox_id=mailbox,
-                    external_id=pointer.external_id,
-                    reason="sender_refused",
-                    detail="the From address matches no allowed_senders pattern",
-                    raw=raw,
-                    raw_sha256=item.raw_sha256,
-                )
-            else:
-                copy = dataclasses.replace(
-                    item,
-                    tenant_id=tenant,
-                    mailbox_id=mailbox,
-                    external_id=pointer.external_id,
-                    received_at=item.received_at or pointer.received_at,
-                )
-            copies.append((route, copy))
-        return copies
-
-    async def _ingest_group(
-        self, tenant: str, mailbox: str, entries: list[tuple[_Work, MessageData | DeadItem]]
-    ) -> None:
-        batch = IngestBatch(tenant, mailbox, [item for _, item in entries])
-        results = await self._ingest(batch)
-        for (work, _), result in zip(entries, results, strict=True):
-            outcome = result.outcome
-            if outcome is Outcome.RETRIABLE_FAILURE:
-                self._leave(work, result.detail or "ingest retriable")
-                continue
-            work.pending -= 1
-            self._events.counted(_COUNTER.get(outcome, "stored"))
-
-    async def _stored_already(self, work: _Work, pointer: Pointer) -> bool:
-        """True when the message a pointer names is stored in a mailbox it reaches
-        (every ses mailbox when the pointer names no recipients): its object is gone
-        or it keeps coming back only because deletes were lost. Also True, with the
-        message left for redelivery, when the database cannot say."""
-        routes = self.router.route(pointer.recipients) if pointer.recipients else []
-        candidates = [(r.tenant_id, r.mailbox_id) for r in routes] or self.router.mailboxes()
-        try:
-            stored = await self._stored(candidates, pointer.external_id)
-        except Exception as exc:  # the database: decide when SQS redelivers
-            self._leave(work, f"stored copy not checked: {type(exc).__name__}")
-            return True
-        if stored:
-            self._events.counted("duplicate")
-        return stored
-
-    # --- permanent failures ----------------------------------------------------------------
-
-    async def _poison(self, work: _Work) -> None:
-        message = work.message
-        detail = (
-            f"received {message.receive_count} times (max_receive_count "
-            f"{self.settings.max_receive_count}) without being stored"
-        )
-        pointers = [p for p in work.pointers if not await self._stored_already(work, p)]
-        if work.failed or not pointers:
-            return  # stored already (its deletes were lost): a duplicate, not poison
-        self._events.counted("poison")
-        for pointer in pointers:
-            where = f"s3://{pointer.bucket}/{pointer.key} "
-            await self._dead(work, pointer, "poison", where + detail)
-
-    async def _dead(self, work: _Work, pointer: Pointer | None, reason: str, detail: str) -> None:
-        """Record a permanent failure where an operator sees it, or leave the message
-        if that record cannot be written (the database is down)."""
-        routes = self.router.route(pointer.recipients) if pointer is not None else []
-        if not routes:
-            recipients = pointer.recipients if pointer is not None else ()
-            await self._unrouted(work, pointer, reason, detail, recipients)
-            return
-        assert pointer is not None
-        for route in routes:
-            item = DeadItem(route.tenant_id, route.mailbox_id, pointer.external_id, reason, detail)
-            batch = IngestBatch(route.tenant_id, route.mailbox_id, [item])
-            [result] = await self._ingest(batch)
-            if result.outcome is Outcome.RETRIABLE_FAILURE:
-                self._leave(work, result.detail or "dead item not recorded")
-                return
-            self._events.counted("dead")
-
-    async def _unrouted(
-        self,
-        work: _Work,
-        pointer: Pointer | None,
-        reason: str,
-        detail: str,
-        recipients: Sequence[str],
-    ) -> None:
-        record = Unrouted(
-            external_id=pointer.external_id if pointer is not None else work.message.message_id,
-            reason=reason,
-            detail=detail,
-            body=work.message.body,
-            recipients=tuple(recipients),
-        )
-        try:
-            await self._record_unrouted(record)
-        except Exception as exc:  # the database: try again when SQS redelivers
-            self._leave(work, f"unrouted record not written: {type(exc).__name__}")
-            return
-        log.warning(
-            "ses_unrouted", reason=reason, detail=detail, sqs_message=work.message.message_id
-        )
-        self._events.counted("unrouted")
-
-    def _leave(self, work: _Work, error: str) -> None:
-        if not work.failed:
-            work.failed = True
-            self._events.counted("left")
-        self._events.failed(error)
-
     # --- after commit ----------------------------------------------------------------------
 
-    async def _finish(self, works: list[_Work]) -> None:
+    async def _finish(self, works: list[Work]) -> None:
         """Delete the messages whose every item settled (then, keep_objects = false,
         their S3 objects); the others wait for SQS to redeliver them."""
         done = [w for w in works if not w.failed and w.pending == 0]
@@ -480,24 +245,3 @@ class SesPoller:
                 continue
             if lost:  # another consumer may get them: the cascade makes that harmless
                 log.warning("ses_visibility_lost", messages=len(lost))
-
-
-_COUNTER = {
-    Outcome.NEW: "stored",
-    Outcome.CONFLICT: "stored",
-    Outcome.MERGED: "duplicate",
-    Outcome.DUPLICATE: "duplicate",
-    Outcome.PERMANENT_FAILURE: "dead",
-}
-
-
-def _header_recipients(raw: bytes, item: MessageData | DeadItem) -> list[str]:
-    """To, Cc and Delivered-To of the message, when the pointer named no envelope."""
-    head = BytesHeaderParser().parsebytes(raw[:_HEADER_SNIFF_BYTES], headersonly=True)
-    found = [a for _, a in getaddresses([str(v) for v in head.get_all("Delivered-To", [])])]
-    if isinstance(item, MessageData):
-        found += [a.email for a in item.to + item.cc]
-    else:
-        values = head.get_all("To", []) + head.get_all("Cc", [])
-        found += [a for _, a in getaddresses([str(v) for v in values])]
-    return list(dict.fromkeys(a.lower() for a in found if a))
