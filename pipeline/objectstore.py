@@ -47,6 +47,8 @@ __all__ = [
     "ObjectNotFound",
     "ObjectStore",
     "ObjectStoreError",
+    "StoreContext",
+    "object_bytes",
     "run_bounded",
     "validate_key",
     "validate_url_expiry",
@@ -166,6 +168,35 @@ class ObjectStore(Protocol):
         1..``MAX_URL_EXPIRES_S``. Does not check that the object exists.
         """
         ...
+
+
+class StoreContext:
+    """`async with store:` for the stores here: start on entry, aclose on exit."""
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def object_bytes(data: object) -> bytes:
+    """The bytes of an object to store; TypeError for anything that is not bytes-like."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"object data must be bytes, not {type(data).__name__}")
+    return bytes(data)
 
 
 def validate_key(key: str) -> str:

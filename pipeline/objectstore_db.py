@@ -39,8 +39,6 @@ non-bytes data fail their own item only; a database failure is an
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from types import TracebackType
-from typing import Self
 
 import anyio
 import asyncpg
@@ -51,6 +49,8 @@ from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    StoreContext,
+    object_bytes,
     run_bounded,
     validate_key,
     validate_url_expiry,
@@ -88,7 +88,7 @@ _REPLACE = (
 )
 
 
-class DatabaseTierStore:
+class DatabaseTierStore(StoreContext):
     """``ObjectStore``: objects up to ``max_bytes`` in ``small_objects``, the rest in ``large``.
 
     ``max_bytes = 0`` writes nothing to the table but still reads it: objects an
@@ -116,25 +116,12 @@ class DatabaseTierStore:
     async def aclose(self) -> None:
         await self.large.aclose()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def put(
         self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
     ) -> None:
         validate_key(key)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"object data must be bytes, not {type(data).__name__}")
-        error = (await self.put_many([(key, bytes(data), content_type)]))[0]
+        data = object_bytes(data)
+        error = (await self.put_many([(key, data, content_type)]))[0]
         if error is not None:
             raise error
 
@@ -157,13 +144,12 @@ class DatabaseTierStore:
         for i, (key, data, _content_type) in enumerate(items):
             try:
                 validate_key(key)
-                if not isinstance(data, bytes | bytearray | memoryview):
-                    raise TypeError(f"object data must be bytes, not {type(data).__name__}")
+                data = object_bytes(data)
             except (ValueError, TypeError) as exc:
                 results[i] = exc
                 continue
             if self.max_bytes and len(data) <= self.max_bytes:
-                small[key] = (bytes(data), [*small.get(key, (b"", []))[1], i])
+                small[key] = (data, [*small.get(key, (b"", []))[1], i])
             else:
                 large.append(i)
 

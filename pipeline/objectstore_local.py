@@ -17,8 +17,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
@@ -27,6 +26,8 @@ import asyncpg
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStoreError,
+    StoreContext,
+    object_bytes,
     run_bounded,
     validate_key,
     validate_url_expiry,
@@ -59,7 +60,7 @@ SYNC_CONCURRENCY = 32
 _R = TypeVar("_R")
 
 
-class LocalDirectoryStore:
+class LocalDirectoryStore(StoreContext):
     """``ObjectStore`` on a local directory: the default when no S3 is configured.
 
     Layout: key ``<dirs>/<name>`` lives at ``root/<dirs>/+<h0h1>/<name>``, where
@@ -93,24 +94,6 @@ class LocalDirectoryStore:
     def __repr__(self) -> str:
         return f"LocalDirectoryStore({str(self.root)!r})"
 
-    async def start(self) -> None:
-        """Nothing to open: ``root`` is created by the first write."""
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def path_for(self, key: str) -> Path:
         """The file that holds (or would hold) ``key``; raises ``ValueError`` for a bad key."""
         validate_key(key)
@@ -123,10 +106,9 @@ class LocalDirectoryStore:
         self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
     ) -> None:
         path = self.path_for(key)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"object data must be bytes, not {type(data).__name__}")
+        data = object_bytes(data)
         try:
-            await self._in_thread(_write_atomic, path, bytes(data))
+            await self._in_thread(_write_atomic, path, data)
         except OSError as exc:
             raise ObjectStoreError(f"writing object {key!r} failed: {exc}") from exc
 
@@ -148,9 +130,8 @@ class LocalDirectoryStore:
         jobs: list[tuple[int, Path, bytes]] = []
         for i, (key, data, _content_type) in enumerate(items):
             try:
-                if not isinstance(data, bytes | bytearray | memoryview):
-                    raise TypeError(f"object data must be bytes, not {type(data).__name__}")
-                jobs.append((i, self.path_for(key), bytes(data)))
+                data = object_bytes(data)
+                jobs.append((i, self.path_for(key), data))
             except (ValueError, TypeError) as exc:
                 results[i] = exc
         if not jobs:

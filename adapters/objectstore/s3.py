@@ -33,8 +33,7 @@ import base64
 import hashlib
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aioboto3
 import aiohttp
@@ -46,6 +45,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStoreError,
+    StoreContext,
+    object_bytes,
     run_bounded,
     validate_key,
     validate_url_expiry,
@@ -86,7 +87,7 @@ S3_MAX_POOL_CONNECTIONS = 16
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
-class S3Store:
+class S3Store(StoreContext):
     """``ObjectStore`` on one S3 bucket, optionally below a key prefix.
 
     ``prefix`` (e.g. ``"inboxd/prod"``) is prepended with a ``/`` to every key and
@@ -158,26 +159,12 @@ class S3Store:
         with anyio.CancelScope(shield=True), anyio.move_on_after(S3_CLOSE_TIMEOUT_S):
             await stack.aclose()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def put(
         self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
     ) -> None:
         """Upload ``data``; S3 replaces objects atomically, so re-puts are harmless."""
         full_key = self._full_key(key)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"object data must be bytes, not {type(data).__name__}")
-        data = bytes(data)
+        data = object_bytes(data)
         content_md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest())
         await self._call(
             "put_object",
