@@ -19,7 +19,9 @@ protocol's backoff retries; pipeline/extraction_claims.py)::
     400, 413, 422                                  → ExtractionTerminal with the
                                                      server's message (one line, cut)
     401, 403                                       → ExtractionUnauthorized (retryable,
-                                                     not before UNAUTHORIZED_RETRY_AFTER_S)
+                                                     not before UNAUTHORIZED_RETRY_AFTER_S,
+                                                     a longer Retry-After up to
+                                                     RETRY_AFTER_MAX_S)
     408, 429, 5xx                                  → ExtractionRetryable with Retry-After
     any other status (3xx, 404, 405, …)            → ExtractionRetryable: a wrong URL
                                                      is the operator's, not the mail's
@@ -49,6 +51,7 @@ from inboxd.adapters.extraction.errors import (
 )
 from inboxd.adapters.extraction.schema import ResultSchema
 from inboxd.adapters.retry_after import retry_after_s
+from inboxd.pipeline.extraction_claims import RETRY_AFTER_MAX_S
 from inboxd.pipeline.extraction_messages import Reads
 from inboxd.pipeline.leases import one_line
 from inboxd.pipeline.message import MessageData
@@ -114,7 +117,7 @@ class HttpBackend:
         if status in UNAUTHORIZED_STATUSES:
             raise ExtractionUnauthorized(
                 f"endpoint refused the token ({status}): {server_message(body)}",
-                max(retry_after or 0.0, UNAUTHORIZED_RETRY_AFTER_S),
+                unauthorized_wait_s(retry_after),
             )
         if status in RETRY_STATUSES or status >= 500:
             raise ExtractionRetryable(f"endpoint answered {status}", retry_after)
@@ -152,6 +155,13 @@ class HttpBackend:
             raise ExtractionRetryable(f"endpoint timed out after {self.timeout_s:g} s") from exc
         except aiohttp.ClientError as exc:
             raise ExtractionRetryable(f"endpoint unreachable: {type(exc).__name__}") from exc
+
+
+def unauthorized_wait_s(retry_after: float | None) -> float:
+    """Wait after a 401/403: at least UNAUTHORIZED_RETRY_AFTER_S, the server's
+    Retry-After when longer, never past the claim protocol's RETRY_AFTER_MAX_S (a
+    far-future date or a typo of a header would otherwise pause the processor for years)."""
+    return min(max(retry_after or 0.0, UNAUTHORIZED_RETRY_AFTER_S), RETRY_AFTER_MAX_S)
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> bytes:

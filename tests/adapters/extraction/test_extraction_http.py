@@ -19,6 +19,7 @@ from inboxd.adapters.extraction import (
     compile_schema,
 )
 from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S, retry_after_s
+from inboxd.pipeline.extraction_claims import RETRY_AFTER_MAX_S
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING
@@ -212,6 +213,23 @@ async def test_a_refused_token_is_retryable_with_a_long_wait(
     assert caught.value.retry_after_s == UNAUTHORIZED_RETRY_AFTER_S
     assert TOKEN not in caught.value.reason
     assert caught.value.reason == f"endpoint refused the token ({status}): invalid_token"
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "wait_s"),
+    [
+        ("1200", 1200.0),
+        ("99999999", RETRY_AFTER_MAX_S),
+        ("Fri, 31 Dec 9999 23:59:59 GMT", RETRY_AFTER_MAX_S),
+    ],
+)
+async def test_a_refused_tokens_retry_after_is_honoured_up_to_the_cap(
+    api: FakeParseApi, backend: HttpBackend, booking: MessageData, retry_after: str, wait_s: float
+) -> None:
+    api.answer = Answer.json(401, {"error": "invalid_token"}, **{"Retry-After": retry_after})
+    with pytest.raises(ExtractionUnauthorized) as caught:
+        await backend.extract(booking)
+    assert caught.value.retry_after_s == wait_s
 
 
 async def test_a_wrong_url_is_retryable_not_the_mails_fault(
