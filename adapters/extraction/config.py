@@ -37,13 +37,15 @@ Choices:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+
+from yarl import URL
 
 from inboxd.adapters.extraction.builtin import Rule, parse_rules
 from inboxd.adapters.extraction.errors import ProcessorConfigError
@@ -65,6 +67,9 @@ FILTER_KEYS = ("senders", "recipients", "subjects", "attachment_types")
 _COMMON_KEYS = {"id", "mailboxes", "filter", "schema", "schema_version", "backend", "concurrency"}
 _BACKEND_KEYS = {"builtin": {"rules"}, "http": {"url", "token", "schema_id", "timeout_s"}}
 _SECRET_REFERENCE = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*|file:/.+")
+# A host as it goes on the wire (yarl gives IDNA names as xn--…): DNS labels
+# (RFC 1123 §2.1) or an IPv4 address; an IPv6 literal is checked by `ipaddress`.
+_HOST = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +157,7 @@ def _parse(table: Mapping[str, Any], processor_id: str, base_dir: Path) -> Proce
 
 def _http(table: Mapping[str, Any]) -> dict[str, Any]:
     url = table.get("url")
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ProcessorConfigError("`url` must be an http:// or https:// URL")
+    _check_url(url)
     token = table.get("token")
     if not isinstance(token, str) or not _SECRET_REFERENCE.fullmatch(token):
         # Never echo the value: a pasted token must not land in logs.
@@ -172,6 +175,40 @@ def _http(table: Mapping[str, Any]) -> dict[str, Any]:
             f"`timeout_s` must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
         )
     return {"url": url, "token": token, "schema_id": schema_id, "timeout_s": float(timeout_s)}
+
+
+def _check_url(url: object) -> None:
+    """ProcessorConfigError unless `url` is an http(s) URL with a host, a port in
+    range and no user or password. The URL is never echoed: it may hold a secret."""
+    if not isinstance(url, str):
+        raise ProcessorConfigError("`url` must be an http:// or https:// URL")
+    try:
+        parsed = URL(url)
+        port = parsed.port  # yarl checks the range (0-65535) only when asked
+    except ValueError as exc:  # no host, a port out of range, a bad IPv6 literal
+        raise ProcessorConfigError(f"`url` is not a valid URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.raw_host:
+        raise ProcessorConfigError("`url` must be an http:// or https:// URL with a host")
+    if not port or not _valid_host(parsed.raw_host):
+        raise ProcessorConfigError("`url` has an invalid host or port")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ProcessorConfigError("`url` must not contain spaces or control characters")
+    if parsed.user is not None or parsed.password is not None:
+        # a password in the tenant file is a literal secret; the token is the credential
+        raise ProcessorConfigError(
+            "`url` must not hold a user or password: put the credential in `token` "
+            "(env:NAME or file:/path)"
+        )
+
+
+def _valid_host(host: str) -> bool:
+    if ":" not in host:
+        return _HOST.fullmatch(host) is not None
+    try:
+        ipaddress.IPv6Address(host)  # a zone (fe80::1%eth0) is accepted too
+    except ValueError:
+        return False
+    return True
 
 
 def _mailboxes(value: object) -> tuple[str, ...] | None:

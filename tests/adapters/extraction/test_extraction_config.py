@@ -168,6 +168,15 @@ def _base(**overrides: Any) -> dict[str, Any]:
         (_base(filter={"domains": ["x"]}), "`filter.domains`: unknown key"),
         (_base(url="ftp://x/y"), "`url` must be an http:// or https:// URL"),
         (_base(url=None), "`url` must be"),
+        (_base(url="http://:80/x"), "`url` is not a valid URL: .*host is required"),
+        (_base(url="http:///x"), "`url` must be an http:// or https:// URL with a host"),
+        (_base(url="http://h:99999/x"), "`url` is not a valid URL: Port out of range"),
+        (_base(url="http://h:0/x"), "`url` has an invalid host or port"),
+        (_base(url="http://h p/x"), "`url` has an invalid host or port"),
+        (_base(url="http://[::x]/p"), "`url` has an invalid host or port"),
+        (_base(url="http://h/a b"), "`url` must not contain spaces"),
+        (_base(url="http://user:pw@h/x"), "`url` must not hold a user or password: .*`token`"),
+        (_base(url="https://tok@h/x"), "`url` must not hold a user or password"),
         (_base(token="sk-live-abcdef"), "`token` must be a secret reference"),
         (_base(token="env:"), "`token` must be a secret reference"),
         (_base(schema_id=""), "`schema_id` must be a non-empty string"),
@@ -189,6 +198,19 @@ def _base(**overrides: Any) -> dict[str, Any]:
 def test_bad_tables_name_the_processor_and_key(table: dict[str, Any], message: str) -> None:
     with pytest.raises(ProcessorConfigError, match=message):
         parse_processor(table, Path("/nonexistent"))
+
+
+@pytest.mark.parametrize(
+    "url", ["https://parse.example:8443/v1", "http://[::1]:8080/p", "http://127.0.0.1/x"]
+)
+def test_good_urls_pass(url: str) -> None:
+    assert parse_processor(_base(url=url), Path()).url == url
+
+
+def test_a_password_in_the_url_is_not_echoed() -> None:
+    with pytest.raises(ProcessorConfigError) as caught:
+        parse_processor(_base(url="https://ap:hunter2@parse.example/x"), Path())
+    assert "hunter2" not in str(caught.value)
 
 
 def test_a_pasted_token_is_not_echoed() -> None:
