@@ -135,6 +135,7 @@ _CLAIM_DUE = """
 WITH due AS (
     SELECT tenant_id, job_id FROM extraction_jobs
      WHERE tenant_id = ANY($1::text[]) AND ($2::text IS NULL OR processor_id = $2)
+       AND ($7::text IS NULL OR schema_version = $7)
        AND state IN ('pending', 'running', 'retry_wait') AND next_attempt_at <= now()
      ORDER BY next_attempt_at
      LIMIT $5
@@ -176,9 +177,14 @@ async def claim_due(
     limit: int,
     *,
     processor_id: str | None = None,
+    schema_version: str | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> list[ClaimedJob]:
     """Lease up to `limit` due jobs of these tenants (one processor's, or any) to `owner`.
+
+    A runner passes its processor's `schema_version`: a job of another version is
+    not its to run (its result would be stored under the other version's label);
+    pipeline/extraction_versions.py carries such jobs over when the version changes.
 
     Due: pending or retry_wait with next_attempt_at ≤ now(), or running with an
     expired lease. One statement (`FOR UPDATE SKIP LOCKED`), so concurrent
@@ -198,6 +204,7 @@ async def claim_due(
         _seconds("lease_s", lease_s),
         limit,
         max_attempts,
+        schema_version,
     )
     return [
         claimed_job(r)

@@ -45,7 +45,7 @@ _LOCK_DUE = """
 SELECT tenant_id, job_id, processor_id, schema_version, dedup_key, message_id, mailbox_id,
        payload_fingerprint, lease_token, attempts
   FROM extraction_jobs
- WHERE tenant_id = $1 AND processor_id = $2
+ WHERE tenant_id = $1 AND processor_id = $2 AND ($5::text IS NULL OR schema_version = $5)
    AND state IN ('pending', 'running', 'retry_wait') AND next_attempt_at <= now()
    AND ($4::bigint[] IS NULL OR job_id = ANY($4::bigint[]))
  ORDER BY next_attempt_at
@@ -98,14 +98,16 @@ async def lock_due(
     limit: int,
     *,
     job_ids: Sequence[int] | None = None,
+    schema_version: str | None = None,
 ) -> list[ClaimedJob]:
-    """Lock up to `limit` due jobs of one processor (among `job_ids` when given) in
-    the caller's transaction (others' locked rows are skipped); `attempts` counts
-    the one about to be made."""
+    """Lock up to `limit` due jobs of one processor (among `job_ids` when given; of
+    one `schema_version` when given, as claims.claim_due) in the caller's
+    transaction (others' locked rows are skipped); `attempts` counts the one about
+    to be made."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
     ids = list(job_ids) if job_ids is not None else None
-    rows = await tx.fetch(_LOCK_DUE, tenant_id, processor_id, limit, ids)
+    rows = await tx.fetch(_LOCK_DUE, tenant_id, processor_id, limit, ids, schema_version)
     return [
         claimed_job(r, attempts=r["attempts"] + 1) for r in sorted(rows, key=lambda r: r["job_id"])
     ]

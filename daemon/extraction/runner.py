@@ -182,6 +182,7 @@ class ProcessorRunner:
             self._lease_s,
             limit,
             processor_id=self.processor.config.id,
+            schema_version=str(self.processor.config.schema_version),
         )
         for job in jobs:
             self.held[job.job_id] = job

@@ -33,14 +33,15 @@ from inboxd.daemon.extraction.processors import Processor, build_processors
 from inboxd.daemon.extraction.runner import ProcessorRunner
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.extraction_inbox import HandOff
+from inboxd.pipeline.extraction_versions import carry_over
 from inboxd.pipeline.objectstore import ObjectStore
 
 log = structlog.get_logger(__name__)
 
-#: Connections the stage's aiohttp session opens to one parse API at most: the
-#: largest `concurrency` a processor may ask for (adapters/extraction/config.py).
-HTTP_CONNECTIONS_PER_HOST = 64
+#: After a failed carry-over of old-version jobs (database down), wait this long.
+CARRY_OVER_RETRY_S = 2.0
 
 
 class ExtractionStage:
@@ -80,7 +81,10 @@ class ExtractionStage:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        connector = aiohttp.TCPConnector(limit_per_host=HTTP_CONNECTIONS_PER_HOST)
+        # No pool limit: each processor's callers are bounded by its `concurrency`.
+        # A shared limit made one tenant's calls queue for a connection behind
+        # another's, and the wait counted against their timeout_s (charged attempts).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         async with aiohttp.ClientSession(connector=connector) as session:
             self._session = session
             try:
@@ -147,6 +151,7 @@ class ExtractionStage:
 
         async def run_scoped() -> None:
             with scope:
+                await self._carry_over(processor)
                 await runner.run()
 
         self._group.start_soon(run_scoped)
@@ -157,6 +162,38 @@ class ExtractionStage:
             backend=processor.config.backend,
             concurrency=processor.config.concurrency,
         )
+
+    async def _carry_over(self, processor: Processor) -> None:
+        """Jobs of the processor's other schema versions that never ran move to its
+        current one (pipeline/extraction_versions.py) before its runner claims; tried
+        until the database answers, since the runner could not claim before either."""
+        version = str(processor.config.schema_version)
+        while True:
+            try:
+                carried = await carry_over(
+                    self._pool, processor.tenant_id, processor.config.id, version
+                )
+            except (*DATABASE_ERRORS, asyncpg.UniqueViolationError) as exc:
+                # a unique violation: the feeder queued the key under this version
+                # meanwhile; the next try finds that job and supersedes the old one
+                log.warning(
+                    "extraction_carry_over_failed",
+                    tenant=processor.tenant_id,
+                    processor=processor.config.id,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                await anyio.sleep(CARRY_OVER_RETRY_S)
+                continue
+            if carried.moved or carried.superseded:
+                log.info(
+                    "extraction_jobs_carried_over",
+                    tenant=processor.tenant_id,
+                    processor=processor.config.id,
+                    schema_version=version,
+                    moved=len(carried.moved),
+                    superseded=len(carried.superseded),
+                )
+            return
 
     def _configs_of(self, tenant_id: str) -> Sequence[ProcessorConfig]:
         tenant = self._tenants.get(tenant_id)

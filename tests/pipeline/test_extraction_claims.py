@@ -202,7 +202,7 @@ async def test_a_claim_reads_the_due_index_in_order_without_sorting(pool) -> Non
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         nodes = await plan_nodes(
-            conn, claims._CLAIM_DUE, TENANTS, P, "w", LEASE_S, 100, claims.MAX_ATTEMPTS
+            conn, claims._CLAIM_DUE, TENANTS, P, "w", LEASE_S, 100, claims.MAX_ATTEMPTS, "1"
         )
     assert not [n["Node Type"] for n in nodes if "Sort" in n["Node Type"]]
     assert "extraction_jobs_due_idx" in {n.get("Index Name") for n in nodes}
