@@ -108,7 +108,11 @@ class PageSettler:
         try:
             async for attempt in retrying:
                 with attempt:
-                    pending = await self._attempt(queue, source, page, pending)
+                    # `pending` shrinks before a retry: a settled item is never sent
+                    # (nor counted) twice
+                    pending, detail = await self._attempt(queue, source, page, pending)
+                    if pending:
+                        raise Unsettled(len(pending), detail)
         except Unsettled as exc:
             self.summary.outcomes[Outcome.RETRIABLE_FAILURE.value] += exc.count
             self.summary.not_imported += exc.count
@@ -121,9 +125,9 @@ class PageSettler:
 
     async def _attempt(
         self, queue: IngestQueue, source: ImportSource, page: Page, pending: list[int]
-    ) -> list[int]:
-        """Ingest the pending items once; returns those still retriable, raising
-        `Unsettled` when there are any."""
+    ) -> tuple[list[int], str]:
+        """Ingest the pending items once, counting the settled ones; returns those
+        still retriable and why the first of them failed."""
         part = Page(items=[page.items[i] for i in pending], backfill=page.backfill)
         try:
             with anyio.fail_after(BATCH_DEADLINE_S):
@@ -147,9 +151,7 @@ class PageSettler:
             self.summary.outcomes[result.outcome.value] += 1
             if result.outcome is Outcome.PERMANENT_FAILURE:
                 self.summary.dead.append((refs.refs[index], result.detail or "dead item"))
-        if still:
-            raise Unsettled(len(still), detail)
-        return still
+        return still, detail
 
     async def _sleep(self, seconds: float) -> None:
         """Backoff that a stop request cuts short (no transaction is open here)."""
