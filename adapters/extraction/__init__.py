@@ -21,6 +21,7 @@ from inboxd.adapters.extraction.config import (
 )
 from inboxd.adapters.extraction.errors import (
     ExtractionError,
+    ExtractionMisconfigured,
     ExtractionRetryable,
     ExtractionTerminal,
     ExtractionUnauthorized,
@@ -32,6 +33,7 @@ from inboxd.adapters.extraction.schema import ResultSchema, compile_schema, load
 __all__ = [
     "BuiltinBackend",
     "ExtractionError",
+    "ExtractionMisconfigured",
     "ExtractionRetryable",
     "ExtractionTerminal",
     "ExtractionUnauthorized",

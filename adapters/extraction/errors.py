@@ -4,7 +4,10 @@
     ├── ExtractionRetryable (RetriableError)   the same call may succeed later:
     │   │                                      the claim protocol's fail_retryable,
     │   │                                      never earlier than `retry_after_s`
-    │   └── ExtractionUnauthorized             the endpoint refused our token (401/403)
+    │   └── ExtractionMisconfigured            the endpoint is not usable as configured
+    │       │                                  (wrong URL: 3xx, 404, 405): pause the
+    │       │                                  processor, the job is not charged
+    │       └── ExtractionUnauthorized         the endpoint refused our token (401/403)
     └── ExtractionTerminal (PermanentError)    the message cannot give a valid result:
                                                fail_terminal → needs_review with `reason`
     ProcessorConfigError (ConfigError)         a [[processors]] table is wrong; names the key
@@ -36,10 +39,15 @@ class ExtractionRetryable(ExtractionError, RetriableError):
         self.retry_after_s = retry_after_s
 
 
-class ExtractionUnauthorized(ExtractionRetryable):
-    """The endpoint rejected the bearer token (401/403). An operator's problem,
-    not the message's: retryable with a long wait, never needs_review of the
-    message by itself. A daemon stage may instead pause the whole processor."""
+class ExtractionMisconfigured(ExtractionRetryable):
+    """The endpoint cannot serve any message as configured (a wrong URL: 3xx, 404,
+    405). An operator's problem, not the message's: retryable with a long wait,
+    never needs_review of the message by itself; a daemon stage pauses the whole
+    processor for `retry_after_s` and releases the job uncharged."""
+
+
+class ExtractionUnauthorized(ExtractionMisconfigured):
+    """The endpoint rejected the bearer token (401/403): misconfigured likewise."""
 
 
 class ExtractionTerminal(ExtractionError, PermanentError):

@@ -15,23 +15,27 @@ What an answer means (one call = one attempt: no retry here, the claim
 protocol's backoff retries; pipeline/extraction_claims.py)::
 
     2xx, a JSON object valid against the schema   → the result
-    2xx, not JSON / not an object / not valid      → ExtractionTerminal
+    2xx, a JSON object the schema rejects          → ExtractionTerminal
+    2xx, not JSON / not an object / too large      → ExtractionRetryable: a proxy's
+                                                     page or a 204 is not the mail's
     400, 413, 422                                  → ExtractionTerminal with the
                                                      server's message (one line, cut)
-    401, 403                                       → ExtractionUnauthorized (retryable,
-                                                     not before UNAUTHORIZED_RETRY_AFTER_S,
-                                                     a longer Retry-After up to
-                                                     RETRY_AFTER_MAX_S)
+    401, 403                                       → ExtractionUnauthorized
+    3xx, 404, 405                                  → ExtractionMisconfigured (a wrong
+                                                     URL is the operator's, not the mail's)
     408, 429, 5xx                                  → ExtractionRetryable with Retry-After
-    any other status (3xx, 404, 405, …)            → ExtractionRetryable: a wrong URL
-                                                     is the operator's, not the mail's
+    any other status                               → ExtractionRetryable
     connection error, timeout (`timeout_s` total)  → ExtractionRetryable
 
-Why 401/403 are retryable: a revoked or mistyped token is an operator problem;
-sending every message of the backlog to needs_review would make a human
-re-queue mail that was never at fault. The long wait keeps a broken token from
-hammering the endpoint; a daemon stage can tell it apart
-(`ExtractionUnauthorized`) and pause the processor instead. Redirects are not
+Both misconfigurations are retryable, not before UNAUTHORIZED_RETRY_AFTER_S (a
+longer Retry-After is honoured up to RETRY_AFTER_MAX_S), and a daemon stage
+pauses the processor and releases the job uncharged (daemon/extraction/
+outcomes.py): a revoked token or a mistyped URL is an operator problem; sending
+every message of the backlog to needs_review would make a human re-queue mail
+that was never at fault, and the long wait keeps a broken setup from hammering
+the endpoint. A 2xx that is not a JSON object is charged like a 5xx: if every
+answer is one, each job still reaches needs_review after MAX_ATTEMPTS, at the
+backoff's pace instead of the whole backlog at once. Redirects are not
 followed: a 3xx would carry the bearer token to another address.
 """
 
@@ -45,6 +49,7 @@ import anyio
 import orjson
 
 from inboxd.adapters.extraction.errors import (
+    ExtractionMisconfigured,
     ExtractionRetryable,
     ExtractionTerminal,
     ExtractionUnauthorized,
@@ -71,6 +76,9 @@ TERMINAL_STATUSES = frozenset({400, 413, 422})
 #: Statuses that say "later": request timeout (408), too many requests (429, RFC 6585 §4).
 RETRY_STATUSES = frozenset({408, 429})
 UNAUTHORIZED_STATUSES = frozenset({401, 403})
+#: Statuses of a URL that names no parse endpoint: not found (404), method not allowed
+#: (405, RFC 9110 §15.5.5/6); and every 3xx, since redirects are not followed.
+MISCONFIGURED_STATUSES = frozenset({404, 405, *range(300, 400)})
 _READ_CHUNK_BYTES = 64 << 10
 
 
@@ -119,6 +127,11 @@ class HttpBackend:
                 f"endpoint refused the token ({status}): {server_message(body)}",
                 unauthorized_wait_s(retry_after),
             )
+        if status in MISCONFIGURED_STATUSES:
+            raise ExtractionMisconfigured(
+                f"endpoint answered {status}, check the processor's url: {server_message(body)}",
+                unauthorized_wait_s(retry_after),
+            )
         if status in RETRY_STATUSES or status >= 500:
             raise ExtractionRetryable(f"endpoint answered {status}", retry_after)
         raise ExtractionRetryable(
@@ -158,7 +171,7 @@ class HttpBackend:
 
 
 def unauthorized_wait_s(retry_after: float | None) -> float:
-    """Wait after a 401/403: at least UNAUTHORIZED_RETRY_AFTER_S, the server's
+    """Wait after a 401/403 or a wrong URL: at least UNAUTHORIZED_RETRY_AFTER_S, the server's
     Retry-After when longer, never past the claim protocol's RETRY_AFTER_MAX_S (a
     far-future date or a typo of a header would otherwise pause the processor for years)."""
     return min(max(retry_after or 0.0, UNAUTHORIZED_RETRY_AFTER_S), RETRY_AFTER_MAX_S)
@@ -175,14 +188,18 @@ async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
 
 
 def _json_object(status: int, body: bytes) -> dict[str, Any]:
+    """The 2xx body as a JSON object; ExtractionRetryable when it is not one
+    (module docstring: the endpoint's or a proxy's fault, not the mail's)."""
     if len(body) > RESPONSE_MAX_BYTES:
-        raise ExtractionTerminal(f"endpoint answered {status} with over {RESPONSE_MAX_BYTES} bytes")
+        raise ExtractionRetryable(
+            f"endpoint answered {status} with over {RESPONSE_MAX_BYTES} bytes"
+        )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ExtractionTerminal(f"endpoint answered {status} with invalid JSON") from exc
+        raise ExtractionRetryable(f"endpoint answered {status} with invalid JSON") from exc
     if not isinstance(document, dict):
-        raise ExtractionTerminal(
+        raise ExtractionRetryable(
             f"endpoint answered {status} with JSON {type(document).__name__}, not an object"
         )
     return document

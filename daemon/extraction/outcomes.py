@@ -4,8 +4,9 @@
     Failed(terminal)  → fail_terminal: needs_review with the reason
     Failed(retryable) → fail_retryable: retry_wait with backoff and Retry-After
     Release           → release: pending again, the attempt not charged; with
-                        `pause_s` when the endpoint refused our token (401/403):
-                        the processor pauses, the backlog is not walked into it
+                        `pause_s` when the endpoint refused our token (401/403)
+                        or the URL is wrong (3xx, 404, 405): the processor
+                        pauses, the backlog is not walked into it
 
 `attempt` makes one backend call and maps its answer (adapters/extraction/
 errors.py) onto these; an unexpected exception (a backend bug) is retryable, so
@@ -28,9 +29,9 @@ import orjson
 import structlog
 
 from inboxd.adapters.extraction import (
+    ExtractionMisconfigured,
     ExtractionRetryable,
     ExtractionTerminal,
-    ExtractionUnauthorized,
 )
 from inboxd.daemon.extraction.processors import Backend
 from inboxd.pipeline import extraction_claims as claims
@@ -66,7 +67,7 @@ class Failed:
 @dataclass(frozen=True, slots=True)
 class Release:
     reason: str
-    pause_s: float = 0.0  # the endpoint refused our token: pause the processor this long
+    pause_s: float = 0.0  # the endpoint is misconfigured: pause the processor this long
 
 
 Outcome = Done | Failed | Release
@@ -81,7 +82,7 @@ async def attempt(backend: Backend, message: MessageData | None) -> Outcome:
         return Failed("the raw MIME is not in the object store", terminal=True)
     try:
         return outcome_of(await backend.extract(message))
-    except ExtractionUnauthorized as exc:
+    except ExtractionMisconfigured as exc:
         # an operator's problem, not the message's: not charged (module docstring)
         return Release(exc.reason, pause_s=exc.retry_after_s or 0.0)
     except (ExtractionTerminal, ExtractionRetryable) as exc:

@@ -12,6 +12,7 @@ import pytest
 from fakes.parse_api import Answer, FakeParseApi
 
 from inboxd.adapters.extraction import (
+    ExtractionMisconfigured,
     ExtractionRetryable,
     ExtractionTerminal,
     ExtractionUnauthorized,
@@ -145,7 +146,25 @@ async def test_503_honours_retry_after(
     ("answer", "reason"),
     [
         (Answer(200, b"{not json"), "endpoint answered 200 with invalid JSON"),
+        (Answer(200, b"<html>Sign in to the proxy</html>"), "endpoint answered 200 with invalid"),
+        (Answer(204, b""), "endpoint answered 204 with invalid JSON"),
         (Answer.json(200, [1, 2]), "endpoint answered 200 with JSON list, not an object"),
+    ],
+)
+async def test_a_2xx_that_is_not_a_json_object_is_retryable(
+    api: FakeParseApi, backend: HttpBackend, booking: MessageData, answer: Answer, reason: str
+) -> None:
+    # a proxy's page is not the mail's fault: charged like a 5xx, not needs_review at once
+    api.answer = answer
+    with pytest.raises(ExtractionRetryable) as caught:
+        await backend.extract(booking)
+    assert not isinstance(caught.value, ExtractionMisconfigured)
+    assert caught.value.reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
         (
             Answer.json(200, {"invoice": "A", "total": "12,50"}),
             "result does not validate at $.total: '12,50' is not of type 'number'",
@@ -232,15 +251,30 @@ async def test_a_refused_tokens_retry_after_is_honoured_up_to_the_cap(
     assert caught.value.retry_after_s == wait_s
 
 
-async def test_a_wrong_url_is_retryable_not_the_mails_fault(
+async def test_a_wrong_url_pauses_like_a_refused_token(
     api: FakeParseApi, session: aiohttp.ClientSession, booking: MessageData
 ) -> None:
     backend = HttpBackend(
         url=api.url + "/nope", token=TOKEN, schema=SCHEMA, timeout_s=10, session=session
     )
-    with pytest.raises(ExtractionRetryable, match="endpoint answered unexpected 404"):
+    with pytest.raises(ExtractionMisconfigured, match="endpoint answered 404, check the") as caught:
         await backend.extract(booking)
+    assert caught.value.retry_after_s == UNAUTHORIZED_RETRY_AFTER_S
     assert api.received == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [Answer(405, b"Method Not Allowed"), Answer(302, b"", {"Location": "https://elsewhere/"})],
+)
+async def test_a_redirect_or_a_refused_method_pauses_too(
+    api: FakeParseApi, backend: HttpBackend, booking: MessageData, answer: Answer
+) -> None:
+    api.answer = answer
+    with pytest.raises(ExtractionMisconfigured) as caught:
+        await backend.extract(booking)
+    assert caught.value.reason.startswith(f"endpoint answered {answer.status}, check the")
+    assert caught.value.retry_after_s == UNAUTHORIZED_RETRY_AFTER_S
 
 
 async def test_a_closed_port_is_retryable(

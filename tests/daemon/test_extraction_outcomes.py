@@ -1,0 +1,59 @@
+"""What one extraction attempt comes to (daemon/extraction/outcomes.py `attempt`):
+an operator's misconfiguration releases the job and pauses the processor; a
+result that cannot be stored or a schema that cannot resolve is terminal.
+
+No database: `attempt` maps a backend call onto an outcome; FakeParseApi over HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from fakes.parse_api import Answer, FakeParseApi
+
+from inboxd.adapters.extraction import HttpBackend, compile_schema
+from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S
+from inboxd.daemon.extraction.outcomes import Failed, Release, attempt
+from inboxd.pipeline.message import MessageData
+
+MESSAGE = MessageData(
+    tenant_id="t", mailbox_id="m", external_id="x", raw=b"Subject: hi\r\n\r\nTotal: 12\r\n"
+)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeParseApi]:
+    async with FakeParseApi() as server:
+        yield server
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def _backend(api: FakeParseApi, session: aiohttp.ClientSession, schema: object) -> HttpBackend:
+    return HttpBackend(
+        url=api.url, token="tok", schema=compile_schema(schema), timeout_s=10, session=session
+    )
+
+
+@pytest.mark.parametrize("answer", [Answer(404, b"Not Found"), Answer(401, b"bad token")])
+async def test_a_misconfigured_endpoint_releases_the_job_and_pauses(
+    api: FakeParseApi, session: aiohttp.ClientSession, answer: Answer
+) -> None:
+    api.answer = answer
+    outcome = await attempt(_backend(api, session, {"type": "object"}), MESSAGE)
+    assert isinstance(outcome, Release)
+    assert outcome.pause_s == UNAUTHORIZED_RETRY_AFTER_S
+
+
+async def test_a_proxy_page_is_a_charged_retry_not_needs_review(
+    api: FakeParseApi, session: aiohttp.ClientSession
+) -> None:
+    api.answer = Answer(200, b"<html>maintenance</html>", {"Content-Type": "text/html"})
+    outcome = await attempt(_backend(api, session, {"type": "object"}), MESSAGE)
+    assert outcome == Failed("endpoint answered 200 with invalid JSON", terminal=False)
