@@ -17,7 +17,7 @@ What is taken from where:
   each (a leading ``From `` envelope line is left for the parser, which skips
   it); files ending ``.mbox`` are read like explicit files; a subdirectory with
   ``cur/``, ``new/`` and ``tmp/`` is a Maildir. Any other file is skipped and
-  listed in `ImportPlan.skipped`.
+  listed in `ImportPlan.skipped`, and so is a dangling symlink or a symlink loop.
 - A Maildir: every file of ``new/`` then ``cur/`` (sorted by name, dotfiles
   ignored); ``tmp/`` holds deliveries in progress and is never read. Other
   subdirectories (Maildir++ folders such as ``.Sent``) are walked as above.
@@ -37,6 +37,7 @@ This adapter imports nothing from the daemon.
 
 from __future__ import annotations
 
+import errno
 import operator
 import os
 import re
@@ -271,12 +272,15 @@ def _entries(directory: Path) -> list[os.DirEntry[str]]:
 
 
 def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
-    """Stat following symlinks; None for a dangling link (skipped, not an error)."""
+    """Stat following symlinks; None for a dangling link or a symlink loop (ELOOP):
+    skipped like any file that is not mail, not an error that stops the plan."""
     try:
         return entry.stat(follow_symlinks=True)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
         raise SourceError(f"{entry.path}: {_reason(exc)}") from exc
 
 

@@ -165,6 +165,28 @@ def test_symlinked_directories_are_not_followed(mime: Path, tmp_path: Path) -> N
     assert plan.skipped == (top / "link",)
 
 
+def test_symlink_loops_and_dangling_links_are_skipped(mime: Path, tmp_path: Path) -> None:
+    top = tmp_path / "in"
+    good = _copy(mime / PLAIN_EMLS[0], top / "a.eml")
+    (top / "self").symlink_to("self")  # ln -s self self: ELOOP, whatever its name
+    (top / "loop.eml").symlink_to("loop.eml")
+    (top / "gone.eml").symlink_to("nowhere.eml")
+    box = _maildir(top / "Maildir")
+    (box / "new" / "1700000000.M1P1.host").symlink_to("1700000000.M1P1.host")
+
+    plan = plan_import([top])
+
+    assert [f.path for f in plan.files] == [good]
+    assert sorted(plan.skipped) == sorted(
+        [
+            box / "new" / "1700000000.M1P1.host",
+            top / "gone.eml",
+            top / "loop.eml",
+            top / "self",
+        ]
+    )
+
+
 def test_maildir_message_moved_to_cur_while_importing(mime: Path, tmp_path: Path) -> None:
     box = _maildir(tmp_path / "Maildir")
     _copy(mime / PLAIN_EMLS[0], box / "new" / "1700000000.M1P1.host")
