@@ -6,18 +6,23 @@ file, relative to the tenant file's folder. Its dialect is its own `$schema`
 (draft 4 to 2020-12, `jsonschema.validators.validator_for`), 2020-12 when it
 names none. `format` is asserted with the dialect's format checker, so a
 `"format": "date"` field holding "31/12/2024" fails like a wrong type would.
-No `$ref` is fetched over the network: referencing's default registry resolves
-only references inside the schema itself.
+No `$ref` is fetched over the network: the validator's registry holds only the
+schema itself and the published metaschemas (jsonschema's own default would
+fetch a remote `$ref` with urllib, deprecated), and `compile_schema` refuses a
+schema with any `$ref` that does not resolve there, so check-config reports it
+instead of every message failing at run time.
 
 A result that fails validation is `ExtractionTerminal`: re-running the same
 extraction of the same mail gives the same result (builtin), or the endpoint
-answered something the schema rejects (http); either way a human decides.
+answered something the schema rejects (http); either way a human decides. So is
+a schema that turns out unusable while validating (a reference that does not
+resolve): no retry makes it usable.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,11 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import jsonschema_specifications  # type: ignore[import-untyped]
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
+from referencing._core import Resolver  # not re-exported; the type of resolver_with_root
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
 from inboxd.pipeline.leases import one_line
@@ -36,6 +46,11 @@ DEFAULT_DIALECT: type[jsonschema.protocols.Validator] = jsonschema.Draft202012Va
 REASON_MAX_CHARS = 300
 #: Largest schema file read, bytes: a schema is a page of JSON, not a data set.
 SCHEMA_FILE_MAX_BYTES = 1_000_000
+#: Keywords whose value is a reference to resolve (`$recursiveRef` is always "#").
+REFERENCE_KEYWORDS = ("$ref", "$dynamicRef")
+#: What `$ref` may reach besides the schema itself: the published metaschemas,
+#: shipped with jsonschema (jsonschema-specifications); nothing is retrieved.
+LOCAL_REGISTRY: referencing.Registry[Any] = jsonschema_specifications.REGISTRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +70,13 @@ class ResultSchema:
         """
         if not isinstance(result, dict):
             raise ExtractionTerminal(f"result is not a JSON object but {type(result).__name__}")
-        error = jsonschema.exceptions.best_match(self.validator.iter_errors(result))
+        try:
+            error = jsonschema.exceptions.best_match(self.validator.iter_errors(result))
+        except referencing.exceptions.Unresolvable as exc:
+            # compile_schema refuses these; a schema built otherwise must still not
+            # turn every message into a retry loop (module docstring)
+            reason = f"the schema cannot validate: {exc}"
+            raise ExtractionTerminal(one_line(reason, REASON_MAX_CHARS)) from exc
         if error is not None:
             reason = f"result does not validate at {error.json_path}: {error.message}"
             raise ExtractionTerminal(one_line(reason, REASON_MAX_CHARS))
@@ -98,7 +119,8 @@ def compile_schema(schema: Mapping[str, Any], *, key: str = "schema") -> ResultS
     """Check `schema` against its metaschema and build its validator.
 
     ProcessorConfigError (naming `key` and the schema's failing path) when the
-    schema is not a valid schema of its dialect, or names an unknown `$schema`."""
+    schema is not a valid schema of its dialect, names an unknown `$schema`, or
+    holds a `$ref` that does not resolve locally (module docstring)."""
     document = _plain(dict(schema))
     dialect = document.get("$schema")
     # default=None: None for an unknown `$schema` (the library's own default would
@@ -114,8 +136,37 @@ def compile_schema(schema: Mapping[str, Any], *, key: str = "schema") -> ResultS
         raise ProcessorConfigError(
             one_line(f"`{key}` is not a valid JSON Schema at {where}: {exc.message}")
         ) from exc
-    validator = cls(document, format_checker=cls.FORMAT_CHECKER)
+    specification = referencing.jsonschema.specification_with(cls.ID_OF(cls.META_SCHEMA))
+    resource = specification.create_resource(document)
+    ref = next(_unresolvable(LOCAL_REGISTRY.resolver_with_root(resource), resource), None)
+    if ref is not None:
+        raise ProcessorConfigError(
+            one_line(
+                f"`{key}`: $ref {ref!r} does not resolve (only references inside the"
+                " schema do; nothing is fetched over the network)",
+                REASON_MAX_CHARS,
+            )
+        )
+    # an empty registry: jsonschema adds the metaschemas, and no retrieval
+    validator = cls(document, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry())
     return ResultSchema(document, validator)
+
+
+def _unresolvable(resolver: Resolver[Any], resource: referencing.Resource[Any]) -> Iterator[str]:
+    """Every reference of `resource` and its subschemas that `resolver` cannot
+    look up; each subschema resolves against its own base URI (`$id`)."""
+    contents = resource.contents
+    if isinstance(contents, dict):
+        for keyword in REFERENCE_KEYWORDS:
+            ref = contents.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            try:
+                resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable:
+                yield ref
+    for subresource in resource.subresources():
+        yield from _unresolvable(resolver.in_subresource(subresource), subresource)
 
 
 def _plain(value: Any) -> Any:

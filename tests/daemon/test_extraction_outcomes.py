@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import aiohttp
+import jsonschema
 import pytest
 from fakes.parse_api import Answer, FakeParseApi
 
-from inboxd.adapters.extraction import HttpBackend, compile_schema
+from inboxd.adapters.extraction import HttpBackend, ResultSchema, compile_schema
 from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S
 from inboxd.daemon.extraction.outcomes import Failed, Release, attempt
 from inboxd.pipeline.message import MessageData
@@ -57,3 +58,16 @@ async def test_a_proxy_page_is_a_charged_retry_not_needs_review(
     api.answer = Answer(200, b"<html>maintenance</html>", {"Content-Type": "text/html"})
     outcome = await attempt(_backend(api, session, {"type": "object"}), MESSAGE)
     assert outcome == Failed("endpoint answered 200 with invalid JSON", terminal=False)
+
+
+async def test_a_schema_that_cannot_resolve_is_terminal_not_an_internal_error(
+    api: FakeParseApi, session: aiohttp.ClientSession
+) -> None:
+    # compile_schema refuses it; one built around it must not cost 8 paid calls a message
+    document = {"properties": {"total": {"$ref": "#/$defs/money"}}}
+    schema = ResultSchema(document, jsonschema.Draft202012Validator(document))
+    backend = HttpBackend(url=api.url, token="tok", schema=schema, timeout_s=10, session=session)
+    api.answer = Answer.json(200, {"total": 12})
+    outcome = await attempt(backend, MESSAGE)
+    assert isinstance(outcome, Failed) and outcome.terminal
+    assert outcome.reason.startswith("the schema cannot validate: ")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from inboxd.adapters.extraction import (
     ExtractionTerminal,
     ProcessorConfigError,
+    ResultSchema,
     compile_schema,
     load_schema,
 )
@@ -79,6 +81,57 @@ def test_the_schema_is_checked_against_its_metaschema() -> None:
         match=r"`schema` is not a valid JSON Schema at \$\.properties\.total\.type",
     ):
         compile_schema({"type": "object", "properties": {"total": {"type": "money"}}})
+
+
+@pytest.mark.parametrize(
+    ("schema", "ref"),
+    [
+        ({"$ref": "#/$defs/nope"}, "#/$defs/nope"),
+        ({"properties": {"a": {"$ref": "https://schemas.example/a.json"}}}, "https://schemas"),
+        (
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "definitions": {"x": {}},
+                "items": [{"$ref": "#/definitions/y"}],
+            },
+            "#/definitions/y",
+        ),
+        ({"$defs": {"n": {"$anchor": "num"}}, "properties": {"a": {"$ref": "#number"}}}, "#num"),
+    ],
+)
+def test_a_ref_that_does_not_resolve_locally_is_refused(
+    schema: dict[str, object], ref: str
+) -> None:
+    with pytest.raises(ProcessorConfigError) as caught:
+        compile_schema(schema)
+    assert str(caught.value).startswith(f"`schema`: $ref '{ref}")
+    assert "does not resolve" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"n": {"type": "number"}}, "properties": {"a": {"$ref": "#/$defs/n"}}},
+        {"$defs": {"n": {"$anchor": "num"}}, "properties": {"a": {"$ref": "#num"}}},
+        {"properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "string"}}},
+        {"$id": "https://s.example/r", "$defs": {"b": {"$id": "b"}}, "items": {"$ref": "b"}},
+        {"$dynamicAnchor": "node", "properties": {"kids": {"items": {"$dynamicRef": "#node"}}}},
+        {"properties": {"a": {"const": {"$ref": "#/not/a/reference"}}}},
+        {"properties": {"meta": {"$ref": "https://json-schema.org/draft/2020-12/schema"}}},
+    ],
+)
+def test_refs_inside_the_schema_and_to_metaschemas_resolve(schema: dict[str, object]) -> None:
+    assert compile_schema(schema).validate_result({}) == {}
+
+
+def test_a_ref_that_fails_at_validation_is_terminal_not_an_internal_error() -> None:
+    # a schema compile_schema would refuse, built around it: the run must not loop
+    document = {"properties": {"a": {"$ref": "#/$defs/gone"}}}
+    schema = ResultSchema(document, jsonschema.Draft202012Validator(document))
+    with pytest.raises(ExtractionTerminal) as caught:
+        schema.validate_result({"a": 1})
+    assert caught.value.reason.startswith("the schema cannot validate: ")
+    assert "#/$defs/gone" in caught.value.reason
 
 
 def test_the_dialect_is_the_schemas_own() -> None:
