@@ -16,7 +16,8 @@ latency), and a stalled endpoint holds few leases. Every write is fenced by
 the job's token (pipeline/extraction_claims.py): a job whose lease was lost —
 the renewer finds it gone, or the process was paused past it — changes no row
 when its outcome arrives, and the reclaimer's result stands. What an attempt
-comes to and how it is written: outcomes.py (a 401/403 pauses this processor).
+comes to and how it is written: outcomes.py; when the endpoint, not the mail, is
+failing (401/403, a wrong URL, failures in a row), gate.py pauses this processor.
 A load that fails for the database or the store gives the jobs back uncharged;
 one that fails otherwise (a parse worker killed) charges them, so a message
 that kills its loader ends in needs_review instead of a loop.
@@ -36,11 +37,11 @@ import asyncpg
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from inboxd.daemon.extraction.gate import EndpointGate
 from inboxd.daemon.extraction.outcomes import (
     LOST,
     RETRY,
     Outcome,
-    Release,
     attempt,
     write_outcomes,
 )
@@ -118,9 +119,9 @@ class ProcessorRunner:
         self._committing: set[int] = set()  # job ids in the committer's transaction
         self._bell = anyio.Event()
         self._room = anyio.Event()
-        self._paused_until = -math.inf
         self._failing = False  # the database is not answering the claimer
         self._log = log.bind(tenant=processor.tenant_id, processor=config.id)
+        self._gate = EndpointGate(self._log)
 
     def ring(self) -> None:
         """New jobs may be due: claim now instead of at the next poll."""
@@ -156,7 +157,7 @@ class ProcessorRunner:
         async with batches:
             while True:
                 await self._wait_for_room()
-                await self._wait_out_pause()
+                await self._gate.wait_out()
                 bell = self._bell = anyio.Event()
                 room = min(self._prefetch - self._unattempted, CLAIM_BATCH_MAX)
                 try:
@@ -255,11 +256,6 @@ class ProcessorRunner:
         self._unattempted -= n
         self._room.set()
 
-    async def _wait_out_pause(self) -> None:
-        wait = self._paused_until - anyio.current_time()
-        if wait > 0:
-            await anyio.sleep(wait)
-
     # callers ------------------------------------------------------------------------
 
     async def _call(
@@ -279,16 +275,7 @@ class ProcessorRunner:
                 await done.send((job, outcome))
 
     async def _attempt(self, message: MessageData | None) -> Outcome:
-        if anyio.current_time() < self._paused_until:
-            return Release("processor paused: the endpoint refused the token")
-        outcome = await attempt(self.processor.backend, message)
-        if isinstance(outcome, Release) and outcome.pause_s:
-            if anyio.current_time() >= self._paused_until:
-                self._log.error(
-                    "extraction_unauthorized", reason=outcome.reason, pause_s=outcome.pause_s
-                )
-            self._paused_until = max(self._paused_until, anyio.current_time() + outcome.pause_s)
-        return outcome
+        return await self._gate.attempt(lambda: attempt(self.processor.backend, message))
 
     # committer ----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from test_extraction_stage import (
 )
 
 import inboxd.adapters.extraction.http as http_backend
+import inboxd.daemon.extraction.gate as gate_module
 import inboxd.daemon.extraction.locked_runner as locked_runner_module
 import inboxd.daemon.extraction.runner as runner_module
 from inboxd.daemon.extraction.outcomes import LOST, Done, write_outcomes
@@ -110,6 +111,52 @@ async def test_a_revoked_token_pauses_the_processor_then_it_resumes(
     (job,) = await jobs(pool)
     assert job["attempts"] == 1  # the refused call was not charged to the message
     assert len(api.received) == 2
+
+
+async def test_an_endpoint_down_pauses_the_processor_instead_of_charging_the_backlog(
+    pool, store, make_mailbox, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(gate_module, "ENDPOINT_PAUSE_MIN_S", 3600.0)  # no probe in this test
+    await make_mailbox(T, "inbox", provider="import")
+    async with FakeParseApi() as api:
+        api.answer = Answer.json(503, {"error": "upstream down"})
+        processor = http(tmp_path, api.url, concurrency=4)
+        async with running(pool, store, tenant(tmp_path, processor)) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(i) for i in range(20)])
+            settled = await eventually(
+                lambda: states(pool),
+                DEADLINE_S,
+                what="the held jobs given back",
+                until=lambda got: (
+                    len(got) == 20
+                    and "running" not in got
+                    and got.count("retry_wait") >= gate_module.PAUSE_AFTER_FAILURES
+                ),
+            )
+    # the calls made until it tripped were charged (a caller whose call failed before
+    # the third failure took another job); the rest of the backlog was not walked into
+    # the outage (without the pause all 20 are charged within a second)
+    assert len(api.received) <= processor.concurrency + gate_module.PAUSE_AFTER_FAILURES - 1
+    assert settled.count("retry_wait") == len(api.received)
+    assert settled.count("pending") == 20 - len(api.received)
+
+
+async def test_a_429_with_retry_after_pauses_then_everything_completes(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    async with FakeParseApi() as api:
+        api.script = [Answer.json(429, {"error": "slow down"}, **{"Retry-After": "1"})]
+        api.answer = Answer.json(200, {"order": "A-1"})
+        processor = http(tmp_path, api.url, concurrency=1)
+        async with running(pool, store, tenant(tmp_path, processor)) as (_, ingest):
+            await ingest_raws(ingest, [raw_mail(i) for i in range(5)])
+            await eventually(
+                lambda: states(pool), DEADLINE_S, what="done", until=all_in("completed", 5)
+            )
+    assert len(api.received) == 6  # one call refused, then one each
+    assert sorted(j["attempts"] for j in await jobs(pool)) == [1, 1, 1, 1, 2]
+    assert api.received[1].at - api.received[0].at >= 1.0  # nothing sent before Retry-After
 
 
 async def test_a_load_that_fails_charges_the_attempt_and_is_retried(

@@ -12,6 +12,7 @@ endpoint that extracts something from the mail).
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -38,6 +39,7 @@ class Received:
     authorization: str | None
     raw_mime: bytes
     document: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 class FakeParseApi:
