@@ -11,9 +11,11 @@ Messages are content-addressed (external id = raw sha256), so an import that is
 run again, complete or not, only adds what is missing, and what is already stored
 is never parsed again: it is counted in `PageRefs.known` (reported as duplicate)
 and left out of the page's items. Parsing costs ≈ 0.5 ms a message, hashing and
-the one query per page a few µs (issue 15: a re-import at ≥ 20,000 files/s). A file that cannot be
-read ends the pages early; the error is kept in `read_error` (the pages before
-it are still ingested and reported), never raised into the ingest path.
+the one query per page a few µs (issue 15: a re-import at ≥ 20,000 files/s). A file
+deleted since planning is skipped and listed in `vanished`. A file that cannot be
+read otherwise ends the pages early: the messages read before it, those of its own
+page included, still make a last page (ingested and reported), and the error is
+kept in `read_error`, never raised into the ingest path.
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ KnownCopies = Callable[[Sequence[str]], Awaitable[set[str]]]
 
 
 class _Chunk(NamedTuple):
-    """One page's raw messages as read, and their sha256s when the source looks them up."""
+    """One page's raw messages as read, their sha256s when the source looks them up,
+    and the error that cut it short."""
 
     raws: list[RawMessage]
     shas: list[str] | None
+    error: SourceError | None = None
 
 
 class ImportSource:
@@ -96,6 +100,7 @@ class ImportSource:
         self.parse_in_thread = parse_in_thread
         self.backfill = backfill  # one sync_completed event per page, not one per message
         self.read_error: SourceError | None = None
+        self.vanished: list[str] = []  # planned files deleted before they were read
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         """Every message of the plan, in order; `cursor` is ignored (imports keep none).
@@ -108,7 +113,7 @@ class ImportSource:
         closes before the yield, so nothing runs while the consumer holds the page
         or closes the generator.
         """
-        messages = iter_messages(self.plan)
+        messages = iter_messages(self.plan, self.vanished)
         upcoming = await self._read(messages)
         while upcoming.raws:
             following = _Chunk([], None)
@@ -124,16 +129,17 @@ class ImportSource:
             upcoming = following
 
     async def _read(self, messages: Iterator[RawMessage]) -> _Chunk:
-        """The next page's raw messages (hashed when `known` is set); none at the end
-        or when a file cannot be read (kept in `read_error`: the pages before it are
-        still ingested)."""
+        """The next page's raw messages (hashed when `known` is set); none at the end.
+        A file that cannot be read cuts this page short and ends the pages (kept in
+        `read_error`); what was read before it is still ingested."""
         if self.read_error is not None:
             return _Chunk([], None)
-        try:
-            return await anyio.to_thread.run_sync(_take, messages, self.known is not None)
-        except SourceError as exc:
-            self.read_error = exc
-            return _Chunk([], None)
+        known_gone = len(self.vanished)
+        chunk = await anyio.to_thread.run_sync(_take, messages, self.known is not None)
+        for path in self.vanished[known_gone:]:
+            log.warning("import_file_vanished", path=path)
+        self.read_error = chunk.error
+        return chunk
 
     async def _stored(self, shas: list[str]) -> set[str]:
         """`known(shas)`, or nothing when the database does not answer in time: the
@@ -148,7 +154,7 @@ class ImportSource:
             return set()
 
     async def _page_of(self, chunk: _Chunk) -> Page:
-        raws, shas = chunk
+        raws, shas = chunk.raws, chunk.shas
         span_bytes = sum(m.span_bytes for m in raws)
         if shas is not None:
             stored = await self._stored(shas)
@@ -175,15 +181,20 @@ class ImportSource:
 def _take(messages: Iterator[RawMessage], hashed: bool) -> _Chunk:
     """The next page of raw messages and, when `hashed`, each one's sha256: the
     import door's external id as parse_raw computes it (blocking file I/O and
-    hashing, which releases the GIL for inputs over 2 KB: run in a worker thread)."""
+    hashing, which releases the GIL for inputs over 2 KB: run in a worker thread).
+    A read error ends the page early and comes back with what was read before it."""
     batch: list[RawMessage] = []
     shas: list[str] = []
     size = 0
-    for message in messages:
-        batch.append(message)
-        if hashed:
-            shas.append(hashlib.sha256(message.raw).hexdigest())
-        size += len(message.raw)
-        if len(batch) >= IMPORT_PAGE_SIZE or size >= IMPORT_PAGE_MAX_BYTES:
-            break
-    return _Chunk(batch, shas if hashed else None)
+    error: SourceError | None = None
+    try:
+        for message in messages:
+            batch.append(message)
+            if hashed:
+                shas.append(hashlib.sha256(message.raw).hexdigest())
+            size += len(message.raw)
+            if len(batch) >= IMPORT_PAGE_SIZE or size >= IMPORT_PAGE_MAX_BYTES:
+                break
+    except SourceError as exc:
+        error = exc
+    return _Chunk(batch, shas if hashed else None, error)

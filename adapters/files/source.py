@@ -7,6 +7,9 @@ Two steps, so a command can refuse bad input before it writes anything:
    path that is missing, unreadable or not a file/directory; nothing is read.
 2. `iter_messages(plan)` reads them lazily and yields `RawMessage`s
    (source_ref, raw bytes, input bytes consumed). Bytes are never decoded.
+   A file removed since planning is skipped and listed in `vanished` when the
+   caller passes that list (a `SourceError` otherwise); any other read error
+   is a `SourceError`.
 
 What is taken from where:
 
@@ -85,6 +88,10 @@ class SourceError(Exception):
     """
 
 
+class _Vanished(SourceError):
+    """A planned file is gone (ENOENT) before any of it was read."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     """One file to read: `message` (one message), `mbox`, or `maildir` (one message).
@@ -152,20 +159,32 @@ def plan_import(paths: Iterable[str | os.PathLike[str]]) -> ImportPlan:
     return ImportPlan(tuple(files), tuple(skipped))
 
 
-def iter_messages(plan: ImportPlan) -> Iterator[RawMessage]:
+def iter_messages(plan: ImportPlan, vanished: list[str] | None = None) -> Iterator[RawMessage]:
     """Yield every message of `plan`, file by file, in plan order.
 
-    Raises `SourceError` when a planned file cannot be read any more (deleted,
-    permissions changed); messages already yielded stay valid.
+    A file deleted since planning is appended to `vanished` and skipped (a mail
+    client expunged it, a cleanup ran: nothing is left to import); without the
+    list it is a `SourceError`. Raises `SourceError` when a planned file cannot be
+    read for another reason (permissions changed, I/O error); messages already
+    yielded stay valid.
     """
     for source in plan.files:
-        if source.kind == "mbox":
-            yield from _read_mbox(source.path)
-        elif source.kind == "maildir":
-            raw = _read_maildir_file(source.location)
-            yield RawMessage(source.location, raw, source.size_bytes)
-        else:
-            yield RawMessage(source.location, _read_file(source.location), source.size_bytes)
+        try:
+            yield from _messages_of(source)
+        except _Vanished:
+            if vanished is None:
+                raise
+            vanished.append(source.location)
+
+
+def _messages_of(source: SourceFile) -> Iterator[RawMessage]:
+    if source.kind == "mbox":
+        yield from _read_mbox(source.path)
+    elif source.kind == "maildir":
+        raw = _read_maildir_file(source.location)
+        yield RawMessage(source.location, raw, source.size_bytes)
+    else:
+        yield RawMessage(source.location, _read_file(source.location), source.size_bytes)
 
 
 # --- planning --------------------------------------------------------------------------
@@ -290,6 +309,8 @@ def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
 def _read_file(path: Path | str) -> bytes:
     try:
         return _read_bytes(path)
+    except FileNotFoundError:
+        raise _Vanished(f"{path}: removed while importing") from None
     except OSError as exc:
         raise SourceError(f"{path}: {_reason(exc)}") from exc
 
@@ -315,7 +336,7 @@ def _read_maildir_file(path: str) -> bytes:
     except FileNotFoundError:
         moved = _find_moved(Path(path))
         if moved is None:
-            raise SourceError(f"{path}: removed while importing") from None
+            raise _Vanished(f"{path}: removed while importing") from None
         return _read_file(moved)
     except OSError as exc:
         raise SourceError(f"{path}: {_reason(exc)}") from exc
@@ -341,7 +362,13 @@ def _read_mbox(path: Path) -> Iterator[RawMessage]:
     span = 0
     started = False
     try:
-        with path.open("rb") as fh:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        raise _Vanished(f"{path}: removed while importing") from None
+    except OSError as exc:
+        raise SourceError(f"{path}: {_reason(exc)}") from exc
+    try:
+        with fh:
             for line in fh:
                 if line.startswith(_POSTMARK):
                     if started:

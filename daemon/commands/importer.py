@@ -26,7 +26,10 @@ States and stopping:
   page too (rolled back) and exits 130.
 - a page still failing after its retries (database gone, object store full)
   ends the run: committed pages stay, the summary says how many messages were
-  not imported, exit code 1. A file that vanishes mid-run ends it the same way.
+  not imported, exit code 1.
+- a file deleted between planning and reading is skipped and listed with the
+  skipped files; one that cannot be read otherwise ends the run once every
+  message read before it is stored (status failed, exit code 1).
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ class _Importer:
         # cancelled by a first signal while the import waits for the next page
         self.waiting_scope: anyio.CancelScope | None = None
         self.progress = ProgressBar()
-        self.read_error: SourceError | None = None
+        self.read_source: ImportSource | None = None  # its read_error and vanished files
         self.settler = PageSettler(self.summary, self.signals.stop)
 
     # signals ---------------------------------------------------------------------------
@@ -221,7 +224,7 @@ class _Importer:
                 Metrics(),
                 capacity_pages=IMPORT_QUEUE_PAGES,
             )
-            source = self.source(pool)
+            source = self.read_source = self.source(pool)
             log.info(
                 "import_started",
                 tenant=self.tenant,
@@ -243,7 +246,6 @@ class _Importer:
                         )
                     finally:
                         queue.close()
-            self.read_error = source.read_error
 
     def _finish(self) -> int:
         exit_code = self._settle()
@@ -254,16 +256,21 @@ class _Importer:
     def _settle(self) -> int:
         """Set the summary's final status from how the run ended; returns the exit code."""
         s = self.summary
+        source = self.read_source
+        read_error = source.read_error if source is not None else None
+        if source is not None:  # gone before they were read: skipped, not imported
+            s.skipped.extend(source.vanished)
+            s.files -= len(source.vanished)
         if self.signals.stop.is_set():
             s.status = "interrupted"
             s.unread_input = True
             return EXIT_INTERRUPTED
         if s.status == "incomplete":
             return EXIT_FAILURE
-        if self.read_error is not None:
+        if read_error is not None:
             s.status = "failed"
             s.unread_input = True
-            s.error = str(self.read_error)
+            s.error = str(read_error)
             return EXIT_FAILURE
         return EXIT_OK
 

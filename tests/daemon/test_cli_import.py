@@ -435,6 +435,52 @@ async def test_signal_stops_after_a_whole_batch(
     assert b"inboxd: interrupted" in stderr
 
 
+def bulk_emls(folder: Path, mime: Path, count: int) -> list[Path]:
+    """`count` .eml files of distinct messages (BULK_SAMPLE, fresh Message-IDs), in plan order."""
+    template = (mime / BULK_SAMPLE).read_bytes()
+    [message_id] = re.findall(rb"(?mi)^Message-ID:\s*(<[^>]+>)", template)
+    folder.mkdir(parents=True)
+    paths = []
+    for n in range(count):
+        path = folder / f"{n:06d}.eml"
+        path.write_bytes(template.replace(message_id, f"<file-{n}@test.invalid>".encode()))
+        paths.append(path)
+    return paths
+
+
+async def test_files_that_change_under_the_import(
+    env: dict[str, str], db_dsn: str, mime: Path, tmp_path: Path
+) -> None:
+    from inboxd.adapters.files import IMPORT_PAGE_SIZE
+
+    # six pages; once the first commits, at most four have been read (one being read,
+    # one parsed, one queued, one ingested), so the last page is still on disk as planned
+    paths = bulk_emls(tmp_path / "in", mime, IMPORT_PAGE_SIZE * 6)
+    gone, broken = paths[-400], paths[-200]
+    command = bulk_import_command(db_dsn, tmp_path / "in")
+
+    async def change_files(proc: anyio.abc.Process) -> None:
+        gone.unlink()  # expunged by a mail client: skipped, the import goes on
+        broken.unlink()
+        broken.mkdir()  # opens but cannot be read (EISDIR): the import stops there
+
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        code, stdout, stderr = await run_until_first_commit(command, env, change_files)
+
+    assert code == 1, stderr.decode()
+    summary = orjson.loads(stdout)
+    stored = paths.index(broken) - 1  # every file before the broken one but the gone one
+    assert summary["status"] == "failed"
+    assert summary["messages"] == stored
+    assert summary["outcomes"] == outcomes(new=stored)
+    assert summary["skipped"] == [str(gone)]
+    assert summary["files"] == len(paths) - 1
+    assert summary["error"].startswith(f"{broken}: ")
+    assert await count(db_dsn, "messages") == stored, "what was read before it is stored"
+    assert f"inboxd: error: {broken}: ".encode() in stderr
+    assert b'"import_file_vanished"' in stderr
+
+
 # --- migrate ---------------------------------------------------------------------------
 
 

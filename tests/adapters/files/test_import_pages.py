@@ -116,3 +116,33 @@ async def test_a_database_that_does_not_answer_the_lookup_means_parsing_the_page
     # the lookup only saves work: the page goes to ingest whole, which meets the outage
     assert [i.external_id for i in items] == [sha(p) for p in files]
     assert refs.known == 0
+
+
+async def test_a_file_deleted_after_planning_is_skipped_and_listed(
+    files: list[Path], tmp_path: Path
+) -> None:
+    source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
+    files[1].unlink()  # expunged by a mail client between planning and reading
+
+    [(items, refs)] = await pages_of(source)
+
+    assert refs.refs == [str(files[0]), str(files[2]), str(files[3])]
+    assert [i.external_id for i in items] == [sha(files[0]), sha(files[2]), sha(files[3])]
+    assert source.vanished == [str(files[1])]
+    assert source.read_error is None
+
+
+async def test_a_read_error_keeps_what_was_read_before_it_in_the_same_page(
+    files: list[Path], tmp_path: Path
+) -> None:
+    source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
+    files[2].unlink()
+    files[2].mkdir()  # opens, but reading it fails (EISDIR): not a vanished file
+
+    [(items, refs)] = await pages_of(source)
+
+    assert refs.refs == [str(files[0]), str(files[1])]
+    assert [i.external_id for i in items] == [sha(files[0]), sha(files[1])]
+    assert source.read_error is not None
+    assert str(source.read_error).startswith(f"{files[2]}: ")
+    assert source.vanished == []

@@ -206,6 +206,23 @@ def test_a_file_removed_after_planning_is_a_source_error(mime: Path, tmp_path: P
         list(iter_messages(plan))
 
 
+def test_files_removed_after_planning_are_listed_as_vanished(mime: Path, tmp_path: Path) -> None:
+    keep = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
+    archive = tmp_path / "in" / "b.mbox"
+    write_mbox(archive, [(mime / PLAIN_EMLS[1]).read_bytes()])
+    box = _maildir(tmp_path / "in" / "Maildir")
+    delivered = _copy(mime / PLAIN_EMLS[2], box / "new" / "1700000000.M1P1.host")
+    plan = plan_import([tmp_path / "in"])
+    archive.unlink()
+    delivered.unlink()
+    vanished: list[str] = []
+
+    raws = [m.raw for m in iter_messages(plan, vanished)]
+
+    assert raws == [keep.read_bytes()]
+    assert sorted(vanished) == sorted([str(archive), str(delivered)])
+
+
 @pytest.mark.parametrize("name", ["missing.eml", "missing-dir/"])
 def test_missing_path_is_a_one_line_error(tmp_path: Path, name: str) -> None:
     with pytest.raises(SourceError) as info:
