@@ -30,7 +30,9 @@ string) converts the text: surrounding blanks go; for numbers, spaces, NBSPs
 and apostrophes are digit-group marks, and so is the separator that is not
 `decimal` (default "."; `decimal = ","` reads "1.234,50"): "1,234.50" → 1234.5.
 A text that does not convert is terminal (the mail holds something else than
-the schema promises); money that needs exact cents should stay a string.
+the schema promises), and so is a number JSON cannot carry: an integer outside
+the signed 64-bit range, a number too large for a double (it would be
+infinite); money that needs exact cents should stay a string.
 
 A rule that finds nothing (no header, no match, no attachment, an empty value
 or list) leaves its field out; the schema's `required` then decides, so a
@@ -41,6 +43,7 @@ give the same result: nothing here reads the clock, the network or the locale.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,7 +53,7 @@ from email.policy import compat32
 from typing import Any
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
-from inboxd.adapters.extraction.schema import ResultSchema
+from inboxd.adapters.extraction.schema import JSON_INT_MAX, JSON_INT_MIN, ResultSchema
 from inboxd.pipeline.charsets import decode_bytes
 from inboxd.pipeline.extraction_messages import Reads
 from inboxd.pipeline.leases import one_line
@@ -87,6 +90,7 @@ _RULE_KINDS = ("header", "regex", "attachment", "address")
 _RULE_OPTIONS = {"header": {"type", "decimal"}, "regex": {"in", "type", "decimal"}}
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _INTEGER = re.compile(r"[+-]?\d+")
+_INT64_MAX_DIGITS = len(str(JSON_INT_MAX))
 _GROUP_MARKS = str.maketrans("", "", " \u00a0\u202f'’")
 
 
@@ -309,11 +313,21 @@ def convert(text: str, value_type: str, decimal: str = ".", field: str = "value"
         return text
     digits = text.translate(_GROUP_MARKS)
     digits = digits.replace("," if decimal == "." else ".", "").replace(decimal, ".")
-    if value_type == "integer" and _INTEGER.fullmatch(digits):
-        return int(digits)
-    if value_type == "number" and _NUMBER.fullmatch(digits):
-        return float(digits)
     quoted = one_line(text, QUOTE_MAX_CHARS)
+    if value_type == "integer" and _INTEGER.fullmatch(digits):
+        # the length first: int() refuses over 4300 digits (sys.int_info) with ValueError
+        if len(digits.lstrip("+-0")) <= _INT64_MAX_DIGITS:
+            number = int(digits)
+            if JSON_INT_MIN <= number <= JSON_INT_MAX:
+                return number
+        raise ExtractionTerminal(
+            f"field {field}: {quoted!r} is outside the signed 64-bit integer range"
+        )
+    if value_type == "number" and _NUMBER.fullmatch(digits):
+        value = float(digits)
+        if math.isfinite(value):
+            return value
+        raise ExtractionTerminal(f"field {field}: {quoted!r} is too large for a JSON number")
     article = "an" if value_type == "integer" else "a"
     raise ExtractionTerminal(f"field {field}: {quoted!r} is not {article} {value_type}")
 

@@ -16,12 +16,15 @@ A result that fails validation is `ExtractionTerminal`: re-running the same
 extraction of the same mail gives the same result (builtin), or the endpoint
 answered something the schema rejects (http); either way a human decides. So is
 a schema that turns out unusable while validating (a reference that does not
-resolve): no retry makes it usable.
+resolve): no retry makes it usable. So is a result that cannot be stored as it
+validated: a NaN or infinite number (orjson would write null), or an integer
+outside JSON_INT_MIN..JSON_INT_MAX.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +49,12 @@ DEFAULT_DIALECT: type[jsonschema.protocols.Validator] = jsonschema.Draft202012Va
 REASON_MAX_CHARS = 300
 #: Largest schema file read, bytes: a schema is a page of JSON, not a data set.
 SCHEMA_FILE_MAX_BYTES = 1_000_000
+#: Integers a result may hold: a signed 64-bit integer's range. orjson writes none
+#: wider ("serializes … a signed 64-bit integer's minimum to an unsigned 64-bit
+#: integer's maximum", its README; beyond, TypeError) and readers of the stored
+#: jsonb commonly take a number into a bigint / int64, so the signed range is kept.
+JSON_INT_MIN = -(2**63)
+JSON_INT_MAX = 2**63 - 1
 #: Keywords whose value is a reference to resolve (`$recursiveRef` is always "#").
 REFERENCE_KEYWORDS = ("$ref", "$dynamicRef")
 #: What `$ref` may reach besides the schema itself: the published metaschemas,
@@ -70,6 +79,9 @@ class ResultSchema:
         """
         if not isinstance(result, dict):
             raise ExtractionTerminal(f"result is not a JSON object but {type(result).__name__}")
+        unstorable = unstorable_number(result)
+        if unstorable is not None:
+            raise ExtractionTerminal(one_line(f"result cannot be stored: {unstorable}"))
         try:
             error = jsonschema.exceptions.best_match(self.validator.iter_errors(result))
         except referencing.exceptions.Unresolvable as exc:
@@ -89,6 +101,26 @@ class ResultSchema:
             return None
         properties = self.schema.get("properties")
         return frozenset(properties) if isinstance(properties, dict) else frozenset()
+
+
+def unstorable_number(document: object) -> str | None:
+    """Where `document` holds a number JSON cannot carry (module docstring), as
+    "$.path is …"; None when it has none. Iterative: a result may nest as deep as
+    orjson reads (1024 levels), past Python's recursion limit."""
+    stack: list[tuple[str, object]] = [("$", document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{path} is {value}, not a finite number"
+        if isinstance(value, int) and not JSON_INT_MIN <= value <= JSON_INT_MAX:
+            return f"{path} is an integer outside the signed 64-bit range"
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 def load_schema(spec: object, base_dir: Path, *, key: str = "schema") -> dict[str, Any]:

@@ -93,9 +93,15 @@ async def attempt(backend: Backend, message: MessageData | None) -> Outcome:
 
 
 def outcome_of(result: dict[str, Any]) -> Outcome:
-    """A validated result, unless PostgreSQL cannot store it: jsonb has no NUL
-    character (U+0000), so a result holding one would fail its whole commit."""
-    if b"\\u0000" in orjson.dumps(result):
+    """A validated result, unless it cannot be stored: a value orjson cannot write
+    (the backends refuse numbers it cannot, adapters/extraction/schema.py; this is
+    the last word), or a NUL character (U+0000), which jsonb has not, so a result
+    holding one would fail its whole commit."""
+    try:
+        document = orjson.dumps(result)
+    except orjson.JSONEncodeError as exc:
+        return Failed(f"result cannot be stored as JSON: {exc}", terminal=True)
+    if b"\\u0000" in document:
         return Failed("result holds a NUL character (U+0000), which jsonb cannot store", True)
     return Done(result)
 

@@ -16,7 +16,7 @@ from fakes.parse_api import Answer, FakeParseApi
 
 from inboxd.adapters.extraction import HttpBackend, ResultSchema, compile_schema
 from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S
-from inboxd.daemon.extraction.outcomes import Failed, Release, attempt
+from inboxd.daemon.extraction.outcomes import Failed, Release, attempt, outcome_of
 from inboxd.pipeline.message import MessageData
 
 MESSAGE = MessageData(
@@ -71,3 +71,21 @@ async def test_a_schema_that_cannot_resolve_is_terminal_not_an_internal_error(
     outcome = await attempt(backend, MESSAGE)
     assert isinstance(outcome, Failed) and outcome.terminal
     assert outcome.reason.startswith("the schema cannot validate: ")
+
+
+async def test_an_endpoints_number_json_cannot_carry_is_terminal(
+    api: FakeParseApi, session: aiohttp.ClientSession
+) -> None:
+    # orjson reads 2**64 - 1 as an int; stored, it would fail in orjson.dumps (TypeError)
+    api.answer = Answer(200, b'{"total": 18446744073709551615}')
+    outcome = await attempt(_backend(api, session, {"type": "object"}), MESSAGE)
+    assert outcome == Failed(
+        "result cannot be stored: $.total is an integer outside the signed 64-bit range",
+        terminal=True,
+    )
+
+
+def test_a_result_orjson_cannot_write_is_terminal_not_an_internal_error() -> None:
+    outcome = outcome_of({"total": 2**64})
+    assert isinstance(outcome, Failed) and outcome.terminal
+    assert outcome.reason.startswith("result cannot be stored as JSON: ")

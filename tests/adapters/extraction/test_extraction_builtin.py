@@ -153,6 +153,10 @@ def _message(**overrides: Any) -> MessageData:
         ("Total: 1'234.5 CHF", {"type": "number"}, 1234.5),
         ("Total: -12 EUR", {"type": "integer"}, -12),
         ("Total: 1,234 EUR", {"type": "integer"}, 1234),
+        (f"Total: {2**63 - 1} EUR", {"type": "integer"}, 2**63 - 1),
+        (f"Total: {-(2**63)} EUR", {"type": "integer"}, -(2**63)),
+        (f"Total: 000{2**63 - 1} EUR", {"type": "integer"}, 2**63 - 1),
+        ("Total: " + "9" * 300 + " EUR", {"type": "number"}, float("9" * 300)),
         ("Total: 007 EUR", {}, "007"),
     ],
 )
@@ -168,13 +172,38 @@ def test_values_convert_to_the_rules_type(text: str, rule: dict[str, str], value
     [
         ("Total: 12.5.1 EUR", "number", "field total: '12.5.1' is not a number"),
         ("Total: 12.5 EUR", "integer", "field total: '12.5' is not an integer"),
+        (f"Total: {2**63}", "integer", "field total: '9223372036854775808' is outside the"),
+        (f"Total: {2**64}", "integer", "field total: '18446744073709551616' is outside the"),
+        (f"Total: {-(2**63) - 1}", "integer", "field total: '-9223372036854775809' is outside"),
+        ("Total: " + "1" * 5000, "integer", "field total: '11111"),  # int() refuses > 4300
+        ("Total: " + "9" * 400, "number", "field total: '99999"),
     ],
 )
 def test_a_value_that_does_not_convert_is_terminal(text: str, value_type: str, reason: str) -> None:
     rules = {"total": {"regex": r"Total: (?P<value>\S+)", "type": value_type}}
     with pytest.raises(ExtractionTerminal) as caught:
         _fields(_message(text=text), rules)
-    assert caught.value.reason == reason
+    assert caught.value.reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("value_type", "digits", "reason"),
+    [
+        ("integer", "1" * 25, "is outside the signed 64-bit integer range"),
+        ("number", "9" * 400, "is too large for a JSON number"),
+    ],
+)
+async def test_a_number_json_cannot_carry_is_terminal_with_its_reason(
+    value_type: str, digits: str, reason: str
+) -> None:
+    backend = BuiltinBackend(
+        parse_rules({"total": {"regex": r"Total: (?P<value>\d+)", "type": value_type}}),
+        compile_schema({"type": "object", "properties": {"total": {"type": "number"}}}),
+    )
+    with pytest.raises(ExtractionTerminal) as caught:
+        await backend.extract(_message(text=f"Total: {digits}"))
+    assert caught.value.reason.startswith("field total: ")
+    assert caught.value.reason.endswith(reason)
 
 
 def test_text_attachments_decode_with_their_charset_and_never_crash() -> None:

@@ -68,6 +68,22 @@ def test_a_result_that_is_not_an_object_is_terminal() -> None:
         compile_schema(INVOICE).validate_result([1, 2])
 
 
+@pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        ({"number": "A", "total": float("inf")}, "$.total is inf, not a finite number"),
+        ({"number": "A", "total": float("nan")}, "$.total is nan, not a finite number"),
+        ({"number": "A", "total": 2**64}, "$.total is an integer outside the signed 64-bit"),
+        ({"number": "A", "total": 1, "lines": [{"sku": -(2**70)}]}, "$.lines[0].sku is an"),
+    ],
+)
+def test_a_number_json_cannot_carry_is_terminal(result: dict[str, object], reason: str) -> None:
+    # jsonschema takes inf for a number, and orjson would write it as null
+    with pytest.raises(ExtractionTerminal) as caught:
+        compile_schema(INVOICE).validate_result(result)
+    assert caught.value.reason.startswith("result cannot be stored: " + reason)
+
+
 def test_a_long_value_is_cut_in_the_reason() -> None:
     with pytest.raises(ExtractionTerminal) as caught:
         compile_schema(INVOICE).validate_result({"number": "x" * 5000 + "\n", "total": 1})
