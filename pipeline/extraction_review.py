@@ -55,6 +55,32 @@ async def retry_job(conn: Executor, tenant_id: str, job_id: int) -> RetryResult:
     )
 
 
+async def retry_processor(conn: Executor, tenant_id: str, processor_id: str) -> int:
+    """`inboxd extract retry --processor`: every needs_review and retry_wait job of
+    one processor pending again, due now, attempts reset (after an outage, a fixed
+    schema or URL); how many. Completed, pending and running jobs are left alone.
+    One statement; rows a worker holds locked right now are skipped, not waited for."""
+    return int(
+        await conn.fetchval(
+            """
+            WITH picked AS (SELECT job_id FROM extraction_jobs
+                             WHERE tenant_id = $1 AND processor_id = $2
+                               AND state IN ('needs_review', 'retry_wait')
+                               FOR UPDATE SKIP LOCKED),
+                 upd AS (UPDATE extraction_jobs j
+                            SET state = 'pending', next_attempt_at = now(), attempts = 0,
+                                review_reason = NULL, updated_at = now()
+                           FROM picked
+                          WHERE j.tenant_id = $1 AND j.job_id = picked.job_id
+                      RETURNING 1)
+            SELECT count(*) FROM upd
+            """,
+            tenant_id,
+            processor_id,
+        )
+    )
+
+
 async def retry(conn: Executor, tenant_id: str, job_id: int) -> JobState | None:
     """`retry_job`, answered as one state: PENDING when the job was re-queued, else
     the state it was left in (pending, running, completed), None when there is no

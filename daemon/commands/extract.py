@@ -49,8 +49,11 @@ from inboxd.pipeline.extraction_review import (
     list_conflicts,
     list_jobs,
     retry_job,
+    retry_processor,
 )
 
+#: Job ids are PostgreSQL bigint identities.
+JOB_ID_MAX = 2**63 - 1
 #: `extract list --limit` default and bound: a screenful, and a bound that keeps one
 #: listing a bounded read (narrow with --state/--processor instead).
 LIST_DEFAULT_LIMIT = 50
@@ -109,14 +112,18 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
     again = actions.add_parser(
         "retry",
         parents=[parent],
-        help="run one needs_review or retry_wait job again now",
-        description="Make job N pending and due now, its attempts reset, so a worker "
-        "runs it again (after fixing what made it fail). A completed result is never "
-        "overwritten (bump schema_version to extract again); a pending or running job "
-        "is left alone. Exit 0 only when the job was re-queued.",
+        help="run a needs_review or retry_wait job (or all of a processor's) again now",
+        description="Make job N (or, with --processor, every needs_review and "
+        "retry_wait job of processor P) pending and due now, attempts reset, so a "
+        "worker runs it again (after fixing what made it fail). A completed result is "
+        "never overwritten (bump schema_version to extract again); a pending or running "
+        "job is left alone. --id: exit 0 only when the job was re-queued; --processor: "
+        "exit 0 with the number re-queued, which may be 0.",
     )
     again.add_argument("--tenant", metavar="T", required=True, help="tenant id")
-    again.add_argument("--id", type=_job_id, metavar="N", required=True, help="job id")
+    which = again.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=_job_id, metavar="N", help="job id")
+    which.add_argument("--processor", metavar="P", help="every failed job of this processor")
     again.set_defaults(handler=run_retry)
 
     listing = actions.add_parser(
@@ -155,7 +162,10 @@ def _positive(text: str, what: str) -> int:
 
 
 def _job_id(text: str) -> int:
-    return _positive(text, "job id")
+    value = _positive(text, "job id")
+    if value > JOB_ID_MAX:  # past bigint the database would answer, as a failure of its own
+        raise argparse.ArgumentTypeError(f"a job id is at most {JOB_ID_MAX}, not {value}")
+    return value
 
 
 def _limit(text: str) -> int:
@@ -186,6 +196,8 @@ async def _run_backfill(args: argparse.Namespace) -> int:
 
 async def run_retry(args: argparse.Namespace) -> int:
     tenant = valid_id_option("tenant", args.tenant) or ""
+    if args.processor is not None:
+        return await _retry_processor(args, tenant)
     choice = await resolve(args, load_config(args.config))
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
@@ -209,6 +221,27 @@ async def run_retry(args: argparse.Namespace) -> int:
     else:
         print(f"job {args.id} is {previous}: not retried")
     return EXIT_OK if result.retried else EXIT_FAILURE
+
+
+async def _retry_processor(args: argparse.Namespace, tenant: str) -> int:
+    processor = valid_id_option("processor", args.processor) or ""
+    choice = await resolve(args, load_config(args.config))
+    async with open_pool(choice, max_size=1) as pool:
+        with database_call(choice):
+            retried = await retry_processor(pool, tenant, processor)
+    if args.json:
+        emit_json(
+            {
+                "command": "extract retry",
+                "status": "retried" if retried else "nothing_to_retry",
+                "tenant": tenant,
+                "processor": processor,
+                "retried": retried,
+            }
+        )
+    else:
+        print(f"{retried} job(s) of processor {processor} re-queued: pending, due now")
+    return EXIT_OK
 
 
 async def run_list(args: argparse.Namespace) -> int:

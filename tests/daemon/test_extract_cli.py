@@ -288,6 +288,37 @@ async def test_list_shows_what_needs_review_and_retry_requeues_it_once(
     assert (missing.code, missing.stdout) == (1, f"no job 999999 in tenant {T}\n")
 
 
+async def test_retry_of_a_processor_requeues_every_failed_job_of_it(
+    inboxd, pool: asyncpg.Pool, failed_job: tuple[int, int]
+) -> None:
+    failed, pending = failed_job
+    other = await inboxd("extract", "retry", "--tenant", T, "--processor", "receipts", "--json")
+    retried = await inboxd("extract", "retry", "--tenant", T, "--processor", "invoices", "--json")
+    too_big = await inboxd("extract", "retry", "--tenant", T, "--id", str(2**63))
+    both = await inboxd("extract", "retry", "--tenant", T, "--id", "1", "--processor", "x")
+
+    assert (other.code, other.json["retried"], other.json["status"]) == (
+        0,
+        0,
+        "nothing_to_retry",
+    )
+    assert retried.code == 0, retried.stderr
+    assert retried.json == {
+        "command": "extract retry",
+        "status": "retried",
+        "tenant": T,
+        "processor": "invoices",
+        "retried": 1,
+    }
+    rows = await pool.fetch("SELECT job_id, state, attempts FROM extraction_jobs ORDER BY 1")
+    assert sorted(tuple(r) for r in rows) == sorted(
+        [(failed, "pending", 0), (pending, "pending", 0)]
+    )
+    # a job id past bigint is the operator's typo, not the database's failure
+    assert too_big.code == 2 and "at most" in too_big.stderr
+    assert both.code == 2
+
+
 async def test_list_conflicts_and_an_empty_listing(
     inboxd, pool: asyncpg.Pool, failed_job: tuple[int, int]
 ) -> None:
