@@ -656,8 +656,13 @@ COMMENT ON COLUMN extraction_jobs.result IS 'The validated JSON result, written 
 COMMENT ON COLUMN extraction_jobs.completed_at IS 'When the result and its extraction.completed event were committed.';
 COMMENT ON COLUMN extraction_jobs.created_at IS 'When the job was queued.';
 COMMENT ON COLUMN extraction_jobs.updated_at IS 'When the row last changed.';
--- the workers' next-due query (claim_due: ORDER BY next_attempt_at … FOR UPDATE SKIP LOCKED)
-CREATE INDEX IF NOT EXISTS extraction_jobs_due_idx ON extraction_jobs (next_attempt_at, tenant_id)
+ALTER TABLE extraction_jobs ADD COLUMN IF NOT EXISTS backfill boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN extraction_jobs.backfill IS 'Queued by inboxd extract backfill (history), not by new mail: claimed after every due job of new mail, so a backfill of 100k messages does not hold up today''s invoices.';
+-- the workers' next-due query (claim_due: ORDER BY backfill, next_attempt_at … FOR
+-- UPDATE SKIP LOCKED); replaces extraction_jobs_due_idx (next_attempt_at, tenant_id)
+DROP INDEX IF EXISTS extraction_jobs_due_idx;
+CREATE INDEX IF NOT EXISTS extraction_jobs_due_order_idx
+    ON extraction_jobs (backfill, next_attempt_at, tenant_id)
     WHERE state IN ('pending', 'running', 'retry_wait');
 CREATE INDEX IF NOT EXISTS extraction_jobs_message_idx ON extraction_jobs (tenant_id, message_id);
 CREATE INDEX IF NOT EXISTS extraction_jobs_review_idx ON extraction_jobs (tenant_id, processor_id)

@@ -122,7 +122,7 @@ async def backfill_batch(
         fields = await load_filter_fields(tx, scope.tenant_id, ids)
         chosen = [f.message_id for f in fields if select(f)]
         result = await enqueue(
-            tx, scope.tenant_id, scope.processor_id, scope.schema_version, chosen
+            tx, scope.tenant_id, scope.processor_id, scope.schema_version, chosen, backfill=True
         )
     report.examined = len(ids)
     report.queued = len(result.queued)

@@ -51,8 +51,8 @@ SELECT j.message_id
 
 _INSERT_JOBS = """
 INSERT INTO extraction_jobs (tenant_id, processor_id, schema_version, dedup_key, message_id,
-                             mailbox_id, payload_fingerprint)
-SELECT $1, $2, $3, i.key, i.message_id, i.mailbox_id, i.fp
+                             mailbox_id, payload_fingerprint, backfill)
+SELECT $1, $2, $3, i.key, i.message_id, i.mailbox_id, i.fp, $8
   FROM unnest($4::text[], $5::bigint[], $6::text[], $7::text[]) WITH ORDINALITY
        AS i(key, message_id, mailbox_id, fp, ord)
  ORDER BY i.ord
@@ -88,6 +88,8 @@ async def enqueue(
     processor_id: str,
     schema_version: str,
     message_ids: Sequence[int],
+    *,
+    backfill: bool = False,
 ) -> EnqueueResult:
     """Queue an extraction of each message for (processor, schema_version); idempotent.
 
@@ -98,7 +100,7 @@ async def enqueue(
     already claimed with the same fingerprint links (nothing written); with
     another fingerprint it records a payload conflict (the job untouched).
     Queuing a message whose key already has a job (a merged copy, a re-run) is
-    harmless: linked.
+    harmless: linked. `backfill`: history, claimed after new mail's due jobs.
     """
     if not schema_version:
         raise ValueError("schema_version must be a non-empty string")
@@ -125,6 +127,7 @@ async def enqueue(
             [m.message_id for m in identities],
             [m.mailbox_id for m in identities],
             [m.payload_fingerprint for m in identities],
+            backfill,
         )
         queued = {r["message_id"] for r in inserted}
         rest = [m for m in identities if m.message_id not in queued]

@@ -48,7 +48,7 @@ SELECT tenant_id, job_id, processor_id, schema_version, dedup_key, message_id, m
  WHERE tenant_id = $1 AND processor_id = $2 AND ($5::text IS NULL OR schema_version = $5)
    AND state IN ('pending', 'running', 'retry_wait') AND next_attempt_at <= now()
    AND ($4::bigint[] IS NULL OR job_id = ANY($4::bigint[]))
- ORDER BY next_attempt_at
+ ORDER BY backfill, next_attempt_at
  LIMIT $3
    FOR UPDATE SKIP LOCKED
 """

@@ -17,6 +17,7 @@ from inboxd.pipeline.extraction_backfill import (
 from inboxd.pipeline.extraction_claims import JobState
 from inboxd.pipeline.extraction_enqueue import enqueue
 from inboxd.pipeline.extraction_inbox import FilterFields
+from inboxd.pipeline.extraction_locked import lock_due
 from inboxd.pipeline.extraction_review import list_conflicts, list_jobs, retry_job
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import Outcome
@@ -207,3 +208,18 @@ async def test_retry_job_tells_a_requeue_from_a_job_left_alone(pool, stage, mail
         "SELECT state, attempts, review_reason FROM extraction_jobs WHERE job_id = $1", job.job_id
     )
     assert tuple(row) == ("pending", 0, None)
+
+
+async def test_new_mail_is_claimed_before_a_backfill_queued_earlier(pool, stage, mailboxes) -> None:
+    history = await ingest(stage, "inbox", VENDOR, VENDOR, VENDOR)
+    report, _ = await backfill_all(pool, SCOPE, 500)
+    assert report.queued == 3
+    [today] = await ingest(stage, "inbox", VENDOR)
+    await enqueue(pool, T, P, "2", [today])  # the feeder, for mail that just arrived
+    first = await claims.claim_due(pool, [T], "w", LEASE_S, 1, processor_id=P)
+    async with pool.acquire() as conn, conn.transaction():
+        [locked] = await lock_due(conn, T, P, 1)  # the builtin runners' order too
+    assert [j.message_id for j in first] == [today]
+    assert locked.message_id in history
+    rest = await claims.claim_due(pool, [T], "w", LEASE_S, 10, processor_id=P)
+    assert sorted(j.message_id for j in rest) == sorted(history)

@@ -197,7 +197,7 @@ async def test_the_longest_due_jobs_are_claimed_first_and_returned_by_id(
 async def test_a_claim_reads_the_due_index_in_order_without_sorting(pool) -> None:
     """Not one sort of the whole due backlog per claim (a job_id tiebreak did that:
     300k due jobs sharing a timestamp, 192 ms per claim of 100): the order can come
-    from extraction_jobs_due_idx. Sequential scans and sorts are priced out, as a
+    from extraction_jobs_due_order_idx. Sequential scans and sorts are priced out, as a
     large backlog prices them: an empty table's plan would be a scan and a sort."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
@@ -205,7 +205,7 @@ async def test_a_claim_reads_the_due_index_in_order_without_sorting(pool) -> Non
             conn, claims._CLAIM_DUE, TENANTS, P, "w", LEASE_S, 100, claims.MAX_ATTEMPTS, "1"
         )
     assert not [n["Node Type"] for n in nodes if "Sort" in n["Node Type"]]
-    assert "extraction_jobs_due_idx" in {n.get("Index Name") for n in nodes}
+    assert "extraction_jobs_due_order_idx" in {n.get("Index Name") for n in nodes}
 
 
 async def test_two_workers_racing_claim_each_job_once(pool, db_dsn, stage, inbox) -> None:
