@@ -75,9 +75,11 @@ class LocalDirectoryStore(StoreContext):
 
     Writes go to ``<name>+<random>.tmp`` beside the final file, are fsynced and
     then renamed over the final name (``rename(2)`` is atomic within a directory),
-    and the directory is fsynced so the rename survives power loss. A crash can
-    leave a ``*.tmp`` file behind; it is never visible as an object and may be
-    deleted by anyone once it is older than the longest write.
+    and every directory up to the root is fsynced so the rename survives power loss
+    (one may be another writer's, created and not synced yet). A put of bytes the
+    file already holds does not rewrite it, and fsyncs it and its directories
+    alike. A crash can leave a ``*.tmp`` file behind; it is never visible as an
+    object and may be deleted by anyone once it is older than the longest write.
 
     ``content_type`` is accepted for the protocol and not stored: a local
     directory never serves the bytes over HTTP itself (``url_for`` is ``None``).
@@ -108,7 +110,7 @@ class LocalDirectoryStore(StoreContext):
         path = self.path_for(key)
         data = object_bytes(data)
         try:
-            await self._in_thread(_write_atomic, path, data)
+            await self._in_thread(_put_durable, path, data, self.root)
         except OSError as exc:
             raise ObjectStoreError(f"writing object {key!r} failed: {exc}") from exc
 
@@ -124,7 +126,9 @@ class LocalDirectoryStore(StoreContext):
         the filesystem journal folds into few commits. Nothing is reported
         stored before its fsyncs return; a crash before that can leave a file
         whose bytes differ from what its key should hold, which the next put of
-        that key rewrites (`_same_content`), and no row points at it yet.
+        that key rewrites (`_same_content`), and no row points at it yet. A file
+        that already holds the bytes is fsynced all the same: another batch may
+        have renamed it and not synced it yet.
         """
         results: list[BaseException | None] = [None] * len(items)
         jobs: list[tuple[int, Path, bytes]] = []
@@ -136,12 +140,12 @@ class LocalDirectoryStore(StoreContext):
                 results[i] = exc
         if not jobs:
             return results
-        written = await self._in_thread(_write_unsynced, jobs)
+        written = await self._in_thread(_write_unsynced, jobs, self.root)
         to_sync: dict[Path, list[int]] = {}
         for i, outcome in written.items():
             if isinstance(outcome, OSError):
                 results[i] = ObjectStoreError(f"writing object {items[i][0]!r} failed: {outcome}")
-            elif outcome is not None:
+            else:
                 for path in outcome:
                     to_sync.setdefault(path, []).append(i)
         paths = list(to_sync)
@@ -205,30 +209,59 @@ def _same_content(path: Path, data: bytes) -> bool:
 
 
 def _write_unsynced(
-    jobs: list[tuple[int, Path, bytes]],
-) -> dict[int, list[Path] | OSError | None]:
-    """Write and rename each object without fsync.
+    jobs: list[tuple[int, Path, bytes]], root: Path
+) -> dict[int, list[Path] | OSError]:
+    """Write and rename each object without fsync, unless it already holds its bytes.
 
-    Returns per job the paths to fsync before it is durable (the file, its
-    directory and any directory created for it), None when it was already
-    there, or the OSError that stopped it.
+    Returns per job the paths to fsync before it is durable (the file and every
+    directory from its own up to ``root``: `_dirs_up_to`), or the OSError that
+    stopped it. A file that already held the bytes is synced too: they may be
+    another writer's, renamed and not yet fsynced.
     """
-    out: dict[int, list[Path] | OSError | None] = {}
+    out: dict[int, list[Path] | OSError] = {}
     for i, path, data in jobs:
         try:
-            if _same_content(path, data):
-                out[i] = None
-                continue
-            created = _makedirs(path.parent)
-            _write_atomic(path, data, durable=False)
-            out[i] = [path, path.parent, *(d.parent for d in created)]
+            if not _same_content(path, data):
+                _makedirs(path.parent)
+                _write_atomic(path, data, durable=False)
+            out[i] = [path, *_dirs_up_to(path.parent, root)]
         except OSError as exc:
             out[i] = exc
     return out
 
 
-def _makedirs(directory: Path) -> list[Path]:
-    """``mkdir -p``; returns the directories it created, outermost first."""
+def _put_durable(path: Path, data: bytes, root: Path) -> None:
+    """``put``: make ``path`` hold ``data``, durable before it returns.
+
+    Bytes already there are fsynced rather than trusted: another writer may have
+    renamed them and not synced them yet (put_many syncs after renaming), and
+    nothing is answered stored before its bytes are durable (docs/architecture.md §3).
+    """
+    if _same_content(path, data):
+        _fsync_path(path)  # no rewrite: the same inode, synced in place
+    else:
+        _makedirs(path.parent)
+        _write_atomic(path, data)
+    for directory in _dirs_up_to(path.parent, root):
+        _fsync_dir(directory)
+
+
+def _dirs_up_to(directory: Path, root: Path) -> list[Path]:
+    """``directory`` and each parent up to and including ``root``.
+
+    A file is durable only once every directory on its way has its entry on disk,
+    and one that exists may have been created by another writer that has not
+    synced it yet (``_makedirs`` answers "already there" either way): each is
+    fsynced; put_many fsyncs each distinct one once per batch.
+    """
+    chain = [directory]
+    while chain[-1] != root and chain[-1] != chain[-1].parent:
+        chain.append(chain[-1].parent)
+    return chain
+
+
+def _makedirs(directory: Path) -> None:
+    """``mkdir -p``, each new directory with ``_DIR_MODE`` (not synced: `_dirs_up_to`)."""
     missing: list[Path] = []
     current = directory
     while not current.is_dir():
@@ -236,14 +269,9 @@ def _makedirs(directory: Path) -> list[Path]:
         if current == current.parent:
             break
         current = current.parent
-    created = []
     for new_dir in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             new_dir.mkdir(mode=_DIR_MODE)
-            created.append(new_dir)
-        except FileExistsError:
-            continue
-    return created
 
 
 def _fsync_path(path: Path) -> None:
@@ -258,11 +286,10 @@ def _fsync_path(path: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Make ``path`` hold ``data`` via temp file + fsync + rename + directory fsync."""
-    if durable and _same_content(path, data):
-        return  # idempotent re-put: no rewrite, no fsync
-    if durable:
-        _makedirs_durable(path.parent)
+    """Make ``path`` hold ``data`` via temp file (+ fsync when ``durable``) + rename.
+
+    The directories are the caller's to fsync (`_dirs_up_to`).
+    """
     tmp = path.with_name(f"{path.name}{_FAN_MARK}{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
     try:
@@ -280,19 +307,6 @@ def _write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    if durable:
-        _fsync_dir(path.parent)
-
-
-def _makedirs_durable(directory: Path) -> None:
-    """``mkdir -p directory``, fsyncing each parent that gained an entry.
-
-    A rename is only durable once every directory on the way has its entry on
-    disk; ``Path.mkdir(parents=True)`` alone leaves new entries in the page cache.
-    """
-    # a directory a concurrent writer created is fsynced by that writer
-    for new_dir in _makedirs(directory):
-        _fsync_dir(new_dir.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -110,7 +110,7 @@ async def test_idempotent_put_does_not_rewrite(
     monkeypatch.setattr(objectstore, "os", proxy)
     await store.put(RAW_KEY, RAW)
     after = store.path_for(RAW_KEY).stat()
-    assert proxy.calls == []
+    assert "write" not in proxy.calls and "replace" not in proxy.calls
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
@@ -121,8 +121,53 @@ async def test_write_protocol_is_write_fsync_rename_fsync(
     proxy = _OsProxy()
     monkeypatch.setattr(objectstore, "os", proxy)
     await store.put("raw/warm-up", b"new content, same directories")
-    # Data fsynced before the rename makes it visible; directory fsynced after.
-    assert proxy.calls == ["write", "fsync", "replace", "fsync"]
+    # Data fsynced before the rename makes it visible; after it, each directory on
+    # the way (fan-out, raw/, root), which another writer may have left unsynced.
+    assert proxy.calls == ["write", "fsync", "replace", "fsync", "fsync", "fsync"]
+
+
+class _SyncRecorder(_OsProxy):
+    """Records which files and directories (device, inode) were fsynced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced: set[tuple[int, int]] = set()
+
+    def fsync(self, fd: int) -> None:
+        info = os.fstat(fd)
+        self.synced.add((info.st_dev, info.st_ino))
+        super().fsync(fd)
+
+
+def on_the_way(store: LocalDirectoryStore, key: str) -> set[tuple[int, int]]:
+    """The object's file and every directory from its own up to the store's root."""
+    path = store.path_for(key)
+    paths = [path, *path.parents[: len(path.relative_to(store.root).parts)]]
+    return {(p.stat().st_dev, p.stat().st_ino) for p in paths}
+
+
+@pytest.mark.parametrize("how", ["put", "put_many"])
+@pytest.mark.parametrize("same_bytes", [True, False], ids=["same-bytes", "other-bytes"])
+async def test_a_put_over_another_writers_unsynced_object_syncs_it_before_answering(
+    store: LocalDirectoryStore, monkeypatch: pytest.MonkeyPatch, how: str, same_bytes: bool
+) -> None:
+    # Another batch's put_many wrote and renamed the object and created its
+    # directories, and has not fsynced any of it yet (it fsyncs after renaming all).
+    path = store.path_for(RAW_KEY)
+    objectstore._makedirs(path.parent)
+    objectstore._write_atomic(path, RAW, durable=False)
+    recorder = _SyncRecorder()
+    monkeypatch.setattr(objectstore, "os", recorder)
+
+    data = RAW if same_bytes else RAW + b"another version\r\n"
+    if how == "put":
+        await store.put(RAW_KEY, data)
+    else:
+        assert await store.put_many([(RAW_KEY, data, "message/rfc822")]) == [None]
+
+    # answered stored: the file and every directory entry on its way are durable
+    assert on_the_way(store, RAW_KEY) <= recorder.synced
+    assert path.read_bytes() == data
 
 
 @pytest.mark.parametrize("failing_step", ["write", "fsync", "replace"])
@@ -214,8 +259,11 @@ async def test_put_many_fsyncs_every_file_and_directory_before_returning(
         path = store.path_for(key)
         assert path in synced and path.parent in synced
     synced.clear()
-    assert await store.put_many(items) == [None] * 40  # already there: nothing to sync
-    assert synced == []
+    # already there: not rewritten, still synced (the bytes may be another batch's)
+    assert await store.put_many(items) == [None] * 40
+    for key, _, _ in items:
+        path = store.path_for(key)
+        assert path in synced and path.parent in synced
 
 
 async def test_put_many_reports_a_failed_fsync_on_its_item_only(
