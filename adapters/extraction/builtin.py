@@ -16,11 +16,13 @@ Rules (exactly one of the four keys per rule):
   RFC 2047 decoded (pipeline/mime_headers.py); without raw bytes, the parsed
   field for Subject, From, To, Cc, Reply-To, Message-ID and In-Reply-To.
 * ``regex = "…(?P<value>…)…", in = "text" | "html_text" | "attachments" |
-  "attachment_names" | "subject"``: `re.search` over the plain-text body, the
+  "attachment_names" | "subject"``: a search over the plain-text body, the
   visible text of the HTML body, each text/* attachment or each attachment's
   file name in message order (the first that matches wins), or the subject;
   the named group `value` is the field. Case-sensitive unless the
   pattern says `(?i)`. Only the first SEARCH_MAX_CHARS of each text are searched.
+  Patterns are those of the `regex` module (mrab; `re`'s syntax and more, such
+  as `\\p{L}`), checked by check-config with the same module that runs them.
 * ``attachment = "names" | "types" | "count"``: every attachment and inline part
   in message order: file names (non-empty ones), content types, or how many.
 * ``address = "from.email" | "from.domain" | "from.name" | "to.emails"``.
@@ -38,19 +40,33 @@ A rule that finds nothing (no header, no match, no attachment, an empty value
 or list) leaves its field out; the schema's `required` then decides, so a
 missing required field is terminal: the mail does not contain it. `count` is
 always found. Fields appear in rule order. The same message and rules always
-give the same result: nothing here reads the clock, the network or the locale.
+give the same result: nothing here reads the network or the locale.
+
+A tenant's pattern may backtrack catastrophically on a hostile mail (`re` has
+no way to stop it: hours over a 1 MiB body). So the rules run in a worker
+thread (`BuiltinBackend.extract`, `anyio.to_thread`), never on the event loop,
+and each regex rule has RULE_TIMEOUT_S for all the texts it searches (the
+`regex` module's `timeout`, with the GIL released while it matches); a rule
+that runs out is terminal for that message, naming the field and the limit.
+This is the one place the clock counts: a pattern that needs almost the whole
+limit may finish on one try and not on another, which is why the limit sits
+two orders of magnitude above what an honest pattern needs.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.message import Message
 from email.parser import BytesHeaderParser
 from email.policy import compat32
 from typing import Any
+
+import anyio.to_thread
+import regex
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
 from inboxd.adapters.extraction.schema import JSON_INT_MAX, JSON_INT_MIN, ResultSchema
@@ -70,6 +86,12 @@ DECIMAL_MARKS = (".", ",")
 #: body or attachment (a 1.8 MB torture message is in the corpus); 1 MiB of text
 #: is far more than any invoice or receipt carries.
 SEARCH_MAX_CHARS = 1 << 20
+#: Time one regex rule may take over all the texts it searches, seconds. Honest
+#: patterns take milliseconds over SEARCH_MAX_CHARS (measured: `Total:\s*(?P<value>
+#: [\d.,]+)\s*EUR` over 1 MiB, 7 ms); 1 s is ~100 times that, and bounds what one
+#: hostile message costs a round (a round holds its transaction) and how long a
+#: shutdown waits for the rule under way (a thread cannot be cancelled).
+RULE_TIMEOUT_S = 1.0
 #: Header block read from raw MIME for `header` rules, bytes (RFC 5322 sets no
 #: limit; the corpus holds a 210 KB Subject, so the cap is generous).
 HEADER_BLOCK_MAX_BYTES = 1 << 20
@@ -103,7 +125,7 @@ class HeaderRule:
 
 @dataclass(frozen=True, slots=True)
 class RegexRule:
-    pattern: re.Pattern[str]
+    pattern: regex.Pattern[str]
     source: str = "text"
     type: str = "string"
     decimal: str = "."
@@ -155,8 +177,8 @@ def _parse_rule(spec: object, key: str) -> Rule:
     if kind == "header":
         return HeaderRule(value, value_type, decimal)
     try:
-        pattern = re.compile(value)
-    except re.error as exc:
+        pattern = regex.compile(value)
+    except regex.error as exc:
         raise ProcessorConfigError(f"`{key}.regex` does not compile: {exc}") from exc
     if "value" not in pattern.groupindex:
         raise ProcessorConfigError(f"`{key}.regex` needs a named group (?P<value>…)")
@@ -177,16 +199,28 @@ class BuiltinBackend:
     attachment bytes only for a regex over attachments, the raw header block only
     for header rules, else the fields ingest stored."""
 
-    def __init__(self, rules: Mapping[str, Rule], schema: ResultSchema) -> None:
+    def __init__(
+        self,
+        rules: Mapping[str, Rule],
+        schema: ResultSchema,
+        *,
+        rule_timeout_s: float = RULE_TIMEOUT_S,
+    ) -> None:
         self.rules = dict(rules)
         self.schema = schema
+        self.rule_timeout_s = rule_timeout_s
         self.reads = reads_of(self.rules)
 
     async def extract(self, message: MessageData) -> dict[str, Any]:
         """The fields the rules find, validated; ExtractionTerminal when they do not
-        validate or a value does not convert. Never retryable: nothing here can
-        go better on a second try."""
-        return self.schema.validate_result(extract_fields(message, self.rules))
+        validate, a value does not convert or a rule runs out of time. Never
+        retryable: nothing here can go better on a second try. Runs in a worker
+        thread (module docstring); cancellation waits for the message under way."""
+        return await anyio.to_thread.run_sync(self._extract, message)
+
+    def _extract(self, message: MessageData) -> dict[str, Any]:
+        fields = extract_fields(message, self.rules, rule_timeout_s=self.rule_timeout_s)
+        return self.schema.validate_result(fields)
 
 
 def reads_of(rules: Mapping[str, Rule]) -> Reads:
@@ -199,9 +233,12 @@ def reads_of(rules: Mapping[str, Rule]) -> Reads:
     return Reads.ROW
 
 
-def extract_fields(message: MessageData, rules: Mapping[str, Rule]) -> dict[str, Any]:
-    """Field → value for every rule that found something (not validated)."""
-    reader = _Reader(message)
+def extract_fields(
+    message: MessageData, rules: Mapping[str, Rule], *, rule_timeout_s: float = RULE_TIMEOUT_S
+) -> dict[str, Any]:
+    """Field → value for every rule that found something (not validated). Blocks
+    for up to `rule_timeout_s` per regex rule: call it off the event loop."""
+    reader = _Reader(message, rule_timeout_s)
     result: dict[str, Any] = {}
     for field, rule in rules.items():
         value = reader.apply(field, rule)
@@ -213,8 +250,9 @@ def extract_fields(message: MessageData, rules: Mapping[str, Rule]) -> dict[str,
 class _Reader:
     """One message's texts, each computed at most once per extraction."""
 
-    def __init__(self, message: MessageData) -> None:
+    def __init__(self, message: MessageData, rule_timeout_s: float) -> None:
         self.message = message
+        self.rule_timeout_s = rule_timeout_s
         self._headers: Message | None = None
         self._html_text: str | None = None
         self._attachment_texts: list[str] | None = None
@@ -227,7 +265,7 @@ class _Reader:
         if isinstance(rule, HeaderRule):
             text = self._header(rule.name)
         else:
-            text = self._search(rule)
+            text = self._search(field, rule)
         if text is None or not text.strip():
             return None
         return convert(text, rule.type, rule.decimal, field)
@@ -242,9 +280,22 @@ class _Reader:
         value = raw_header(self._headers, name)
         return None if value is None else header_text(value)
 
-    def _search(self, rule: RegexRule) -> str | None:
+    def _search(self, field: str, rule: RegexRule) -> str | None:
+        deadline = time.monotonic() + self.rule_timeout_s
         for text in self._texts(rule.source):
-            match = rule.pattern.search(text[:SEARCH_MAX_CHARS])
+            try:
+                # concurrent: the GIL is released while it matches, so the event
+                # loop runs on meanwhile; the timeout covers the rule's texts together
+                match = rule.pattern.search(
+                    text[:SEARCH_MAX_CHARS],
+                    concurrent=True,
+                    timeout=max(deadline - time.monotonic(), 0.0),
+                )
+            except TimeoutError as exc:
+                raise ExtractionTerminal(
+                    f"field {field}: the regex rule over {rule.source} took over"
+                    f" {self.rule_timeout_s:g} s (a pattern that backtracks on this mail)"
+                ) from exc
             if match is not None and match.group("value") is not None:
                 return match.group("value")
         return None

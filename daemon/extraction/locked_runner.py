@@ -5,12 +5,16 @@ runs the rules and writes the outcomes (pipeline/extraction_locked.py).
             → rules → finish_locked (results + events, failures) → COMMIT
 
 LOCKED_ROUNDS rounds run side by side, so one round's rules run while another's
-statements wait on PostgreSQL. No lease, no renewal, nothing to release: a
-cancelled round (SIGTERM, reload) rolls back and its jobs are due again as they
-were. Outcomes are those of outcomes.py; a round the database refuses for its
-data (a value a column cannot hold) is redone one job per transaction, and the
-job that still fails goes to needs_review with the database's reason, so one bad
-value never holds up the others. A round that fails otherwise (a parse worker
+statements wait on PostgreSQL. The rules of each message run in a worker thread
+with a time limit per rule (adapters/extraction/builtin.py RULE_TIMEOUT_S), so a
+pattern that backtracks on a hostile mail costs that job a terminal failure,
+never the event loop: ingest, other tenants and SIGTERM go on meanwhile. No
+lease, no renewal, nothing to release: a cancelled round (SIGTERM, reload) rolls
+back and its jobs are due again as they were. Outcomes are those of
+outcomes.py; a round the database refuses for its data (a value a column cannot
+hold) is redone one job per transaction, and the job that still fails goes to
+needs_review with the database's reason, so one bad value never holds up the
+others. A round that fails otherwise (a parse worker
 killed, a bug) charges its jobs a retryable failure, so a message that kills its
 round ends in needs_review instead of a loop. A database or store outage is
 logged once and the round tried again after a pause.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 
+import inboxd.adapters.extraction.builtin as builtin_module
 from inboxd.adapters.extraction import (
     BuiltinBackend,
     ExtractionTerminal,
@@ -295,3 +298,66 @@ async def test_the_same_message_gives_the_same_result(corpus_message: Load) -> N
 def test_bad_rules_name_their_key(rules: dict[str, Any], message: str) -> None:
     with pytest.raises(ProcessorConfigError, match=message):
         parse_rules(rules)
+
+
+#: A pattern the `regex` module backtracks on exponentially: over "a" * 40 it does
+#: not finish within any test's patience.
+BACKTRACKING = r"(?P<value>(a|a)+)b"
+#: Rule timeout of the tests that run into it, seconds (short: it is waited out).
+SHORT_RULE_TIMEOUT_S = 0.05
+#: Longest a test waits for the event loop to run a task beside a rule, seconds.
+LOOP_DEADLINE_S = 10.0
+
+
+async def test_a_rule_that_backtracks_is_terminal_after_its_timeout() -> None:
+    backend = BuiltinBackend(
+        parse_rules({"total": {"regex": BACKTRACKING, "in": "subject"}}),
+        OPEN_SCHEMA,
+        rule_timeout_s=SHORT_RULE_TIMEOUT_S,
+    )
+    with pytest.raises(ExtractionTerminal) as caught:
+        await backend.extract(_message(subject="a" * 40))
+    assert caught.value.reason == (
+        "field total: the regex rule over subject took over 0.05 s"
+        " (a pattern that backtracks on this mail)"
+    )
+
+
+async def test_the_reviewed_quadratic_pattern_over_a_mebibyte_of_digits_is_quick() -> None:
+    # with `re`, hours on the event loop; the default limit is not even approached
+    backend = BuiltinBackend(
+        parse_rules({"total": {"regex": r"(?P<value>\d+)\s*EUR", "type": "integer"}}),
+        OPEN_SCHEMA,
+    )
+    assert await backend.extract(_message(text="1" * (1 << 20))) == {}
+
+
+async def test_rules_run_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rule blocks until a task on the event loop sets `loop_ran`: were the rules
+    # run on the loop, that task could not run and the wait would time out.
+    loop_ran = threading.Event()
+
+    def blocking_html_to_text(html: str | None) -> str:
+        assert loop_ran.wait(LOOP_DEADLINE_S), "the event loop did not run beside the rule"
+        return "Total: 12"
+
+    monkeypatch.setattr(builtin_module, "html_to_text", blocking_html_to_text)
+    backend = BuiltinBackend(
+        parse_rules({"total": {"regex": r"Total: (?P<value>\d+)", "in": "html_text"}}),
+        OPEN_SCHEMA,
+    )
+    result: dict[str, Any] = {}
+
+    async def extract() -> None:
+        result.update(await backend.extract(_message(html="<p>Total: 12</p>")))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(extract)
+        await anyio.lowlevel.checkpoint()
+        loop_ran.set()
+    assert result == {"total": "12"}
+
+
+def test_patterns_are_those_of_the_regex_module() -> None:
+    rules = parse_rules({"name": {"regex": r"Dear (?P<value>\p{Lu}\p{Ll}+)"}})
+    assert extract_fields(_message(text="Dear Łucja,"), rules) == {"name": "Łucja"}
