@@ -83,6 +83,8 @@ class LockedRunner:
         self._bell = anyio.Event()
         self._failing = False
         self._log = log.bind(tenant=processor.tenant_id, processor=processor.config.id)
+        # only this version's jobs are its to run (pipeline/extraction_versions.py)
+        self._version = str(processor.config.schema_version)
 
     def ring(self) -> None:
         """New jobs may be due: look now instead of at the next poll."""
@@ -155,7 +157,9 @@ class LockedRunner:
             self._pool.acquire() as conn,
             conn.transaction(),
         ):
-            jobs = await lock_due(conn, tenant, processor_id, limit, job_ids=job_ids)
+            jobs = await lock_due(
+                conn, tenant, processor_id, limit, job_ids=job_ids, schema_version=self._version
+            )
             locked.extend(job.job_id for job in jobs)
             if not jobs:
                 return 0
@@ -191,7 +195,9 @@ class LockedRunner:
         """`failure` for one job, in a transaction of its own (its round rolled back)."""
         tenant, processor_id = self.processor.key
         async with self._pool.acquire() as conn, conn.transaction():
-            jobs = await lock_due(conn, tenant, processor_id, 1, job_ids=[job_id])
+            jobs = await lock_due(
+                conn, tenant, processor_id, 1, job_ids=[job_id], schema_version=self._version
+            )
             states = await finish_locked(conn, tenant, [], [(job, failure) for job in jobs])
         for state in states.values():
             self._count(_STATE_COUNTS.get(state, "lost"))

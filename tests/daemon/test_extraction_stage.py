@@ -322,6 +322,24 @@ async def test_new_schema_version_extracts_history_again(
     assert sorted(e["schema_version"] for e in events) == ["1"] * 3 + ["2"] * 3
 
 
+async def test_mail_queued_under_the_old_version_is_extracted_under_the_new_one(
+    pool, store, make_mailbox, tmp_path
+) -> None:
+    await make_mailbox(T, "inbox", provider="import")
+    v2 = builtin(tmp_path, schema_version=2)
+    async with running(pool, store, tenant(tmp_path, builtin(tmp_path))) as (_, ingest):
+        await ingest_raws(ingest, [raw_mail(i) for i in range(2)])
+        await eventually(lambda: states(pool), DEADLINE_S, what="v1", until=all_in("completed", 2))
+    # queued under v1 by a daemon that stopped before running them, then v2 deployed
+    more = await ingest_raws(IngestStage(pool, store), [raw_mail(i) for i in (7, 8)])
+    await enqueue(pool, T, "orders", "1", [m for _, m in more if m])
+    async with running(pool, store, tenant(tmp_path, v2)):
+        await eventually(lambda: states(pool), DEADLINE_S, what="v2", until=all_in("completed", 4))
+    events = await completed_events(pool)
+    # never a v2 result under the v1 label: the waiting jobs moved to v2 and ran there
+    assert sorted(e["schema_version"] for e in events) == ["1", "1", "2", "2"]
+
+
 async def test_two_stages_racing_extract_each_message_once(
     pool, store, make_mailbox, tmp_path
 ) -> None:
