@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import jsonschema.exceptions
@@ -37,10 +37,12 @@ import jsonschema_specifications  # type: ignore[import-untyped]
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-from referencing._core import Resolver  # not re-exported; the type of resolver_with_root
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
 from inboxd.pipeline.leases import one_line
+
+if TYPE_CHECKING:  # not re-exported by referencing; only the type of resolver_with_root
+    from referencing._core import Resolver
 
 #: Dialect of a schema without `$schema` (the newest jsonschema 4.x implements).
 DEFAULT_DIALECT: type[jsonschema.protocols.Validator] = jsonschema.Draft202012Validator
