@@ -28,8 +28,9 @@ dedup_key); pipeline/extraction_keys.py derives the key)::
   whose lease expired, or was reclaimed, changes no row and learns so (False /
   None). Under READ COMMITTED an UPDATE re-checks its WHERE against the newest
   row version, so this holds however the transactions interleave.
-* **Exactly once.** `complete` writes the result, the completed state and the
-  `extraction.completed` outbox event (with the result) in one transaction.
+* **Exactly once.** `complete` (pipeline/extraction_results.py) writes the
+  result, the completed state and the `extraction.completed` outbox event (with
+  the result) in one transaction.
 * **Failures.** Retryable (network, timeout, 429, 5xx) → RETRY_WAIT with a
   full-jitter exponential backoff (tenacity's `wait_random_exponential`),
   never earlier than the server's Retry-After; after `max_attempts` claims →
@@ -53,15 +54,11 @@ from enum import StrEnum
 from typing import cast
 
 import asyncpg
-import orjson
 from tenacity import RetryCallState, wait_random_exponential
 
-from inboxd.pipeline.extraction_keys import Executor, transaction
+from inboxd.pipeline.extraction_keys import Executor
 from inboxd.pipeline.leases import one_line
-from inboxd.pipeline.outbox import EventBuffer
 
-#: The outbox event written with a result.
-COMPLETED_EVENT = "extraction.completed"
 #: Claims of one job before it goes to needs_review (a crash, a lease expiry or a
 #: retryable failure each costs one). With the backoff below, eight claims ride
 #: out an endpoint outage of up to ~8 min (sum of the bounds 4 + 8 + … + 256 s =
@@ -168,7 +165,8 @@ _HELD = (
     "tenant_id = $1 AND job_id = $2 AND state = 'running' AND lease_token = $3 "
     "AND lease_expires_at > now()"
 )
-_RELEASED = "lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+#: SET clause of every write that ends a claim (complete, fail, release; extraction_results.py).
+LEASE_CLEARED = "lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
 
 
 async def claim_due(
@@ -251,91 +249,6 @@ async def renew_many(conn: Executor, jobs: Sequence[ClaimedJob], lease_s: float)
     return {r["job_id"] for r in rows}
 
 
-_COMPLETE = f"""
-WITH r AS (
-    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS r(job_id, token, result)
-)
-UPDATE extraction_jobs j
-   SET state = 'completed', result = r.result::jsonb, completed_at = now(), last_error = NULL,
-       {_RELEASED}
-  FROM r, messages m
- WHERE j.tenant_id = $1 AND j.job_id = r.job_id AND j.state = 'running'
-   AND j.lease_token = r.token AND j.lease_expires_at > now()
-   AND m.tenant_id = j.tenant_id AND m.message_id = j.message_id
-RETURNING j.job_id, m.thread_id
-"""
-
-
-async def complete(conn: Executor, job: ClaimedJob, result: object) -> bool:
-    """Commit the validated `result` with its `extraction.completed` event; True: it won.
-
-    One transaction: the job becomes completed with the result, and the event
-    (job, processor, schema_version, dedup key, message and the result) is
-    written to the outbox, or neither. False when the claim is no longer held
-    (lease expired, reclaimed, released): no row changed, the result is dropped.
-    Validating `result` against the processor's JSON Schema is the caller's
-    duty, before this call (an invalid one is `fail_terminal`).
-    """
-    return bool(await complete_many(conn, [(job, result)]))
-
-
-async def complete_many(conn: Executor, done: Sequence[tuple[ClaimedJob, object]]) -> set[int]:
-    """`complete` for many jobs of one tenant in one transaction; the job ids that won.
-
-    Each job is fenced by its own token: a job whose claim is no longer held
-    changes nothing and gets no event, whatever the others do. One UPDATE and
-    one event insert per mailbox, so a fast backend's results cost one commit
-    per batch instead of one per message.
-    """
-    if not done:
-        return set()
-    tenants = {job.tenant_id for job, _ in done}
-    if len(tenants) != 1:
-        raise ValueError("complete_many takes the jobs of one tenant")
-    if len({job.job_id for job, _ in done}) != len(done):
-        raise ValueError("complete_many takes each job once")
-    (tenant,) = tenants
-    async with transaction(conn) as tx:
-        rows = await tx.fetch(
-            _COMPLETE,
-            tenant,
-            [job.job_id for job, _ in done],
-            [job.token for job, _ in done],
-            [orjson.dumps(result).decode() for _, result in done],
-        )
-        threads = {r["job_id"]: r["thread_id"] for r in rows}
-        await write_completed_events(tx, tenant, done, threads)
-    return set(threads)
-
-
-async def write_completed_events(
-    tx: asyncpg.Connection,
-    tenant: str,
-    done: Sequence[tuple[ClaimedJob, object]],
-    threads: dict[int, int],
-) -> None:
-    """The `extraction.completed` events of the jobs in `threads` (job id → thread),
-    in the caller's transaction: one event insert per mailbox."""
-    by_mailbox: dict[str, EventBuffer] = {}
-    for job, result in done:
-        if job.job_id not in threads:
-            continue
-        by_mailbox.setdefault(job.mailbox_id, EventBuffer()).add(
-            COMPLETED_EVENT,
-            thread_id=threads[job.job_id],
-            message_id=job.message_id,
-            payload={
-                "job_id": job.job_id,
-                "processor": job.processor_id,
-                "schema_version": job.schema_version,
-                "dedup_key": job.dedup_key,
-                "result": result,
-            },
-        )
-    for mailbox, events in sorted(by_mailbox.items()):
-        await events.flush(tx, tenant, mailbox)
-
-
 # --- failures ----------------------------------------------------------------------------
 
 _FAIL_RETRYABLE = f"""
@@ -345,7 +258,7 @@ UPDATE extraction_jobs
        review_reason = CASE WHEN attempts >= $6
            THEN format('retries exhausted (%s attempts): %s', attempts, $4::text)
            ELSE review_reason END,
-       last_error = $4, {_RELEASED}
+       last_error = $4, {LEASE_CLEARED}
  WHERE {_HELD}
 RETURNING state
 """
@@ -396,7 +309,7 @@ async def fail_terminal(conn: Executor, job: ClaimedJob, reason: str) -> bool:
     refused the input): not claimed again until `retry`. False: not held, nothing changed."""
     sql = (
         "UPDATE extraction_jobs SET state = 'needs_review', review_reason = $4, "
-        f"last_error = $4, {_RELEASED} WHERE {_HELD} RETURNING true"
+        f"last_error = $4, {LEASE_CLEARED} WHERE {_HELD} RETURNING true"
     )
     return bool(await conn.fetchval(sql, job.tenant_id, job.job_id, job.token, one_line(reason)))
 
@@ -408,7 +321,7 @@ async def release(conn: Executor, job: ClaimedJob) -> bool:
     claim was no longer held (nothing to release)."""
     sql = (
         "UPDATE extraction_jobs SET state = 'pending', next_attempt_at = now(), "
-        f"attempts = greatest(attempts - 1, 0), {_RELEASED} WHERE {_HELD} RETURNING true"
+        f"attempts = greatest(attempts - 1, 0), {LEASE_CLEARED} WHERE {_HELD} RETURNING true"
     )
     return bool(await conn.fetchval(sql, job.tenant_id, job.job_id, job.token))
 

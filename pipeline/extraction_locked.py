@@ -37,8 +37,8 @@ from inboxd.pipeline.extraction_claims import (
     ClaimedJob,
     backoff_s,
     claimed_job,
-    write_completed_events,
 )
+from inboxd.pipeline.extraction_results import write_completed_events
 from inboxd.pipeline.leases import one_line
 
 _LOCK_DUE = """

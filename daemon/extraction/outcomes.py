@@ -35,6 +35,7 @@ from inboxd.adapters.extraction import (
 )
 from inboxd.daemon.extraction.processors import Backend
 from inboxd.pipeline import extraction_claims as claims
+from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline.errors import blames_the_data, describe
 from inboxd.pipeline.extraction_claims import ClaimedJob, JobState
 from inboxd.pipeline.extraction_messages import Reads
@@ -133,7 +134,7 @@ async def write_outcomes(
     items = list(newest.values())
     done = [(job, o.result) for job, o in items if isinstance(o, Done)]
     try:
-        won = await claims.complete_many(pool, done)
+        won = await results.complete_many(pool, done)
     except asyncpg.PostgresError as exc:
         if not blames_the_data(exc):
             raise
@@ -157,7 +158,7 @@ async def _complete_one_by_one(
     won: set[int] = set()
     for job, result in done:
         try:
-            won |= await claims.complete_many(pool, [(job, result)])
+            won |= await results.complete_many(pool, [(job, result)])
         except asyncpg.PostgresError as exc:
             if not blames_the_data(exc):
                 raise

@@ -15,6 +15,7 @@ from factories import message
 from helpers.plans import plan_nodes
 
 from inboxd.pipeline import extraction_claims as claims
+from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline import extraction_review as review
 from inboxd.pipeline.extraction_claims import ClaimedJob, JobState
 from inboxd.pipeline.extraction_enqueue import enqueue
@@ -144,7 +145,7 @@ async def test_second_door_copy_of_an_extracted_message_is_linked(
     assert (await enqueue(pool, T, P, V1, [gmail_id])).queued == [gmail_id]
     job = await claim_one(pool)
     assert job.dedup_key == "gmail:gmail:18c2f0a1b2"
-    assert await claims.complete(pool, job, {"number": "77"})
+    assert await results.complete(pool, job, {"number": "77"})
     [(o2, maildir_id)] = await ingest(stage, "maildir", maildir_copy)
     assert (o1, o2) == (Outcome.NEW, Outcome.MERGED) and maildir_id == gmail_id
     # whichever door queues it, the key is the message row's: linked, not re-extracted
@@ -158,15 +159,15 @@ async def test_second_door_copy_of_an_extracted_message_is_linked(
 async def test_new_schema_version_re_extracts(pool, stage, inbox) -> None:
     [mid] = await new_messages(stage, 1)
     await enqueue(pool, T, P, V1, [mid])
-    assert await claims.complete(pool, await claim_one(pool), {"v": 1})
+    assert await results.complete(pool, await claim_one(pool), {"v": 1})
     assert (await enqueue(pool, T, P, "2", [mid])).queued == [mid]
     job = await claim_one(pool)
     assert (job.schema_version, job.message_id) == ("2", mid)
-    assert await claims.complete(pool, job, {"v": 2})
-    results = await pool.fetch(
+    assert await results.complete(pool, job, {"v": 2})
+    rows = await pool.fetch(
         "SELECT schema_version, result FROM extraction_jobs ORDER BY schema_version"
     )
-    assert [(r["schema_version"], orjson.loads(r["result"])) for r in results] == [
+    assert [(r["schema_version"], orjson.loads(r["result"])) for r in rows] == [
         ("1", {"v": 1}),
         ("2", {"v": 2}),
     ]
@@ -239,7 +240,7 @@ async def test_one_claim_raced_by_two_workers_gives_one_result(pool, db_dsn, sta
         conn = await asyncpg.connect(db_dsn)
         try:
             for job in await claims.claim_due(conn, TENANTS, owner, LEASE_S, 1):
-                if await claims.complete(conn, job, {"by": owner}):
+                if await results.complete(conn, job, {"by": owner}):
                     won.append(owner)
         finally:
             await conn.close()
@@ -260,21 +261,21 @@ async def test_worker_past_its_lease_cannot_commit_and_the_reclaimer_stands(
     assert await claims.claim_due(pool, TENANTS, "other", LEASE_S, 1) == []  # held: pending
     await expire(pool, slow.job_id)
     # expired but not yet reclaimed: the late commit still changes nothing
-    assert not await claims.complete(pool, slow, {"by": "slow"})
+    assert not await results.complete(pool, slow, {"by": "slow"})
     assert not await claims.renew(pool, slow, LEASE_S)
     reclaimer = await claim_one(pool, "other")
     assert reclaimer.token == slow.token + 1 and reclaimer.attempts == 2
     before = dict(await job_row(pool, slow.job_id))
     for late in (
-        claims.complete(pool, slow, {"by": "slow"}),
+        results.complete(pool, slow, {"by": "slow"}),
         claims.fail_terminal(pool, slow, "late"),
         claims.release(pool, slow),
     ):
         assert not await late
     assert await claims.fail_retryable(pool, slow, "late") is None
     assert dict(await job_row(pool, slow.job_id)) == before
-    assert await claims.complete(pool, reclaimer, {"by": "other"})
-    assert not await claims.complete(pool, slow, {"by": "slow"})
+    assert await results.complete(pool, reclaimer, {"by": "other"})
+    assert not await results.complete(pool, slow, {"by": "slow"})
     row = await job_row(pool, slow.job_id)
     assert row["state"] == "completed" and orjson.loads(row["result"]) == {"by": "other"}
     assert row["lease_owner"] is None
@@ -287,7 +288,7 @@ async def test_completed_event_names_the_message_in_the_outbox(pool, stage, inbo
     [mid] = await new_messages(stage, 1)
     await enqueue(pool, T, P, V1, [mid])
     job = await claim_one(pool)
-    assert await claims.complete(pool, job, {"total": "120.00"})
+    assert await results.complete(pool, job, {"total": "120.00"})
     event = await pool.fetchrow("SELECT * FROM events WHERE kind = 'extraction.completed'")
     thread = await pool.fetchval("SELECT thread_id FROM messages WHERE message_id = $1", mid)
     assert (event["message_id"], event["mailbox_id"], event["thread_id"]) == (mid, "inbox", thread)
@@ -329,7 +330,7 @@ async def test_429_then_success_is_one_result(pool, stage, inbox) -> None:
     await expire(pool, job.job_id)
     again = await claim_one(pool)
     assert (again.token, again.attempts) == (2, 2)
-    assert await claims.complete(pool, again, {"ok": True})
+    assert await results.complete(pool, again, {"ok": True})
     assert len(await completed_events(pool)) == 1
     assert await pool.fetchval("SELECT count(*) FROM extraction_jobs") == 1
 
@@ -381,7 +382,7 @@ async def test_terminal_failure_waits_for_a_deliberate_retry(pool, stage, inbox)
     assert await review.retry(pool, T, job.job_id) is JobState.PENDING
     again = await claim_one(pool)
     assert (again.job_id, again.attempts, again.token) == (job.job_id, 1, 2)
-    assert await claims.complete(pool, again, {"total": "1"})
+    assert await results.complete(pool, again, {"total": "1"})
     # a completed result is never overwritten by a retry
     assert await review.retry(pool, T, job.job_id) is JobState.COMPLETED
     assert await review.retry(pool, T, 999_999) is None
@@ -397,7 +398,7 @@ async def test_release_hands_the_job_back_at_once(pool, stage, inbox) -> None:
     assert (row["state"], row["attempts"], row["lease_owner"]) == ("pending", 0, None)
     again = await claim_one(pool, "w2")
     assert (again.token, again.attempts) == (2, 1)
-    assert not await claims.complete(pool, job, {})  # the released claim is fenced off
+    assert not await results.complete(pool, job, {})  # the released claim is fenced off
 
 
 # --- backlog -----------------------------------------------------------------------------
@@ -408,7 +409,7 @@ async def test_backlog_counts_jobs_by_state(pool, stage, inbox) -> None:
     await enqueue(pool, T, P, V1, ids)
     await enqueue(pool, T, "receipts", V1, ids[:1])
     done, failed, waiting = await claims.claim_due(pool, TENANTS, "w", LEASE_S, 3, processor_id=P)
-    assert await claims.complete(pool, done, {})
+    assert await results.complete(pool, done, {})
     assert await claims.fail_terminal(pool, failed, "bad")
     assert await claims.fail_retryable(pool, waiting, "timeout", retry_after_s=60.0)
     [invoices, receipts] = await review.backlog(pool, TENANTS)

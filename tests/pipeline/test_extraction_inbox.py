@@ -19,6 +19,7 @@ from helpers.plans import plan_nodes
 from inboxd.adapters.extraction import ProcessorConfig, matches_fields, parse_processor
 from inboxd.pipeline import extraction_claims as claims
 from inboxd.pipeline import extraction_inbox
+from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline.extraction_enqueue import EnqueueResult, enqueue
 from inboxd.pipeline.extraction_inbox import HandOff, load_filter_fields, take
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
@@ -112,7 +113,7 @@ async def test_a_copy_in_a_scoped_mailbox_reaches_its_processor_once(
     first = await feed(pool, [everywhere, scoped])
     # the processor that sees every mailbox extracts it from the Gmail copy
     (job,) = await claims.claim_due(pool, [T], "w", LEASE_S, 10)
-    assert await claims.complete(pool, job, {"n": 0})
+    assert await results.complete(pool, job, {"n": 0})
     # the same raw delivered to the Maildir "x": one row, a second copy
     maildir = await ingest(handing_over, T, "x", corpus_copy(corpus, "x", MAILDIR_NAME))
     async with pool.acquire() as conn:

@@ -6,6 +6,7 @@ import orjson
 from factories import message
 
 from inboxd.pipeline import extraction_claims as claims
+from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline.extraction_enqueue import enqueue
 from inboxd.pipeline.extraction_locked import LockedFailure, finish_locked, lock_due
 from inboxd.pipeline.ingest import IngestBatch
@@ -109,4 +110,4 @@ async def test_a_leased_claim_is_not_locked_and_its_fencing_still_holds(
     [leased] = await claims.claim_due(pool, [T], "http-worker", 60.0, 1)
     async with pool.acquire() as conn, conn.transaction():
         assert await lock_due(conn, T, P, 10) == []  # running with a live lease: not due
-    assert await claims.complete(pool, leased, {"by": "lease"})
+    assert await results.complete(pool, leased, {"by": "lease"})

@@ -9,6 +9,7 @@ import pytest
 from factories import message
 
 from inboxd.pipeline import extraction_claims as claims
+from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline.extraction_enqueue import enqueue
 from inboxd.pipeline.extraction_locked import lock_due
 from inboxd.pipeline.extraction_versions import carry_over
@@ -60,7 +61,7 @@ async def test_waiting_jobs_of_an_old_version_move_to_the_new_one(pool, stage, i
     await enqueue(pool, T, P, "1", [pending, retrying, crashed, done])
     by_message = {j.message_id: j for j in await claims.claim_due(pool, [T], "w", LEASE_S, 10)}
     await claims.fail_retryable(pool, by_message[retrying], "HTTP 503")
-    assert await claims.complete(pool, by_message[done], {"total": "1"})
+    assert await results.complete(pool, by_message[done], {"total": "1"})
     await claims.release(pool, by_message[pending])
     # the holder of `crashed` died: its lease ran out
     await pool.execute(
@@ -92,7 +93,7 @@ async def test_a_job_held_by_a_live_lease_of_the_old_version_is_left_alone(
     [held] = await claims.claim_due(pool, [T], "old-daemon", LEASE_S, 1)
     carried = await carry_over(pool, T, P, "2")
     assert (carried.moved, carried.superseded) == ([], [])
-    assert await claims.complete(pool, held, {"v": 1})  # its holder still commits, as v1
+    assert await results.complete(pool, held, {"v": 1})  # its holder still commits, as v1
 
 
 async def test_an_old_job_whose_key_is_queued_under_the_new_version_is_superseded(
