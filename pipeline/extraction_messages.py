@@ -16,10 +16,12 @@ a parse worker per message to use nothing but the subject and sender; ROW reads
 what ingest already derived (bench/extraction.py (b)). The fields ROW builds are
 the ones ingest stored from the same parse, so a rule sees the same values.
 
-A row with no raw bytes (a door that stored none, or an object that is gone) is
-the row alone in every mode: rules over its fields still work; the http backend
-refuses it (nothing to send). A store that does not answer raises
-StoreUnavailableError: retry later, the message is not at fault.
+A row with no raw bytes (a door that stored none, an object that is gone, or one
+whose bytes do not hash to its key: `objectstore.read_many` never hands those out)
+is the row alone in every mode: rules over its fields still work; the http backend
+refuses it (nothing to send). A large HTML body in the same state is left out. A
+store that does not answer raises StoreUnavailableError: retry later, the message
+is not at fault.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ async def load_messages(
     keys = [r["raw_key"] for r in rows if r["raw_key"] and reads is not Reads.ROW]
     if reads is not Reads.PARSED:
         keys += [r["html_key"] for r in rows if r["html_key"] and r["html_body"] is None]
-    objects = await read_many(store, keys)
+    # a missing or corrupt object is left out: the row alone
+    objects = (await read_many(store, keys)).found
     out: dict[int, MessageData] = {}
     to_parse: dict[tuple[str, str], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:

@@ -26,17 +26,23 @@ runs one suite against all of them):
   programming error and raises ``ValueError``, never ``ObjectStoreError``.
 * ``ObjectStoreError`` is retriable (network, disk, throttling); ``ObjectNotFound``
   is its subclass for a key with no object. Cancellation is never caught.
+* The pipeline's keys are content-addressed (``<kind>/<tenant>/<sha256 of the
+  bytes>``, pipeline/ingest_bytes.py): ``read_many`` checks the bytes it reads
+  against the key and never hands out bytes that do not match (``holds_its_key``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
 import anyio
 import asyncpg
+import structlog
 
 from inboxd.pipeline.errors import StoreUnavailableError
 
@@ -45,10 +51,13 @@ __all__ = [
     "MAX_KEY_SEGMENT_LENGTH",
     "MAX_URL_EXPIRES_S",
     "ObjectNotFound",
+    "ObjectReads",
     "ObjectStore",
     "ObjectStoreError",
     "StoreContext",
+    "holds_its_key",
     "object_bytes",
+    "read_many",
     "run_bounded",
     "validate_key",
     "validate_url_expiry",
@@ -69,6 +78,10 @@ MAX_URL_EXPIRES_S = 7 * 24 * 3600
 
 # One path segment: lower-case letters, digits, dot, underscore, hyphen.
 _SEGMENT_RE = re.compile(r"[a-z0-9._-]+")
+# The last segment of a content-addressed key: a hex SHA-256 of the object's bytes.
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+
+log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -242,27 +255,56 @@ def validate_url_expiry(expires_s: int) -> int:
 READS_AT_ONCE = 4
 
 
-async def read_many(store: ObjectStore, keys: Iterable[str]) -> dict[str, bytes]:
-    """The bytes of every key that has an object; a key with no object (or one no
-    store takes) is left out, any other failure raised. A store with `get_many` (the
-    database tier: one statement for the batch) reads through it; others read one
-    object at a time, READS_AT_ONCE at once."""
+@dataclass(slots=True)
+class ObjectReads:
+    """What `read_many` got for each key: its bytes, or why there are none."""
+
+    found: dict[str, bytes] = field(default_factory=dict)
+    #: no object under the key (or a key no store takes)
+    missing: set[str] = field(default_factory=set)
+    #: bytes that do not hash to the sha256 their key names: never handed out
+    corrupt: set[str] = field(default_factory=set)
+
+
+def holds_its_key(key: str, data: bytes) -> bool:
+    """Whether ``data`` hashes to the SHA-256 a content-addressed key ends with
+    (``raw/<tenant>/<sha256>``: the raw key is built from messages.raw_sha256);
+    True for a key that names no digest. A truncated or overwritten object fails."""
+    digest = key.rpartition("/")[2]
+    if not _DIGEST_RE.fullmatch(digest):
+        return True
+    return hashlib.sha256(data).hexdigest() == digest
+
+
+async def read_many(store: ObjectStore, keys: Iterable[str]) -> ObjectReads:
+    """Read every key, each verified against its key (`holds_its_key`).
+
+    Per key: found, missing or corrupt (``ObjectReads``); any other failure is
+    raised. A store with `get_many` (the database tier: one
+    statement for the batch) reads through it; others read one object at a time,
+    READS_AT_ONCE at once."""
     unique = sorted(set(keys))
+    reads = ObjectReads()
     if not unique:
-        return {}
+        return reads
     get_many = getattr(store, "get_many", None)
     if get_many is not None:
-        found: dict[str, bytes] = await get_many(unique)
-        return found
-    results = await run_bounded(store.get, unique, concurrency=READS_AT_ONCE)
-    objects: dict[str, bytes] = {}
-    for key, result in zip(unique, results, strict=True):
+        results: dict[str, bytes | Exception] = await get_many(unique)
+    else:
+        got = await run_bounded(store.get, unique, concurrency=READS_AT_ONCE)
+        results = dict(zip(unique, got, strict=True))
+    for key in unique:
+        result = results.get(key, ObjectNotFound(key))
         if isinstance(result, ObjectNotFound | ValueError):
-            continue
-        if isinstance(result, Exception):
+            reads.missing.add(key)
+        elif isinstance(result, Exception):
             raise result
-        objects[key] = result
-    return objects
+        elif holds_its_key(key, result):
+            reads.found[key] = result
+        else:
+            reads.corrupt.add(key)
+            log.warning("object_corrupt", key=key, size_bytes=len(result))
+    return reads
 
 
 async def run_bounded(

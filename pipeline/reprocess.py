@@ -36,7 +36,10 @@ message_id, so a batch is one index range and a run resumes after any id):
             message's, unique index messages_mid_key), `copy_raw_missing` (the
             fingerprint changes and a copy's bytes cannot be read to check it),
             `not_mail` (the parser now rejects the bytes), `changed_meanwhile`
-            (the row changed between read and write; the next run looks again).
+            (the row changed between read and write; the next run looks again),
+            `raw_corrupt` (the raw object's bytes do not hash to the sha256 its key
+            names, i.e. messages.raw_sha256: truncated or overwritten, never parsed;
+            the key in `detail`).
             A reported message gets no write at all, not even its other fields.
   write     unchanged: nothing, not even updated_at. Changed: one transaction
             per batch rewrites the rows in place (`reprocess_write.write_updates`:
@@ -60,7 +63,7 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.objectstore import READS_AT_ONCE, ObjectStore, read_many
+from inboxd.pipeline.objectstore import READS_AT_ONCE, ObjectReads, ObjectStore, read_many
 from inboxd.pipeline.parsing import Item, parse_in_workers
 from inboxd.pipeline.reprocess_write import (
     StoredMessage,
@@ -119,6 +122,7 @@ class Reported:
 
     message_id: int
     reason: str
+    detail: str | None = None
 
 
 @dataclass(slots=True)
@@ -182,7 +186,8 @@ class Reprocessor:
 
         `examined == 0` means there is nothing left. Raises what the database
         raises, and ObjectStoreError for a store that does not answer (a missing
-        object is not an error); nothing of the batch is written then.
+        or corrupt object is not an error: reported per message);
+        nothing of the batch is written then.
         """
         rows = await self._pool.fetch(
             _SELECT_PAGE, scope.tenant_id, after_id, scope.mailbox_id, scope.since, self._batch_size
@@ -199,11 +204,11 @@ class Reprocessor:
         for keys in (copies.get(s.message_id, []) for s in wanted):
             for key, mailbox, provider in keys:
                 sources.setdefault(key, (mailbox, provider))
-        raws, missing = await self._read_raws(sorted(sources))
-        parsed = await self._parse(scope.tenant_id, raws, sources)
+        raws = await read_many(self._store, sources)
+        parsed = await self._parse(scope.tenant_id, raws.found, sources)
         updates: list[Update] = []
         for s in stored:
-            update = self._classify(scope.tenant_id, s, parsed, missing, copies, report)
+            update = self._classify(scope.tenant_id, s, parsed, raws, copies, report)
             if update is not None:
                 updates.append(update)
         updates = await self._drop_collisions(scope.tenant_id, updates, report)
@@ -215,7 +220,7 @@ class Reprocessor:
         tenant: str,
         s: StoredMessage,
         parsed: dict[str, Item],
-        missing: set[str],
+        raws: ObjectReads,
         copies: dict[int, list[tuple[str, str, str]]],
         report: Report,
     ) -> Update | None:
@@ -226,8 +231,11 @@ class Reprocessor:
         if s.raw_key is None:
             report.no_raw += 1
             return None
-        if s.raw_key in missing:
+        if s.raw_key in raws.missing:
             report.raw_missing.append((s.message_id, s.raw_key))
+            return None
+        if s.raw_key in raws.corrupt:
+            report.reported.append(Reported(s.message_id, "raw_corrupt", s.raw_key))
             return None
         item = parsed[s.raw_key]
         if isinstance(item, DeadItem):
@@ -236,14 +244,16 @@ class Reprocessor:
         derived = derive(item)
         fp = derived.columns["content_fingerprint"]
         copy_keys = [key for key, _, _ in copies.get(s.message_id, []) if key != s.raw_key]
-        if any(_fingerprint(parsed.get(k)) != fp for k in copy_keys if k not in missing):
+        # a copy whose bytes cannot be used (gone, corrupt) cannot be checked
+        usable = [k for k in copy_keys if k in raws.found]
+        if any(_fingerprint(parsed.get(k)) != fp for k in usable):
             report.reported.append(Reported(s.message_id, "copies_disagree"))
             return None
         fields = changed_fields(tenant, s, derived)
         if not fields:
             report.unchanged += 1
             return None
-        if "content_fingerprint" in fields and any(k in missing for k in copy_keys):
+        if "content_fingerprint" in fields and len(usable) < len(copy_keys):
             report.reported.append(Reported(s.message_id, "copy_raw_missing"))
             return None
         return Update(s, item, derived, fields)
@@ -286,12 +296,6 @@ class Reprocessor:
         ):
             out.setdefault(r[0], []).append((r[1], r[2], r[3]))
         return out
-
-    async def _read_raws(self, keys: list[str]) -> tuple[dict[str, bytes], set[str]]:
-        """The bytes under `keys`, and the keys with no object (or a key no store takes);
-        a store that does not answer raises: stop, resumable."""
-        raws = await read_many(self._store, keys)
-        return raws, set(keys) - set(raws)
 
     async def _parse(
         self, tenant: str, raws: dict[str, bytes], sources: dict[str, tuple[str, str]]

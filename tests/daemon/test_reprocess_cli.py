@@ -163,3 +163,27 @@ async def test_a_row_the_parser_now_derives_differently_is_rewritten_with_an_eve
     assert [(e["kind"], e["message_id"], e["fields"]) for e in events] == [
         ("message.updated", target, '["subject"]')
     ]
+
+
+async def test_a_corrupt_raw_object_is_reported_and_its_row_kept(
+    inboxd, db_dsn: str, imported: None
+) -> None:
+    conn = await asyncpg.connect(db_dsn)
+    try:  # the raw object cut off inside its headers, under the same key
+        target = await conn.fetchval(
+            "UPDATE small_objects o SET data = substr(o.data, 1, 40) FROM messages m "
+            "WHERE o.key = m.raw_key AND m.message_id = (SELECT min(message_id) FROM messages) "
+            "RETURNING m.message_id"
+        )
+    finally:
+        await conn.close()
+    before = await row_versions(db_dsn)
+
+    result = await inboxd("reprocess", "--dsn", db_dsn, "--tenant", "acme", "--json")
+
+    assert result.code == 0, result.stderr
+    summary = result.json
+    assert isinstance(summary, dict)
+    assert (summary["status"], summary["updated"], summary["unchanged"]) == ("ok", 0, MESSAGES - 1)
+    assert summary["reported_messages"] == [{"message_id": target, "reason": "raw_corrupt"}]
+    assert await row_versions(db_dsn) == before  # subject, sender, body and events as they were

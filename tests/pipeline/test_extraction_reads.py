@@ -229,18 +229,25 @@ async def test_a_sender_with_a_name_and_no_address_keeps_its_name(
         assert extract_fields(loaded[reads][mid], rules) == {"sender": "MAILER-DAEMON"}, reads
 
 
-async def test_a_message_whose_raw_is_gone_is_read_from_its_row(
-    pool: asyncpg.Pool, tiered: DatabaseTierStore, sliced: dict[str, int]
+# What can happen to a raw object: deleted, or cut short under its key (a torn copy,
+# a truncated file): bytes that no longer hash to the key are never handed out.
+DAMAGE = {
+    "gone": "DELETE FROM small_objects o USING messages m "
+    "WHERE o.key = m.raw_key AND m.message_id = $1 RETURNING o.key",
+    "truncated": "UPDATE small_objects o SET data = substr(o.data, 1, 300) FROM messages m "
+    "WHERE o.key = m.raw_key AND m.message_id = $1 RETURNING o.key",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+async def test_a_message_whose_raw_is_gone_or_corrupt_is_read_from_its_row(
+    pool: asyncpg.Pool, tiered: DatabaseTierStore, sliced: dict[str, int], damage: str
 ) -> None:
     mid = sliced[PLAIN]
     before = await load_messages(pool, tiered, TENANT, [mid], reads=Reads.PARSED)
     assert before[mid].raw is not None
-    gone = await pool.fetch(
-        "DELETE FROM small_objects o USING messages m "
-        "WHERE o.key = m.raw_key AND m.message_id = $1 RETURNING o.key",
-        mid,
-    )
-    assert len(gone) == 1  # a 7.6 KB message: its raw bytes were in the table
+    damaged = await pool.fetch(DAMAGE[damage], mid)
+    assert len(damaged) == 1  # a 7.6 KB message: its raw bytes were in the table
 
     rules = {
         field: ROW_RULES[field]

@@ -286,3 +286,43 @@ async def test_a_new_fingerprint_another_message_holds_is_reported(
     assert report.reported == [Reported(imported[X_UNKNOWN], "fingerprint_collision")]
     assert report.updated == 0
     assert await snapshot(pool) == before
+
+
+async def truncate_raw(
+    pool: asyncpg.Pool, store: LocalDirectoryStore, message_id: int, keep_bytes: int = 200
+) -> str:
+    """Cut the message's raw object to its first `keep_bytes`, wherever it lives (the
+    table or a file): what a torn write or a bad copy leaves under the same key."""
+    key = await pool.fetchval("SELECT raw_key FROM messages WHERE message_id = $1", message_id)
+    in_table = await pool.fetchval(
+        "UPDATE small_objects SET data = substr(data, 1, $2) WHERE key = $1 RETURNING 1",
+        key,
+        keep_bytes,
+    )
+    if not in_table:
+        path = store.path_for(key)
+        path.write_bytes(path.read_bytes()[:keep_bytes])
+    return key
+
+
+async def test_a_corrupt_raw_object_is_reported_and_its_row_left_as_stored(
+    pool: asyncpg.Pool,
+    tiered: DatabaseTierStore,
+    store: LocalDirectoryStore,
+    imported: dict[str, int],
+) -> None:
+    # one raw object in the table, one in a file: both cut off inside the headers
+    plain, large = imported[PLAIN], imported[LARGE_HTML]
+    plain_key = await truncate_raw(pool, store, plain)
+    large_key = await truncate_raw(pool, store, large)
+    assert store.path_for(large_key).is_file()
+    before = await snapshot(pool)
+
+    report = await run(pool, tiered)
+
+    assert sorted(report.reported, key=lambda r: r.message_id) == sorted(
+        [Reported(plain, "raw_corrupt", plain_key), Reported(large, "raw_corrupt", large_key)],
+        key=lambda r: r.message_id,
+    )
+    assert report.updated == 0 and report.unchanged == report.examined - 2
+    assert await snapshot(pool) == before  # no row, no event: the stored subject and body stay

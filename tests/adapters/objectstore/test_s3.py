@@ -28,6 +28,7 @@ from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    read_many,
 )
 from inboxd.pipeline.objectstore_db import DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
@@ -177,6 +178,24 @@ async def test_url_for(store: ObjectStore) -> None:
 
 
 # --- S3Store only -----------------------------------------------------------------
+
+
+def digest_key(data: bytes) -> str:
+    """The pipeline's key for ``data``: content-addressed, as ingest builds it."""
+    return f"raw/acme/{hashlib.sha256(data).hexdigest()}"
+
+
+async def test_read_many_hands_out_only_bytes_that_hash_to_their_key(store: ObjectStore) -> None:
+    real = b"From: a@example.com\r\nSubject: the real bytes\r\n\r\nbody\r\n"
+    intact, torn, gone = digest_key(real), digest_key(real + b"!"), digest_key(b"never stored")
+    await store.put(intact, real)
+    await store.put(torn, real[:20])  # what a truncated copy leaves under the key
+    await store.put("html/acme/not-a-digest", b"<p>")  # names no digest: nothing to check
+
+    reads = await read_many(store, [intact, torn, gone, "html/acme/not-a-digest"])
+
+    assert reads.found == {intact: real, "html/acme/not-a-digest": b"<p>"}
+    assert (reads.corrupt, reads.missing) == ({torn}, {gone})
 
 
 @pytest.mark.slow
