@@ -20,8 +20,8 @@ A row with no raw bytes (a door that stored none, an object that is gone, or one
 whose bytes do not hash to its key: `objectstore.read_many` never hands those out)
 is the row alone in every mode: rules over its fields still work; the http backend
 refuses it (nothing to send). A large HTML body in the same state is left out. A
-store that does not answer raises StoreUnavailableError: retry later, the message
-is not at fault.
+store that does not answer, or cannot give one object (ObjectUnreadable), raises
+StoreUnavailableError: retry later, the message is not at fault.
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ async def load_messages(
     keys = [r["raw_key"] for r in rows if r["raw_key"] and reads is not Reads.ROW]
     if reads is not Reads.PARSED:
         keys += [r["html_key"] for r in rows if r["html_key"] and r["html_body"] is None]
-    # a missing or corrupt object is left out: the row alone
-    objects = (await read_many(store, keys)).found
+    got = await read_many(store, keys)
+    if got.unreadable:  # the store cannot give one now: the batch is retried later
+        raise next(iter(got.unreadable.values()))
+    objects = got.found  # a missing or corrupt object is left out: the row alone
     out: dict[int, MessageData] = {}
     to_parse: dict[tuple[str, str], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:

@@ -25,7 +25,9 @@ runs one suite against all of them):
 * Keys are validated before any I/O (``validate_key``); a bad key is a
   programming error and raises ``ValueError``, never ``ObjectStoreError``.
 * ``ObjectStoreError`` is retriable (network, disk, throttling); ``ObjectNotFound``
-  is its subclass for a key with no object. Cancellation is never caught.
+  is its subclass for a key with no object, ``ObjectUnreadable`` for one object the
+  store answers about but cannot give (a directory in its file's place, EIO on its
+  file, S3 refusing that key): the store itself works. Cancellation is never caught.
 * The pipeline's keys are content-addressed (``<kind>/<tenant>/<sha256 of the
   bytes>``, pipeline/ingest_bytes.py): ``read_many`` checks the bytes it reads
   against the key and never hands out bytes that do not match (``holds_its_key``).
@@ -54,6 +56,7 @@ __all__ = [
     "ObjectReads",
     "ObjectStore",
     "ObjectStoreError",
+    "ObjectUnreadable",
     "StoreContext",
     "holds_its_key",
     "object_bytes",
@@ -101,6 +104,20 @@ class ObjectNotFound(ObjectStoreError):
     def __init__(self, key: str) -> None:
         super().__init__(f"no object under key {key!r}")
         self.key = key
+
+
+class ObjectUnreadable(ObjectStoreError):
+    """The store answers, but this one object cannot be read: a directory where its
+    file should be, EIO or a checksum failure on its file, S3 denying that key or
+    holding it in an archive class. Other objects stay readable, so a batch reader
+    reports it per object (``read_many``) instead of failing the batch; an error of
+    the store as a whole (connection, timeout, throttling) is a plain ObjectStoreError.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"object {key!r} cannot be read: {reason}")
+        self.key = key
+        self.reason = reason
 
 
 @runtime_checkable
@@ -264,6 +281,8 @@ class ObjectReads:
     missing: set[str] = field(default_factory=set)
     #: bytes that do not hash to the sha256 their key names: never handed out
     corrupt: set[str] = field(default_factory=set)
+    #: the store could not give this object (ObjectUnreadable)
+    unreadable: dict[str, ObjectUnreadable] = field(default_factory=dict)
 
 
 def holds_its_key(key: str, data: bytes) -> bool:
@@ -279,8 +298,9 @@ def holds_its_key(key: str, data: bytes) -> bool:
 async def read_many(store: ObjectStore, keys: Iterable[str]) -> ObjectReads:
     """Read every key, each verified against its key (`holds_its_key`).
 
-    Per key: found, missing or corrupt (``ObjectReads``); any other failure is
-    raised. A store with `get_many` (the database tier: one
+    Per key: found, missing, corrupt or unreadable (``ObjectReads``); a failure of
+    the store as a whole (an ObjectStoreError that is neither ObjectNotFound nor
+    ObjectUnreadable) is raised. A store with `get_many` (the database tier: one
     statement for the batch) reads through it; others read one object at a time,
     READS_AT_ONCE at once."""
     unique = sorted(set(keys))
@@ -297,6 +317,9 @@ async def read_many(store: ObjectStore, keys: Iterable[str]) -> ObjectReads:
         result = results.get(key, ObjectNotFound(key))
         if isinstance(result, ObjectNotFound | ValueError):
             reads.missing.add(key)
+        elif isinstance(result, ObjectUnreadable):
+            reads.unreadable[key] = result
+            log.warning("object_unreadable", key=key, reason=result.reason)
         elif isinstance(result, Exception):
             raise result
         elif holds_its_key(key, result):

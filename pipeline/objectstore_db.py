@@ -46,7 +46,6 @@ import asyncpg
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.objectstore import (
     READS_AT_ONCE,
-    ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     StoreContext,
@@ -195,14 +194,21 @@ class DatabaseTierStore(StoreContext):
             return bytes(data)
         return await self.large.get(key)
 
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        """The bytes of every key that has an object, in one statement for the small
-        ones (a `get` each cost one round trip: 100 keys took 25 ms against 3 ms,
-        bench/extraction.py); larger ones from the large store, four at a time. A
-        key with no object is left out; a store error is raised."""
-        wanted = sorted({validate_key(key) for key in keys})
+    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes | Exception]:
+        """Per key, its bytes or the exception reading it raised (ObjectNotFound for no
+        object, ValueError for a bad key, ObjectUnreadable …): `objectstore.read_many`
+        sorts them. One statement for the small ones (a `get` each cost one round trip:
+        100 keys took 25 ms against 3 ms, bench/extraction.py); larger ones from the
+        large store, four at a time. A failed statement (the database) is raised."""
+        results: dict[str, bytes | Exception] = {}
+        wanted: list[str] = []
+        for key in sorted(set(keys)):
+            try:
+                wanted.append(validate_key(key))
+            except ValueError as exc:
+                results[key] = exc
         if not wanted:
-            return {}
+            return results
         try:
             rows = await self.pool.fetch(
                 "SELECT key, data FROM small_objects "
@@ -212,16 +218,11 @@ class DatabaseTierStore(StoreContext):
             )
         except DATABASE_ERRORS as exc:
             raise _store_error("reading", wanted[0], exc) from exc
-        found = {r["key"]: bytes(r["data"]) for r in rows}
-        rest = [key for key in wanted if key not in found]
-        results = await run_bounded(self.large.get, rest, concurrency=READS_AT_ONCE)
-        for key, result in zip(rest, results, strict=True):
-            if isinstance(result, ObjectNotFound):
-                continue
-            if isinstance(result, Exception):
-                raise result
-            found[key] = result
-        return found
+        results.update((r["key"], bytes(r["data"])) for r in rows)
+        rest = [key for key in wanted if key not in results]
+        from_large = await run_bounded(self.large.get, rest, concurrency=READS_AT_ONCE)
+        results.update(zip(rest, from_large, strict=True))
+        return results
 
     async def exists(self, key: str) -> bool:
         return bool(await self.exists_many([key]))

@@ -26,6 +26,7 @@ import asyncpg
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStoreError,
+    ObjectUnreadable,
     StoreContext,
     object_bytes,
     run_bounded,
@@ -52,6 +53,16 @@ _DIR_MODE = 0o750
 # so no key can name a fan-out directory or a temporary file, and no object file
 # can collide with a directory another key needs (see LocalDirectoryStore).
 _FAN_MARK = "+"
+
+# Read errors about one file, not the store (get → ObjectUnreadable, reported per
+# object): a directory in its place (EISDIR), its permissions (EACCES, EPERM), a
+# symlink loop, a bad block (EIO) or a failed checksum (ext4 returns EFSBADCRC =
+# EBADMSG and EFSCORRUPTED = EUCLEAN, linux fs/ext4/ext4.h). Any other
+# errno (EMFILE, ENOMEM, ESTALE or ENOTCONN of a network mount gone) stays an
+# ObjectStoreError: the store is failing, every read would.
+OBJECT_READ_ERRNOS = frozenset(
+    {errno.EISDIR, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EIO, errno.EBADMSG, errno.EUCLEAN}
+)
 
 # Concurrent fsyncs in put_many: the journal folds concurrent fsyncs into one
 # commit, so more in flight means fewer commits per object (16-64 measured alike).
@@ -169,6 +180,8 @@ class LocalDirectoryStore(StoreContext):
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise ObjectNotFound(key) from exc
         except OSError as exc:
+            if exc.errno in OBJECT_READ_ERRNOS:
+                raise ObjectUnreadable(key, str(exc)) from exc
             raise ObjectStoreError(f"reading object {key!r} failed: {exc}") from exc
 
     async def exists(self, key: str) -> bool:

@@ -39,7 +39,10 @@ message_id, so a batch is one index range and a run resumes after any id):
             (the row changed between read and write; the next run looks again),
             `raw_corrupt` (the raw object's bytes do not hash to the sha256 its key
             names, i.e. messages.raw_sha256: truncated or overwritten, never parsed;
-            the key in `detail`).
+            the key in `detail`), `raw_unreadable` (the store answers but cannot
+            give that one object: a directory in its place, EIO, S3 403; the error
+            in `detail`). A store failing as a whole (an ObjectStoreError that is
+            not `objectstore.ObjectUnreadable`) stops the run instead, resumable.
             A reported message gets no write at all, not even its other fields.
   write     unchanged: nothing, not even updated_at. Changed: one transaction
             per batch rewrites the rows in place (`reprocess_write.write_updates`:
@@ -185,8 +188,8 @@ class Reprocessor:
         """Reprocess the next batch after `after_id`, committed when this returns.
 
         `examined == 0` means there is nothing left. Raises what the database
-        raises, and ObjectStoreError for a store that does not answer (a missing
-        or corrupt object is not an error: reported per message);
+        raises, and ObjectStoreError for a store that does not answer (a missing,
+        corrupt or unreadable object is not an error: reported per message);
         nothing of the batch is written then.
         """
         rows = await self._pool.fetch(
@@ -237,6 +240,9 @@ class Reprocessor:
         if s.raw_key in raws.corrupt:
             report.reported.append(Reported(s.message_id, "raw_corrupt", s.raw_key))
             return None
+        if (error := raws.unreadable.get(s.raw_key)) is not None:
+            report.reported.append(Reported(s.message_id, "raw_unreadable", str(error)))
+            return None
         item = parsed[s.raw_key]
         if isinstance(item, DeadItem):
             report.reported.append(Reported(s.message_id, "not_mail"))
@@ -244,7 +250,7 @@ class Reprocessor:
         derived = derive(item)
         fp = derived.columns["content_fingerprint"]
         copy_keys = [key for key, _, _ in copies.get(s.message_id, []) if key != s.raw_key]
-        # a copy whose bytes cannot be used (gone, corrupt) cannot be checked
+        # a copy whose bytes cannot be used (gone, corrupt, unreadable) cannot be checked
         usable = [k for k in copy_keys if k in raws.found]
         if any(_fingerprint(parsed.get(k)) != fp for k in usable):
             report.reported.append(Reported(s.message_id, "copies_disagree"))

@@ -45,6 +45,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStoreError,
+    ObjectUnreadable,
     StoreContext,
     object_bytes,
     run_bounded,
@@ -85,6 +86,13 @@ S3_MAX_POOL_CONNECTIONS = 16
 # Error codes that mean "no such object": GetObject says NoSuchKey; HeadObject has
 # no body, so botocore reports the bare status code.
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+# Error codes about one object, not the bucket or the connection (→ ObjectUnreadable,
+# reported per object by batch readers): a policy, ACL or KMS key denying this key
+# (403 AccessDenied; HeadObject: the bare "403") and an object in an archive storage
+# class that needs a restore first (403 InvalidObjectState; S3 API reference,
+# GetObject). Bad credentials have codes of their own (InvalidAccessKeyId,
+# SignatureDoesNotMatch, ExpiredToken) and stay errors of the store.
+_OBJECT_ERROR_CODES = frozenset({"AccessDenied", "403", "InvalidObjectState"})
 
 
 class S3Store(StoreContext):
@@ -267,6 +275,8 @@ class S3Store(StoreContext):
             code = str(error.get("Code", ""))
             if code in _NOT_FOUND_CODES:
                 raise ObjectNotFound(key) from exc
+            if code in _OBJECT_ERROR_CODES:
+                raise ObjectUnreadable(key, f"s3 {operation}: {code}") from exc
             raise ObjectStoreError(f"s3 {operation} {key!r} failed: {code or exc}") from exc
         except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
             raise ObjectStoreError(f"s3 {operation} {key!r} failed: {exc}") from exc

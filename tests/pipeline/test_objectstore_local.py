@@ -24,6 +24,7 @@ from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    ObjectUnreadable,
     run_bounded,
     validate_key,
 )
@@ -225,6 +226,29 @@ async def test_unusable_root_is_a_store_error(tmp_path: Path) -> None:
     assert isinstance(results[0], ObjectStoreError)
     with pytest.raises(ObjectNotFound):
         await store.get(RAW_KEY)
+
+
+@pytest.mark.parametrize(
+    ("code", "one_object"),
+    [(errno.EIO, True), (errno.EACCES, True), (errno.EMFILE, False), (errno.ESTALE, False)],
+    ids=["EIO", "EACCES", "EMFILE", "ESTALE"],
+)
+async def test_a_read_error_of_one_file_is_told_from_one_of_the_store(
+    store: LocalDirectoryStore, monkeypatch: pytest.MonkeyPatch, code: int, one_object: bool
+) -> None:
+    await store.put(RAW_KEY, RAW)
+
+    def failing(path: Path) -> bytes:
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    with pytest.raises(ObjectStoreError) as info:
+        await store.get(RAW_KEY)
+
+    # one file's bad block or permissions: that object only; too many open files or
+    # a network mount gone: every read would fail, the store is down
+    assert isinstance(info.value, ObjectUnreadable) is one_object
+    assert not isinstance(info.value, ObjectNotFound)
 
 
 async def test_file_io_runs_in_worker_threads(

@@ -19,6 +19,7 @@ from inboxd.pipeline import charsets, parsing
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.objectstore import ObjectStoreError
 from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
@@ -326,3 +327,46 @@ async def test_a_corrupt_raw_object_is_reported_and_its_row_left_as_stored(
     )
     assert report.updated == 0 and report.unchanged == report.examined - 2
     assert await snapshot(pool) == before  # no row, no event: the stored subject and body stay
+
+
+async def test_an_unreadable_raw_object_is_reported_and_the_rest_of_its_batch_goes_on(
+    pool: asyncpg.Pool,
+    tiered: DatabaseTierStore,
+    store: LocalDirectoryStore,
+    imported: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PLAIN's raw object moved out of the table, and a directory where its file goes
+    target = imported[PLAIN]
+    key = await pool.fetchval("SELECT raw_key FROM messages WHERE message_id = $1", target)
+    assert await pool.fetchval("DELETE FROM small_objects WHERE key = $1 RETURNING 1", key) == 1
+    store.path_for(key).mkdir(parents=True)
+    monkeypatch.setitem(charsets._ALIASES, "x-unknown", "koi8_r")  # changes X_UNKNOWN
+
+    # one batch for all: X_UNKNOWN is updated in the batch PLAIN could not be read in
+    report = await reprocess(pool, tiered, Scope("acme"), in_thread=True)
+
+    [reported] = report.reported
+    assert (reported.message_id, reported.reason) == (target, "raw_unreadable")
+    assert key in (reported.detail or "") and "Is a directory" in (reported.detail or "")
+    assert report.updated == 1 and report.fields["text_body"] == 1
+    assert report.examined == len(set(imported.values()))
+    assert report.unchanged == report.examined - 2
+
+
+class _DownStore(LocalDirectoryStore):
+    """A store that does not answer at all (its endpoint refuses connections)."""
+
+    async def get(self, key: str) -> bytes:
+        raise ObjectStoreError(f"s3 get_object {key!r} failed: connection refused")
+
+
+async def test_a_store_that_is_down_stops_the_run_with_nothing_written(
+    pool: asyncpg.Pool, tmp_path: Path, imported: dict[str, int]
+) -> None:
+    before = await snapshot(pool)
+
+    with pytest.raises(ObjectStoreError, match="connection refused"):
+        await run(pool, _DownStore(tmp_path / "down"))  # type: ignore[arg-type]
+
+    assert await snapshot(pool) == before

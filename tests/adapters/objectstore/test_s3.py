@@ -20,6 +20,7 @@ import aiohttp
 import anyio
 import asyncpg
 import pytest
+from botocore.exceptions import ClientError
 
 import inboxd.adapters.objectstore.s3 as s3_module
 from inboxd.adapters.objectstore import ObjectStoreConfig, S3Store, open_object_store
@@ -28,6 +29,7 @@ from inboxd.pipeline.objectstore import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
+    ObjectUnreadable,
     read_many,
 )
 from inboxd.pipeline.objectstore_db import DatabaseTierStore
@@ -195,7 +197,35 @@ async def test_read_many_hands_out_only_bytes_that_hash_to_their_key(store: Obje
     reads = await read_many(store, [intact, torn, gone, "html/acme/not-a-digest"])
 
     assert reads.found == {intact: real, "html/acme/not-a-digest": b"<p>"}
-    assert (reads.corrupt, reads.missing) == ({torn}, {gone})
+    assert (reads.corrupt, reads.missing, reads.unreadable) == ({torn}, {gone}, {})
+
+
+async def make_unreadable(store: ObjectStore, key: str) -> None:
+    """An object the store answers about but cannot give: archived (S3: needs a
+    restore), a directory where its file goes (a local directory, the tier's large store)."""
+    if isinstance(store, S3Store):
+        await store._client.put_object(
+            Bucket=store.bucket, Key=store.prefix + key, Body=b"x", StorageClass="GLACIER"
+        )
+        return
+    local = store.large if isinstance(store, DatabaseTierStore) else store
+    assert isinstance(local, LocalDirectoryStore)
+    local.path_for(key).mkdir(parents=True)
+
+
+async def test_one_unreadable_object_is_reported_and_the_others_read(store: ObjectStore) -> None:
+    data = b"readable"
+    bad, good = digest_key(b"archived or shadowed"), digest_key(data)
+    await make_unreadable(store, bad)
+    await store.put(good, data)
+
+    with pytest.raises(ObjectUnreadable) as info:
+        await store.get(bad)
+    reads = await read_many(store, [bad, good])
+
+    assert info.value.key == bad
+    assert reads.found == {good: data} and list(reads.unreadable) == [bad]
+    assert not reads.missing and not reads.corrupt
 
 
 @pytest.mark.slow
@@ -288,6 +318,41 @@ async def test_stuck_server_hits_the_deadline(
                 await store.get("raw/abc")
             with pytest.raises(ObjectStoreError, match="no answer within"):
                 await store.put("raw/abc", b"x")
+
+
+class _Refusing:
+    """An S3 client whose GetObject answers one error code."""
+
+    def __init__(self, code: str, status: int) -> None:
+        self.code, self.status = code, status
+
+    async def get_object(self, **params: Any) -> Any:
+        error = {"Error": {"Code": self.code}, "ResponseMetadata": {"HTTPStatusCode": self.status}}
+        raise ClientError(error, "GetObject")
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "one_object"),
+    [
+        ("AccessDenied", 403, True),
+        ("InvalidObjectState", 403, True),
+        ("ExpiredToken", 400, False),
+        ("InvalidAccessKeyId", 403, False),
+        ("SlowDown", 503, False),
+        ("InternalError", 500, False),
+    ],
+)
+async def test_errors_about_one_object_are_told_from_errors_of_the_store(
+    code: str, status: int, one_object: bool
+) -> None:
+    store = S3Store("bucket", endpoint_url="http://127.0.0.1:9")
+    store._client = _Refusing(code, status)  # answers without a server
+
+    with pytest.raises(ObjectStoreError) as info:
+        await store.get("raw/abc")
+
+    assert isinstance(info.value, ObjectUnreadable) is one_object
+    assert code in str(info.value)
 
 
 async def test_not_started_is_a_programming_error() -> None:
