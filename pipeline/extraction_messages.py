@@ -16,12 +16,13 @@ a parse worker per message to use nothing but the subject and sender; ROW reads
 what ingest already derived (bench/extraction.py (b)). The fields ROW builds are
 the ones ingest stored from the same parse, so a rule sees the same values.
 
-A row with no raw bytes (a door that stored none, an object that is gone, or one
-whose bytes do not hash to its key: `objectstore.read_many` never hands those out)
-is the row alone in every mode: rules over its fields still work; the http backend
-refuses it (nothing to send). A large HTML body in the same state is left out. A
-store that does not answer, or cannot give one object (ObjectUnreadable), raises
-StoreUnavailableError: retry later, the message is not at fault.
+A row with no raw bytes (a door that stored none, an object that is gone, one
+whose bytes do not hash to its key — `objectstore.read_many` never hands those out
+— or one the store cannot give, ObjectUnreadable) is the row alone in every mode:
+rules over its fields still work; the http backend and rules over attachments
+refuse it (needs_review, `inboxd extract retry` once the object is back). A large
+HTML body in the same state is left out. A store that does not answer at all
+raises StoreUnavailableError: retry later, the message is not at fault.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ async def load_messages(
     if reads is not Reads.PARSED:
         keys += [r["html_key"] for r in rows if r["html_key"] and r["html_body"] is None]
     got = await read_many(store, keys)
-    if got.unreadable:  # the store cannot give one now: the batch is retried later
-        raise next(iter(got.unreadable.values()))
-    objects = got.found  # a missing or corrupt object is left out: the row alone
+    # a missing, corrupt or unreadable object (read_many logged it) is left out: the
+    # row alone. Raising for an unreadable one gave its claim batch back uncharged
+    # and claimed it again, for ever: one object stalled every job claimed with it.
+    objects = got.found
     out: dict[int, MessageData] = {}
     to_parse: dict[tuple[str, str], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:

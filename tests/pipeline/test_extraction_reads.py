@@ -28,6 +28,7 @@ from inboxd.pipeline.extraction_messages import Reads, load_messages
 from inboxd.pipeline.ingest import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.objectstore import ObjectUnreadable
 from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
 from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
@@ -263,6 +264,32 @@ async def test_a_message_whose_raw_is_gone_or_corrupt_is_read_from_its_row(
         # without raw bytes a Subject header rule reads the stored subject; Date has no
         # stored field to fall back on
         assert extract_fields(message, headers) == {"subject": want["subject_whole"]}, reads
+
+
+class UnreadableObject:
+    """The tiered store, except that one key answers ObjectUnreadable (EIO, a
+    directory where its file goes, S3 denying it)."""
+
+    def __init__(self, store: DatabaseTierStore, key: str) -> None:
+        self.store, self.key = store, key
+
+    async def get_many(self, keys: list[str]) -> dict[str, bytes | Exception]:
+        got = await self.store.get_many(keys)
+        got[self.key] = ObjectUnreadable(self.key, "Input/output error")
+        return got
+
+
+async def test_a_message_whose_raw_cannot_be_read_is_read_from_its_row(
+    pool: asyncpg.Pool, tiered: DatabaseTierStore, sliced: dict[str, int]
+) -> None:
+    """Not an error of the batch: raising gave the claim batch back uncharged and
+    claimed it again, for ever, stalling every job claimed with it."""
+    mid, other = sliced[PLAIN], next(i for i in sliced.values() if i != sliced[PLAIN])
+    key = await pool.fetchval("SELECT raw_key FROM messages WHERE message_id = $1", mid)
+    store = UnreadableObject(tiered, key)
+    got = await load_messages(pool, store, TENANT, [mid, other], reads=Reads.RAW)  # type: ignore[arg-type]
+    assert got[mid].raw is None and got[mid].subject  # the row alone
+    assert got[other].raw is not None  # the others are read as usual
 
 
 @pytest.fixture
