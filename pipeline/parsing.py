@@ -17,6 +17,17 @@ The dataclasses' default pickling (`__getstate__`/`__setstate__`, which walk
 `dataclasses.fields()` for every object) cost 10.1 µs per 2 KB message in the
 worker and 8.3 µs in the parent's event loop; this costs 6.4 and 3.3 (chunks of
 50 generated 2 KB messages, measured in one process; bench/README.md, gmail.py).
+
+Workers ignore SIGINT and SIGTERM from their first chunk on (one that a signal
+reaches while it starts dies like a killed one, while its parent stops anyway):
+the parent decides when they end. A Ctrl-C,
+and the SIGTERM that systemd's control-group kill, Docker and `timeout` send,
+reach the whole process group; the parent stops gracefully, and a worker dying
+of the same signal mid-chunk would turn that stop into a crash. They still end
+with the parent: anyio SIGKILLs its pool when the event loop closes (and idle
+workers after 5 minutes), and a worker whose parent is gone reads the end of
+its stdin and exits. A worker that dies anyway (the OOM killer's SIGKILL) fails
+the call with one `anyio.BrokenWorkerProcess` saying so.
 """
 
 from __future__ import annotations
@@ -53,6 +64,11 @@ PARSE_WORKERS_MAX = 8
 PARSE_WORKERS = max(1, min(os.cpu_count() or 1, PARSE_WORKERS_MAX))
 
 _limiter: anyio.CapacityLimiter | None = None
+# What reaches a whole process group to stop it: the parent's to handle, not a worker's.
+_LEFT_TO_THE_PARENT = (signal.SIGINT, signal.SIGTERM)
+WORKER_DIED = (
+    "a parse worker process died (killed from outside: the out-of-memory killer, or a SIGKILL)"
+)
 
 
 def parse_many(
@@ -74,13 +90,11 @@ def parse_many(
 def parse_many_in_worker(
     raws: Sequence[bytes], tenant_id: str, mailbox_id: str, source: str
 ) -> bytes:
-    """parse_many in a worker process, which leaves Ctrl-C to its parent; the items
-    come back pickled by `_dumps_parsed` (`pickle.loads` reads them).
-
-    A terminal's Ctrl-C reaches the whole process group; a worker dying of it
-    mid-chunk would turn a graceful stop into a crash.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """parse_many in a worker process, which leaves SIGINT and SIGTERM to its parent
+    (module docstring); the items come back pickled by `_dumps_parsed`
+    (`pickle.loads` reads them)."""
+    for signum in _LEFT_TO_THE_PARENT:
+        signal.signal(signum, signal.SIG_IGN)
     return _dumps_parsed(parse_many(raws, tenant_id, mailbox_id, source, keep_raw=False))
 
 
@@ -168,10 +182,15 @@ async def parse_in_workers(
         for index in pending:
             await parse_chunk(index)
 
-    if len(chunks) == 1:
-        await parse_chunk(0)
-    elif chunks:
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(PARSE_WORKERS, len(chunks))):
-                tg.start_soon(drain)
+    try:
+        if len(chunks) == 1:
+            await parse_chunk(0)
+        elif chunks:
+            async with anyio.create_task_group() as tg:
+                for _ in range(min(PARSE_WORKERS, len(chunks))):
+                    tg.start_soon(drain)
+    except* anyio.BrokenWorkerProcess as lost:
+        # one error however many workers died (all of them, when a whole process
+        # group is killed), saying what happened (anyio's has no message)
+        raise anyio.BrokenWorkerProcess(WORKER_DIED) from lost.exceptions[0]
     return [item for part in parsed for item in part]

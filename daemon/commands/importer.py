@@ -29,7 +29,9 @@ States and stopping:
   not imported, exit code 1.
 - a file deleted between planning and reading is skipped and listed with the
   skipped files; one that cannot be read otherwise ends the run once every
-  message read before it is stored (status failed, exit code 1).
+  message read before it is stored (status failed, exit code 1). So does a parse
+  worker process that dies (the OOM killer); one that a stop signal to the whole
+  process group reached while it started is part of that stop (exit code 130).
 """
 
 from __future__ import annotations
@@ -244,6 +246,10 @@ class _Importer:
                         self.summary.error = await _explain(
                             pool, target_of(choice), self.summary.error
                         )
+                    except anyio.BrokenWorkerProcess as exc:  # after the pages before it
+                        self.summary.status = "failed"
+                        self.summary.unread_input = True
+                        self.summary.error = str(exc)
                     finally:
                         queue.close()
 
@@ -265,7 +271,7 @@ class _Importer:
             s.status = "interrupted"
             s.unread_input = True
             return EXIT_INTERRUPTED
-        if s.status == "incomplete":
+        if s.status in ("incomplete", "failed"):
             return EXIT_FAILURE
         if read_error is not None:
             s.status = "failed"

@@ -15,8 +15,8 @@ Stopping: a first SIGINT/SIGTERM lets the batch in progress commit, then prints
 the summary (status interrupted, the last message id done) and exits 130; a
 second one abandons that batch (rolled back). `--after-id N` resumes after
 message N; running again from the start is just as correct (unchanged messages
-write nothing). A batch the database or the object store fails ends the run the
-same way with exit 1.
+write nothing). A batch the database or the object store fails, or whose parse
+worker process dies (the OOM killer), ends the run the same way with exit 1.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
+import anyio
 import asyncpg
 import structlog
 
@@ -58,8 +59,12 @@ log = structlog.get_logger(__name__)
 # Reported and missing messages listed in the human summary (--json lists all).
 LISTED_SHOWN = 20
 # What ends a run after its committed batches (exit 1, resumable): the database or
-# the object store failing a batch.
-BATCH_FAILURES: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, StoreUnavailableError)
+# the object store failing a batch, or a parse worker process dying.
+BATCH_FAILURES: tuple[type[BaseException], ...] = (
+    *DATABASE_ERRORS,
+    StoreUnavailableError,
+    anyio.BrokenWorkerProcess,
+)
 # Connections: one for the batch's transaction, one per concurrent raw read.
 POOL_SIZE = 1 + RAW_READ_CONCURRENCY
 
@@ -255,11 +260,7 @@ class _Run:
                 batch = await runner.next_batch(s.scope, s.resume_after_id)
             except BATCH_FAILURES as exc:
                 s.status = "failed"
-                s.error = (
-                    str(database_error(exc, choice))
-                    if isinstance(exc, DATABASE_ERRORS)
-                    else f"object store: {describe(exc)}"
-                )
+                s.error = _failure(exc, choice)
                 return
             if not batch.examined:
                 return
@@ -286,6 +287,15 @@ class _Run:
             sys.stdout.flush()
             print(message, file=sys.stderr)
         return {"ok": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(s.status, EXIT_FAILURE)
+
+
+def _failure(exc: BaseException, choice: DsnChoice) -> str:
+    """What failed a batch, in one line."""
+    if isinstance(exc, anyio.BrokenWorkerProcess):
+        return str(exc)
+    if isinstance(exc, DATABASE_ERRORS):
+        return str(database_error(exc, choice))
+    return f"object store: {describe(exc)}"
 
 
 async def _count(runner: Reprocessor, summary: Summary, choice: DsnChoice) -> int:
