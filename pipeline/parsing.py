@@ -18,12 +18,15 @@ The dataclasses' default pickling (`__getstate__`/`__setstate__`, which walk
 worker and 8.3 µs in the parent's event loop; this costs 6.4 and 3.3 (chunks of
 50 generated 2 KB messages, measured in one process; bench/README.md, gmail.py).
 
-Workers ignore SIGINT and SIGTERM from their first chunk on (one that a signal
-reaches while it starts dies like a killed one, while its parent stops anyway):
-the parent decides when they end. A Ctrl-C,
-and the SIGTERM that systemd's control-group kill, Docker and `timeout` send,
-reach the whole process group; the parent stops gracefully, and a worker dying
-of the same signal mid-chunk would turn that stop into a crash. They still end
+Workers ignore SIGINT, SIGTERM and SIGTSTP from their first chunk on (one that a
+signal reaches while it starts dies like a killed one, while its parent stops
+anyway): the parent decides when they end. A Ctrl-C, and the SIGTERM that
+systemd's control-group kill, Docker and `timeout` send, reach the whole process
+group; the parent stops gracefully, and a worker dying of the same signal
+mid-chunk would turn that stop into a crash. A Ctrl-Z (SIGTSTP) that stopped a
+worker while it wrote its answer cut that write short (anyio's worker writes its
+answer with one unbuffered write and no retry), and the parent waited forever
+for the rest after `fg`: the import hung. They still end
 with the parent: anyio SIGKILLs its pool when the event loop closes (and idle
 workers after 5 minutes), and a worker whose parent is gone reads the end of
 its stdin and exits. A worker that dies anyway (the OOM killer's SIGKILL) fails
@@ -64,8 +67,9 @@ PARSE_WORKERS_MAX = 8
 PARSE_WORKERS = max(1, min(os.cpu_count() or 1, PARSE_WORKERS_MAX))
 
 _limiter: anyio.CapacityLimiter | None = None
-# What reaches a whole process group to stop it: the parent's to handle, not a worker's.
-_LEFT_TO_THE_PARENT = (signal.SIGINT, signal.SIGTERM)
+# What reaches a whole process group to stop or suspend it: the parent's to handle,
+# not a worker's (module docstring).
+_LEFT_TO_THE_PARENT = (signal.SIGINT, signal.SIGTERM, signal.SIGTSTP)
 WORKER_DIED = (
     "a parse worker process died (killed from outside: the out-of-memory killer, or a SIGKILL)"
 )
@@ -90,8 +94,8 @@ def parse_many(
 def parse_many_in_worker(
     raws: Sequence[bytes], tenant_id: str, mailbox_id: str, source: str
 ) -> bytes:
-    """parse_many in a worker process, which leaves SIGINT and SIGTERM to its parent
-    (module docstring); the items come back pickled by `_dumps_parsed`
+    """parse_many in a worker process, which leaves SIGINT, SIGTERM and SIGTSTP to
+    its parent (module docstring); the items come back pickled by `_dumps_parsed`
     (`pickle.loads` reads them)."""
     for signum in _LEFT_TO_THE_PARENT:
         signal.signal(signum, signal.SIG_IGN)

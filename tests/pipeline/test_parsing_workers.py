@@ -38,15 +38,15 @@ async def parsed_in_workers(raws: list[bytes]) -> bool:
         return False
 
 
-async def test_workers_leave_sigint_and_sigterm_to_the_parent(corpus: Path) -> None:
+async def test_workers_leave_stop_signals_to_the_parent(corpus: Path) -> None:
     raw = (corpus / "mime" / SAMPLE).read_bytes()
     await eventually(lambda: parsed_in_workers([raw]), PENDING_TIMEOUT_S, what="a live worker")
 
     workers = parse_workers(os.getpid())
     assert workers
     for pid in workers:
-        # a Ctrl-C or a SIGTERM to the whole process group is the parent's to act on
-        assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(pid)
+        # a Ctrl-C, a SIGTERM or a Ctrl-Z to the whole process group is the parent's
+        assert {signal.SIGINT, signal.SIGTERM, signal.SIGTSTP} <= ignored_signals(pid)
 
 
 async def test_killed_workers_fail_the_call_with_one_error_that_says_so(
