@@ -170,7 +170,8 @@ class Summary:
             "updated_fields": dict(sorted(r.fields.items())),
             "reported": len(r.reported),
             "reported_messages": [
-                {"message_id": x.message_id, "reason": x.reason} for x in r.reported
+                {"message_id": x.message_id, "reason": x.reason, "detail": x.detail}
+                for x in r.reported
             ],
             "no_raw": r.no_raw,
             "app_sent": r.app_sent,
@@ -201,9 +202,9 @@ class Summary:
             ("raw_missing", len(r.raw_missing), ""),
         ):
             print(f"  {label:<12} {value:>8}{note}", file=out)
-        listed = [(m.message_id, m.reason) for m in r.reported] + [
-            (m, f"raw bytes missing ({k})") for m, k in r.raw_missing
-        ]
+        listed = [
+            (m.message_id, f"{m.reason} ({m.detail})" if m.detail else m.reason) for m in r.reported
+        ] + [(m, f"raw bytes missing ({k})") for m, k in r.raw_missing]
         for mid, why in listed[:LISTED_SHOWN]:
             print(f"  message {mid}: {why}", file=out)
         if len(listed) > LISTED_SHOWN:

@@ -185,5 +185,7 @@ async def test_a_corrupt_raw_object_is_reported_and_its_row_kept(
     summary = result.json
     assert isinstance(summary, dict)
     assert (summary["status"], summary["updated"], summary["unchanged"]) == ("ok", 0, MESSAGES - 1)
-    assert summary["reported_messages"] == [{"message_id": target, "reason": "raw_corrupt"}]
+    [reported] = summary["reported_messages"]
+    assert (reported["message_id"], reported["reason"]) == (target, "raw_corrupt")
+    assert reported["detail"].startswith("raw/acme/")  # the key whose bytes do not hash to it
     assert await row_versions(db_dsn) == before  # subject, sender, body and events as they were
