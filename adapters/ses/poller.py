@@ -84,7 +84,6 @@ class SesPoller:
         ready: Callable[[], Awaitable[bool]],
     ) -> None:
         self.settings = settings
-        self.router = router
         self._aws = aws
         self._room = room
         self._ready = ready
@@ -101,6 +100,15 @@ class SesPoller:
         self._receiving.set()
         self._events = events
         self._in_flight: dict[str, QueueMessage] = {}
+
+    @property
+    def router(self) -> Router:
+        return self._settler.router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        """A SIGHUP's new routes (daemon/ses_door.py): the next batch settles by them."""
+        self._settler.router = router
 
     async def run(self, stop: anyio.Event) -> None:
         """Receive until `stop` is set; return once the messages in flight are done."""
