@@ -2,7 +2,8 @@
 
 S3 and SQS are moto's server over HTTP (CONTRIBUTING.md rule 12), started as a
 subprocess so the code's real aiobotocore/aiohttp stack is exercised, not an
-in-process mock. One server serves every AWS service moto has (S3, SQS, …): a
+in-process mock; its SQS calls one at a time, as consistent as real SQS
+(moto_consistent.py). One server serves every AWS service moto has (S3, SQS, …): a
 client picks the service by its request, not by the port. It starts only when a
 test asks for `moto_endpoint`, once per session — once per xdist worker, each on
 a free port of its own — and while it runs the environment carries fake
@@ -39,6 +40,15 @@ MOTO_STOP_TIMEOUT_S = 10.0
 
 # The region of the fake credentials (AWS_DEFAULT_REGION while the server runs).
 AWS_REGION = "us-east-1"
+
+# moto.server with its SQS calls serialised (moto_consistent.py: moto's SQS backend
+# is not thread-safe); run by path, the helpers folder kept off sys.path.
+_MOTO_SERVER = [
+    sys.executable,
+    "-c",
+    "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')",
+    str(Path(__file__).with_name("moto_consistent.py")),
+]
 
 
 def _free_port() -> int:
@@ -92,7 +102,7 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             # Output goes to a file, not a pipe nobody reads, so the server can
             # never block on a full pipe buffer.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+                [*_MOTO_SERVER, "-H", host, "-p", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
