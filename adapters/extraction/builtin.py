@@ -216,9 +216,11 @@ class BuiltinBackend:
         validate, a value does not convert or a rule runs out of time. Never
         retryable: nothing here can go better on a second try. Runs in a worker
         thread (module docstring); cancellation waits for the message under way."""
-        return await anyio.to_thread.run_sync(self._extract, message)
+        return await anyio.to_thread.run_sync(self.extract_blocking, message)
 
-    def _extract(self, message: MessageData) -> dict[str, Any]:
+    def extract_blocking(self, message: MessageData) -> dict[str, Any]:
+        """`extract` in the caller's thread, which must not be the event loop's: a
+        locked round runs all its messages' rules in one worker thread with it."""
         fields = extract_fields(message, self.rules, rule_timeout_s=self.rule_timeout_s)
         return self.schema.validate_result(fields)
 

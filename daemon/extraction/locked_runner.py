@@ -22,18 +22,30 @@ logged once and the round tried again after a pause.
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import anyio.abc
+import anyio.to_thread
 import asyncpg
 import structlog
 
-from inboxd.daemon.extraction.outcomes import Done, Failed, Release, attempt
+from inboxd.adapters.extraction import BuiltinBackend
+from inboxd.daemon.extraction.outcomes import (
+    Done,
+    Failed,
+    Outcome,
+    Release,
+    attempt,
+    attempt_blocking,
+)
 from inboxd.daemon.extraction.processors import Processor
 from inboxd.daemon.metrics import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, blames_the_data, describe
 from inboxd.pipeline.extraction_claims import ClaimedJob
 from inboxd.pipeline.extraction_locked import LockedFailure, finish_locked, lock_due
 from inboxd.pipeline.extraction_messages import load_messages
+from inboxd.pipeline.message import MessageData
 from inboxd.pipeline.objectstore import ObjectStore
 
 log = structlog.get_logger(__name__)
@@ -171,10 +183,10 @@ class LockedRunner:
                 reads=self.processor.backend.reads,
                 in_thread=self._in_thread,
             )
+            outcomes = await self._attempt_round([messages.get(j.message_id) for j in jobs])
             done: list[tuple[ClaimedJob, object]] = []
             failed: list[tuple[ClaimedJob, LockedFailure]] = []
-            for job in jobs:
-                outcome = await attempt(self.processor.backend, messages.get(job.message_id))
+            for job, outcome in zip(jobs, outcomes, strict=True):
                 if isinstance(outcome, Done):
                     done.append((job, outcome.result))
                 elif isinstance(outcome, Failed):
@@ -190,6 +202,29 @@ class LockedRunner:
         for state in states.values():
             self._count(_STATE_COUNTS.get(state, "lost"))
         return len(jobs)
+
+    async def _attempt_round(self, messages: list[MessageData | None]) -> list[Outcome]:
+        """Each message's outcome, the round's rules in one worker thread (one hop
+        per message cost more than the rules, bench/README.md extraction.py).
+        Cancelled (SIGTERM, reload): the round rolls back at once and the thread
+        stops after the message under way."""
+        backend = self.processor.backend
+        if not isinstance(backend, BuiltinBackend):  # not a builtin processor's runner
+            return [await attempt(backend, m) for m in messages]
+        cancelled = threading.Event()
+
+        def attempt_all() -> list[Outcome]:
+            out: list[Outcome] = []
+            for message in messages:
+                if cancelled.is_set():
+                    break
+                out.append(attempt_blocking(backend, message))
+            return out
+
+        try:
+            return await anyio.to_thread.run_sync(attempt_all, abandon_on_cancel=True)
+        finally:
+            cancelled.set()
 
     async def _write_failure(self, job_id: int, failure: LockedFailure) -> None:
         """`failure` for one job, in a transaction of its own (its round rolled back)."""
