@@ -36,7 +36,6 @@ from inboxd.daemon.extraction.outcomes import (
     Failed,
     Outcome,
     Release,
-    attempt,
     attempt_blocking,
 )
 from inboxd.daemon.extraction.processors import Processor
@@ -209,8 +208,7 @@ class LockedRunner:
         Cancelled (SIGTERM, reload): the round rolls back at once and the thread
         stops after the message under way."""
         backend = self.processor.backend
-        if not isinstance(backend, BuiltinBackend):  # not a builtin processor's runner
-            return [await attempt(backend, m) for m in messages]
+        assert isinstance(backend, BuiltinBackend)  # the stage runs only builtin rules here
         cancelled = threading.Event()
 
         def attempt_all() -> list[Outcome]:
