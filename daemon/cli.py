@@ -65,6 +65,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 operational failure, 2 usage or configuration error, "
         "130 interrupted. Run 'inboxd COMMAND --help' for a command's options.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {installed_version()}")
     from inboxd.daemon.commands.common import global_options
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -74,6 +75,17 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for module in modules:
         importlib.import_module(f"inboxd.daemon.commands.{module}").register(subparsers, parent)
     return parser
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml `version`), or "unknown" when
+    inboxd runs from a tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inboxd")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import asyncpg
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
+# pipeline/schema.sql: in the source tree a link to the top-level schema.sql, in a wheel the
+# file itself (pyproject.toml package-data).
+SCHEMA_PATH = Path(__file__).parent / "schema.sql"
 # Arbitrary constant naming inboxd's migration lock (pg_advisory_xact_lock key).
 _MIGRATION_LOCK_KEY = 0x1B0CD
 
