@@ -18,9 +18,13 @@ The dataclasses' default pickling (`__getstate__`/`__setstate__`, which walk
 worker and 8.3 µs in the parent's event loop; this costs 6.4 and 3.3 (chunks of
 50 generated 2 KB messages, measured in one process; bench/README.md, gmail.py).
 
-Workers ignore SIGINT, SIGTERM and SIGTSTP from their first chunk on (one that a
-signal reaches while it starts dies like a killed one, while its parent stops
-anyway): the parent decides when they end. A Ctrl-C, and the SIGTERM that
+Workers ignore SIGINT, SIGTERM and SIGTSTP from their first chunk on: the parent
+decides when they end. `inboxd import` and `inboxd reprocess` start them with the
+three blocked already (daemon.commands.stopping.held_from_children: a child
+inherits the signal mask of the thread that forks it), so a Ctrl-C while one
+starts, 100-150 ms before its first chunk, does not reach it either; in the
+daemon, one that a signal reaches while it starts dies like a killed one while
+its parent stops anyway. A Ctrl-C, and the SIGTERM that
 systemd's control-group kill, Docker and `timeout` send, reach the whole process
 group; the parent stops gracefully, and a worker dying of the same signal
 mid-chunk would turn that stop into a crash. A Ctrl-Z (SIGTSTP) that stopped a

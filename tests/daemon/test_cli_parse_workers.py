@@ -232,3 +232,103 @@ async def test_reprocess(
         assert "inboxd: interrupted" in stderr
     assert "unexpected" not in stderr and "Traceback" not in stderr
     await assert_gone(workers)
+
+
+# One Ctrl-C while a worker starts (issue 22 item 12): the worker's interpreter
+# starts, imports anyio, then the command's modules (anyio's "init" runs the console
+# script as __mp_main__, the first chunk unpickles inboxd.pipeline.parsing) — about
+# 100-150 ms on an idle machine. The SIGINT lands at the moment a worker appears and
+# at points through that start-up: where it lands is what each try varies, nothing
+# waits on it.
+START_UP_OFFSETS_S = (0.0, 0.0, 0.03, 0.06, 0.1, 0.15)
+# Polling /proc for the first worker: it must see the worker within its start-up.
+WORKER_POLL_S = 0.001
+# Enough parsing left after the first worker appears that the command is still
+# working when the signal lands (a page is 500 messages, a reprocess batch 200).
+START_UP_IMPORT_MESSAGES = 2000
+
+
+async def interrupt_at_worker_start(
+    command: list[str], env: dict[str, str], offset_s: float
+) -> tuple[int, bytes, str]:
+    """Run `command` in a session of its own; SIGINT its whole process group (a
+    terminal's Ctrl-C) `offset_s` after its first parse worker appears. Returns the
+    exit code, stdout and stderr."""
+    stderr = bytearray()
+    async with await anyio.open_process(command, env=env, start_new_session=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        receive, out = proc.stderr, proc.stdout
+        stdout = bytearray()
+
+        async def read(stream: anyio.abc.ByteReceiveStream, into: bytearray) -> None:
+            async for chunk in stream:
+                into.extend(chunk)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, receive, stderr)
+            tg.start_soon(read, out, stdout)
+            await eventually(
+                lambda: parse_workers(proc.pid),
+                PENDING_TIMEOUT_S,
+                what="a parse worker",
+                poll_s=WORKER_POLL_S,
+                abort=lambda: None if proc.returncode is None else "the command ended",
+                context=lambda: stderr.decode(errors="replace"),
+            )
+            if offset_s:
+                await anyio.sleep(offset_s)  # where in the start-up the signal lands
+            os.killpg(proc.pid, signal.SIGINT)
+            code = await proc.wait()
+    return code, bytes(stdout), stderr.decode(errors="replace")
+
+
+def assert_interrupted(code: int, stdout: bytes, stderr: str, offset_s: float) -> dict[str, object]:
+    where = f"SIGINT {offset_s} s after a worker appeared\n{stderr}"
+    assert code == 130, where
+    for crash in ("Traceback", "KeyboardInterrupt", "unexpected"):
+        assert crash not in stderr, where
+    assert "inboxd: interrupted" in stderr, where
+    summary: dict[str, object] = orjson.loads(stdout)
+    assert summary["status"] == "interrupted", where
+    return summary
+
+
+async def test_import_ctrl_c_while_a_worker_starts(
+    db_dsn: str, corpus: Path, tmp_path: Path
+) -> None:
+    env = cli_env(tmp_path / "data")
+    archive = bulk_mbox(tmp_path / "bulk.mbox", corpus, START_UP_IMPORT_MESSAGES)
+    for n, offset_s in enumerate(START_UP_OFFSETS_S):
+        command = import_command(db_dsn, archive, "process")
+        command[command.index("bulk")] = f"bulk-{n}"  # all new: every try parses
+        with anyio.fail_after(CLI_TIMEOUT_S):  # a hang is a failure
+            code, stdout, stderr = await interrupt_at_worker_start(command, env, offset_s)
+        summary = assert_interrupted(code, stdout, stderr, offset_s)
+        assert "re-running the same command imports the rest" in stderr
+        assert summary["input_left_unread"] is True
+
+
+async def test_reprocess_ctrl_c_while_a_worker_starts(
+    db_dsn: str, corpus: Path, tmp_path: Path
+) -> None:
+    env = cli_env(tmp_path / "data")
+    archive = bulk_mbox(tmp_path / "bulk.mbox", corpus, START_UP_IMPORT_MESSAGES)
+    imported = await run_cli_async(*import_command(db_dsn, archive, "thread")[1:], env=env)
+    assert imported.code == 0, imported.stderr
+    command = cli_argv(
+        "reprocess",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--json",
+        "--parse-in",
+        "process",
+        script=True,
+    )
+    for offset_s in START_UP_OFFSETS_S:
+        with anyio.fail_after(CLI_TIMEOUT_S):  # a hang is a failure
+            code, stdout, stderr = await interrupt_at_worker_start(command, env, offset_s)
+        summary = assert_interrupted(code, stdout, stderr, offset_s)
+        last = summary["last_message_id"]  # None: stopped before its first batch
+        assert f"resume with --after-id {last or 0} " in stderr
