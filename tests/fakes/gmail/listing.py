@@ -3,7 +3,9 @@
 - messages.list (https://developers.google.com/gmail/api/reference/rest/v1/users.messages/list):
   newest first; `labelIds` must all match; `q` takes the search operators of
   https://support.google.com/mail/answer/7190 that a sync uses (after:/before:
-  and their older:/newer: synonyms, in:, label:, is:, each optionally negated);
+  and their older:/newer: synonyms, older_than:/newer_than: with a d/m/y period
+  counted back from now, in:, label:, is:, each optionally negated; every date
+  term is compared with the message's internalDate, not its Date header);
   SPAM and TRASH are left out unless includeSpamTrash=true or asked for by name;
   maxResults defaults to 100 and is capped at 500; an empty result has no
   "messages" key, only resultSizeEstimate.
@@ -18,6 +20,8 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import re
+import time
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -35,6 +39,10 @@ _TYPE_KEYS = {
 # Search operators: a date without a time is midnight Pacific time (search operator
 # help page: "dates ... are interpreted as midnight PST"; epoch seconds are exact).
 SEARCH_TZ = ZoneInfo("America/Los_Angeles")
+# older_than:/newer_than: periods (search operator help page: "d (day), m (month),
+# and y (year)"); Gmail does not say how long a month is, the fake counts 30 days.
+_PERIOD = re.compile(r"([1-9][0-9]*)([dmy])")
+_PERIOD_MS = {"d": 86_400_000, "m": 30 * 86_400_000, "y": 365 * 86_400_000}
 _IN_LABELS = {
     "inbox": "INBOX",
     "spam": "SPAM",
@@ -85,8 +93,11 @@ def list_messages(
     include_spam_trash: bool,
     max_results: str | None,
     page_token: str | None,
+    now_ms: int | None = None,
 ) -> dict[str, object]:
     size = page_size(max_results)
+    # whole seconds: the list cache below keys on the bounds a relative term gives
+    now_ms = int(time.time()) * 1000 if now_ms is None else now_ms
     required = set(label_ids)
     excluded: set[str] = set()
     after_ms, before_ms = None, None
@@ -97,6 +108,12 @@ def list_messages(
         if key in ("after", "newer", "before", "older") and not negated:
             bound = _date_ms(value)
             if key in ("after", "newer"):
+                after_ms = bound if after_ms is None else max(after_ms, bound)
+            else:
+                before_ms = bound if before_ms is None else min(before_ms, bound)
+        elif key in ("newer_than", "older_than") and not negated:
+            bound = now_ms - _period_ms(value)
+            if key == "newer_than":
                 after_ms = bound if after_ms is None else max(after_ms, bound)
             else:
                 before_ms = bound if before_ms is None else min(before_ms, bound)
@@ -167,6 +184,13 @@ def _date_ms(value: str) -> int:
             continue
         return int(day.timestamp() * 1000)
     raise BadRequest(f"Invalid date in search query: {value!r}")
+
+
+def _period_ms(value: str) -> int:
+    match = _PERIOD.fullmatch(value.lower())
+    if match is None:
+        raise BadRequest(f"Invalid period in search query: {value!r}")
+    return int(match[1]) * _PERIOD_MS[match[2]]
 
 
 def _label_of(mailbox: Mailbox, key: str, value: str) -> str:

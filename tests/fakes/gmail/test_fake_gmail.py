@@ -99,6 +99,33 @@ async def test_list_filters_labels_dates_and_spam_trash(
     assert status == 400 and bad["error"]["code"] == 400
 
 
+async def test_newer_than_and_older_than_count_back_from_now_on_internal_date(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    box = fake.mailbox(ALICE)
+    raw = corpus_files(corpus, 1)[0].read_bytes()
+    now_ms = int(time.time() * 1000)
+    day_ms = 86_400_000
+    recent = box.add_message(raw, internal_date_ms=now_ms - 2 * day_ms)
+    # delivered late: a new history record, an internalDate of 40 days ago
+    late = box.add_message(raw, internal_date_ms=now_ms - 40 * day_ms)
+    token = fake.issue_access_token(ALICE)
+    url = f"{fake.api_url}/users/{ALICE}/messages"
+
+    async def ids(q: str) -> list[str]:
+        status, body = await get_json(http, url, token, {"q": q})
+        assert status == 200, body
+        return [m["id"] for m in body.get("messages", [])]
+
+    assert await ids("newer_than:30d") == [recent.id]
+    assert await ids("newer_than:1d") == []
+    assert await ids("newer_than:2m") == [recent.id, late.id]
+    assert await ids("older_than:30d") == [late.id]
+    assert await ids("newer_than:1y older_than:1d") == [recent.id, late.id]
+    status, bad = await get_json(http, url, token, {"q": "newer_than:30"})
+    assert status == 400 and bad["error"]["code"] == 400
+
+
 async def test_history_grows_pages_and_filters(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
