@@ -20,8 +20,14 @@ When may the cursor move?
     owner's write changes no row and the source must stop.
   * An expired cursor (Gmail 404, Graph 410/syncStateNotFound, IMAP
     UIDVALIDITY change): `pages` raises `CursorExpired` (pipeline/errors.py);
-    the runner resets the cursor and calls `pages(None)`, a full resync that
-    the cascade makes idempotent. Renewing a watch never moves the cursor.
+    the runner stores its `restart_from` as the cursor (None: no cursor) and
+    calls `pages(restart_from)`, a resync that the cascade makes idempotent.
+    `pages(None)` means a new mailbox's first sync, which `backfill` may window;
+    a reset must instead cover everything since the last committed cursor, so a
+    door whose first sync is windowed restarts from a cursor of its own that
+    says "reset" (Gmail: RELIST_CURSOR, list every synced label in full).
+    Being stored, it survives a crash mid-resync. Ids already stored are never
+    downloaded again. Renewing a watch never moves the cursor.
 
 Raw-MIME doors pass `raw` bytes (kept byte-exact in the object store) and no
 thread id; provider doors pass the provider's thread id and message id, and

@@ -61,6 +61,8 @@ class CursorExpired(RetriableError):
     `restart_from`: a source whose cursor is several independent positions (one
     delta link per Outlook folder) restarts only the part that expired: the
     cursor is reset to this value instead of nothing, and the resync starts there.
+    A door whose first sync is windowed by `backfill` names a cursor of its own
+    meaning "reset: everything not stored" (Gmail's RELIST_CURSOR) the same way.
     """
 
     def __init__(self, message: str, *, restart_from: str | None = None) -> None:

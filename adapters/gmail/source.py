@@ -1,13 +1,20 @@
 """The Gmail sync loop: `pages(cursor)` of the source contract (adapters/base.py).
 
-The cursor is a Gmail historyId (opaque to the daemon). One run:
+The cursor is a Gmail historyId (opaque to the daemon), or RELIST_CURSOR. One run:
 
-    cursor None (first sync, or after CursorExpired)
+    cursor None (first sync of a new mailbox)
       getProfile → H0                       read BEFORE listing, so nothing that
                                             arrives during a long backfill is missed
-      per synced label: messages.list (backfill window, newest first, pages of
-        ≤ 500 ids) → Page(backfill=True)    ids already stored are never fetched
+      per synced label: messages.list (the `backfill` window: q=newer_than:Nd, no q
+        for "all", no list at all for "none"; newest first, pages of ≤ 500 ids)
+        → Page(backfill=True)               ids already stored are never fetched
       Page([], cursor_after=H0)             history from H0 covers the rest
+    cursor RELIST_CURSOR (a reset: the history after the last cursor expired)
+      getProfile → H0, then per synced label messages.list with NO window, whatever
+        `backfill` says: mail that arrived while the cursor was stale may carry any
+        internalDate (delayed delivery, imports, restores), and "none" would list
+        nothing. Every id not stored yet is fetched; stored ones never again.
+      Page([], cursor_after=H0)
     cursor H
       history.list(startHistoryId=H, messageAdded/Deleted, labelAdded/Removed),
       following pageToken with the same H → one Page per history page:
@@ -19,7 +26,10 @@ The cursor is a Gmail historyId (opaque to the daemon). One run:
         cursor_after  the last record's id on an intermediate page (a crash
                    resumes after it, never past a record not yet settled), the
                    response's historyId on the last page
-      404 → CursorExpired: the runner resets the cursor and calls pages(None)
+      404 → CursorExpired(restart_from=RELIST_CURSOR): the runner stores that
+        cursor (fenced, with a mailbox.cursor_reset event) and calls
+        pages(RELIST_CURSOR). Stored, not remembered here: a reset interrupted by
+        a crash or a shutdown goes on as a reset, never as a first sync.
 
 Pages are pipelined (adapters/overlap.py): page k+1 is listed and its bodies
 downloaded while page k is parsed, so a mailbox keeps spending its quota while
@@ -86,6 +96,9 @@ WATCH_RENEW_BEFORE_S = 6 * 24 * 3600.0
 DOWNLOADS_IN_FLIGHT = 2
 # One HTTP client session per source: connections are reused across runs.
 HTTP_TIMEOUT_S = 60.0
+# The cursor of a reset (module docstring): never a historyId, which is decimal
+# digits (users.history reference: "historyId: string (uint64 format)").
+RELIST_CURSOR = "relist"
 
 KnownCopies = Callable[[Sequence[str]], Awaitable[set[str]]]
 WatchRecorder = Callable[[datetime], Awaitable[None]]
@@ -144,8 +157,8 @@ class GmailSource:
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         client = self._ensure_client()
         await self._renew_watch_if_due(client)
-        if cursor is None:
-            async for page in self._full_sync(client):
+        if cursor is None or cursor == RELIST_CURSOR:
+            async for page in self._full_sync(client, reset=cursor == RELIST_CURSOR):
                 yield page
             return
         try:
@@ -154,7 +167,9 @@ class GmailSource:
             ):
                 yield page
         except HistoryExpired as exc:
-            raise CursorExpired(f"gmail history from {cursor} expired: {exc}") from exc
+            raise CursorExpired(
+                f"gmail history from {cursor} expired: {exc}", restart_from=RELIST_CURSOR
+            ) from exc
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
         """Nothing to do at Gmail: we never modify the mailbox."""
@@ -177,24 +192,27 @@ class GmailSource:
         self._session = None
         self._client = None
 
-    # --- first sync ------------------------------------------------------------------------
+    # --- first sync and reset --------------------------------------------------------------
 
-    async def _full_sync(self, client: GmailClient) -> AsyncGenerator[Page, None]:
+    async def _full_sync(self, client: GmailClient, *, reset: bool) -> AsyncGenerator[Page, None]:
         profile = await client.get_profile()
-        async for page in overlapped_pages(self._backfill_downloads(client, profile), self._finish):
+        async for page in overlapped_pages(
+            self._list_downloads(client, profile, reset=reset), self._finish
+        ):
             yield page
 
-    async def _backfill_downloads(
-        self, client: GmailClient, profile: Profile
+    async def _list_downloads(
+        self, client: GmailClient, profile: Profile, *, reset: bool
     ) -> AsyncGenerator[_Downloaded, None]:
-        if self.mailbox.backfill != "none":
+        """The synced labels' messages: within the backfill window at a first sync,
+        all of them at a reset (module docstring); then the cursor page."""
+        if reset or self.mailbox.backfill != "none":
+            query = None if reset else self.mailbox.backfill_query
             seen: set[str] = set()
             for label in self.mailbox.labels:
                 token: str | None = None
                 while True:
-                    listed = await client.list_messages(
-                        [label], query=self.mailbox.backfill_query, page_token=token
-                    )
+                    listed = await client.list_messages([label], query=query, page_token=token)
                     wanted = {
                         ref.id: _Wanted(ref.thread_id, [label])
                         for ref in listed.messages

@@ -108,7 +108,14 @@ class Running:
         return {s["mailbox_id"]: s for s in orjson.loads(result.stdout)}
 
 
-def tenant_file(fake: FakeGmail, token_files: dict[str, Path], gmail_extra: str = "") -> str:
+def tenant_file(
+    fake: FakeGmail,
+    token_files: dict[str, Path],
+    gmail_extra: str = "",
+    *,
+    backfill: str = '"all"',
+) -> str:
+    """The tenant "acme": push-mode Gmail mailboxes on `fake`; `backfill` as TOML."""
     boxes = "".join(
         f"""
 [[mailboxes]]
@@ -117,7 +124,7 @@ provider = "gmail"
 address = "{address}"
 sync_mode = "push"
 refresh_token = "file:{path}"
-backfill = "all"
+backfill = {backfill}
 """
         for address, path in token_files.items()
     )
