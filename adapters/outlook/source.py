@@ -6,7 +6,11 @@ The cursor is one delta position per synced folder (cursor.py). One run:
                                     moves a delta position
     per folder, in config order:
       position absent               a fresh round: `…/mailFolders/{f}/messages/delta()`
-                                    with the backfill $filter; pages flagged backfill
+                                    with the backfill $filter (its bound kept in the
+                                    cursor as `since`); pages flagged backfill
+      since only (state expired)    a fresh round with the same bound: everything the
+                                    expired state would have reported, the mail that
+                                    arrived while the cursor was stale included
       otherwise                     the stored nextLink or deltaLink
       each delta page → Page
         items       messages in the folder this mailbox does not store yet (one
@@ -19,9 +23,9 @@ The cursor is one delta position per synced folder (cursor.py). One run:
         cursor_after  the whole cursor with this folder at the page's nextLink,
                     or at the round's deltaLink on its last page
     410 Gone / syncStateNotFound on a folder → CursorExpired(restart_from = the
-    cursor this run started from, that folder removed): the runner records the
-    reset and resyncs; only that folder starts a fresh round, and the cascade and
-    the "stored" query make it idempotent with no body downloaded twice.
+    cursor this run started from, that folder at "since only"): the runner records
+    the reset and resyncs; only that folder starts a fresh round, and the cascade
+    and the "stored" query make it idempotent with no body downloaded twice.
 
 Pages are pipelined (adapters/overlap.py): the next delta page is read and its
 bodies downloaded while the current one is parsed. External id = immutable id,
@@ -33,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -43,7 +47,7 @@ from inboxd.adapters.base import Page
 from inboxd.adapters.outlook.auth import GraphTokens
 from inboxd.adapters.outlook.client import DeltaPage, GraphClient, RawBatch
 from inboxd.adapters.outlook.config import SENT_FOLDER, OutlookMailbox, OutlookSettings
-from inboxd.adapters.outlook.cursor import DeltaCursor
+from inboxd.adapters.outlook.cursor import DeltaCursor, bound_of
 from inboxd.adapters.outlook.errors import DeltaExpired
 from inboxd.adapters.outlook.subscriptions import SubscriptionKeeper, WatchRecorder
 from inboxd.adapters.outlook.transport import GraphTransport
@@ -103,18 +107,22 @@ class OutlookSource:
         self._client: GraphClient | None = None
         self._transport_options = dict(transport_options or {})
         self._folder_names: dict[str, str] | None = None  # folder id → configured name
+        # each folder's round bound as this run knows it (a first round's is fixed
+        # before its first page is committed): what an expiry restarts with
+        self._bounds: dict[str, str] = {}
 
     # --- the contract ----------------------------------------------------------------------
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         client = self._ensure_client()
         start = DeltaCursor.decode(cursor, self.mailbox.folders)
+        self._bounds = {}
         await self.subscriptions.maintain(client)
         try:
             async for page in overlapped_pages(self._downloads(client, start), self._finish):
                 yield page
         except DeltaExpired as exc:
-            restart = start.without(exc.folder)
+            restart = start.without(exc.folder, self._bounds.get(exc.folder))
             raise CursorExpired(str(exc), restart_from=restart.encode()) from exc
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:
@@ -142,10 +150,14 @@ class OutlookSource:
         current = start
         for folder in self.mailbox.folders:
             position = current.folders[folder]
-            if position.link is None and self.mailbox.backfill == "none":
-                since: datetime | None = datetime.now().astimezone()
-            else:
-                since = self.mailbox.received_since()
+            if position.since is not None:
+                self._bounds[folder] = position.since
+            if position.link is None:
+                if position.since is None:  # the folder's first round
+                    self._bounds[folder] = self._first_bound()
+                    current = current.bounded(folder, self._bounds[folder])
+                position = current.folders[folder]
+            since = position.since_time
             link, first = position.link, position.first
             while True:
                 delta = await client.delta_page(folder, link, since)
@@ -156,6 +168,13 @@ class OutlookSource:
                 yield await self._download(client, folder, delta, page)
                 if delta.delta_link is not None:
                     break
+
+    def _first_bound(self) -> str:
+        """The bound of a folder's first round: the backfill window, or for "none"
+        this moment (only mail from now on)."""
+        if self.mailbox.backfill == "none":
+            return bound_of(datetime.now(UTC))
+        return bound_of(self.mailbox.received_since())
 
     async def _download(
         self, client: GraphClient, folder: str, delta: DeltaPage, page: Page

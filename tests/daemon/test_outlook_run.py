@@ -53,6 +53,7 @@ class Box:
     address: str
     folders: tuple[str, ...] = FOLDERS
     delegated: bool = False
+    backfill: int | str = "all"
 
 
 @dataclass
@@ -64,6 +65,21 @@ class Running:
     base: str
     session: aiohttp.ClientSession
     refresh_tokens: dict[str, str]
+    config: Path | None = None
+    env: dict[str, str] | None = None
+
+    async def restart(self, while_down: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop the daemon as an operator would (SIGTERM: its leases released), run
+        `while_down`, start it again on the same config, port and database."""
+        assert self.config is not None
+        self.daemon.signal()
+        code = await anyio.to_thread.run_sync(self.daemon.wait_exit)
+        assert code == 0, self.daemon.log_tail()
+        if while_down is not None:
+            await while_down()
+        log = self.tmp / f"daemon.{len(list(self.tmp.glob('daemon*.log')))}.log"
+        self.daemon = DaemonProcess(self.config, self.dsn, log, env=self.env)
+        await anyio.to_thread.run_sync(self.daemon.wait_ready)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         conn = await asyncpg.connect(self.dsn)
@@ -195,6 +211,7 @@ def tenant_file(fake: FakeGraph, boxes: list[Box], port: int, token_files: dict[
     for box in boxes:
         folders = ", ".join(f'"{f}"' for f in box.folders)
         token = f'refresh_token = "file:{token_files[box.address]}"\n' if box.delegated else ""
+        backfill = f'"{box.backfill}"' if isinstance(box.backfill, str) else str(box.backfill)
         blocks.append(
             f"""
 [[mailboxes]]
@@ -203,7 +220,7 @@ provider = "outlook"
 address = "{box.address}"
 sync_mode = "push"
 folders = [{folders}]
-backfill = "all"
+backfill = {backfill}
 {token}"""
         )
     return f"""
@@ -243,12 +260,13 @@ async def outlook_daemon(
         (tmp / "tenants" / "acme.toml").write_text(tenant_file(fake, boxes, port, files))
         env = {"ACME_GRAPH_SECRET": fake.client_secret, "ACME_API_TOKEN": API_TOKEN}
         daemon = DaemonProcess(config, dsn, tmp / "daemon.log", env=env)
+        running: Running | None = None
         try:
             ready_port = await anyio.to_thread.run_sync(daemon.wait_ready)
             assert ready_port == port
             async with aiohttp.ClientSession() as session:
                 running = Running(
-                    tmp, dsn, fake, daemon, f"http://127.0.0.1:{port}", session, tokens
+                    tmp, dsn, fake, daemon, f"http://127.0.0.1:{port}", session, tokens, config, env
                 )
                 for box in boxes:
                     count = seed.get(box.address, 0)
@@ -262,6 +280,8 @@ async def outlook_daemon(
                 assert fake.counters.missing_immutable_total() == 0, fake.counters.missing_immutable
         finally:
             daemon.kill()
+            if running is not None:
+                running.daemon.kill()
 
 
 async def _ready(running: Running, box: Box, count: int) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from inboxd.adapters.outlook.cursor import DeltaCursor, FolderPosition
+from datetime import UTC, datetime
+
+from inboxd.adapters.outlook.cursor import ALL, DeltaCursor, FolderPosition, bound_of
 
 FOLDERS = ("inbox", "sentitems")
 
@@ -23,7 +25,26 @@ def test_positions_round_trip_and_folders_restart_independently() -> None:
     assert again == cursor
     restarted = DeltaCursor.decode(again.without("sentitems").encode(), FOLDERS)
     assert restarted.folders["inbox"] == FolderPosition("https://g/delta?$deltatoken=a", False)
-    assert restarted.folders["sentitems"] == FolderPosition()
+    # a link written before bounds were kept expires to a round over the whole folder
+    assert restarted.folders["sentitems"] == FolderPosition(None, True, ALL)
+
+
+def test_an_expired_folder_restarts_with_the_bound_of_its_first_round() -> None:
+    since = "2026-11-02T09:30:00Z"
+    cursor = (
+        DeltaCursor.decode(None, FOLDERS)
+        .bounded("inbox", since)
+        .at("inbox", "https://g/delta?$skiptoken=a", first=True)
+        .at("inbox", "https://g/delta?$deltatoken=b", first=False)
+    )
+    assert DeltaCursor.decode(cursor.encode(), FOLDERS) == cursor
+    expired = DeltaCursor.decode(cursor.without("inbox").encode(), FOLDERS)
+    # not a first round (no backfill flag), and the same receivedDateTime bound
+    assert expired.folders["inbox"] == FolderPosition(None, False, since)
+    assert expired.folders["inbox"].since_time == datetime(2026, 11, 2, 9, 30, tzinfo=UTC)
+    # a folder that never started stays fresh: its first round takes the backfill
+    assert expired.without("sentitems").folders["sentitems"] == FolderPosition()
+    assert bound_of(None) == ALL
 
 
 def test_folders_no_longer_synced_are_dropped_and_new_ones_start_fresh() -> None:
