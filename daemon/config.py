@@ -39,6 +39,7 @@ parses tenant files (and holds `TenantConfig`, `MailboxConfig`, `TenantSet`);
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,13 +69,20 @@ __all__ = [
     "load_tenants",
 ]
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: `[listener] trusted_proxies`: the reverse proxies whose forwarding header names the
+#: client (daemon/http/forwarded.py).
+TrustedProxies = tuple[IPNetwork, ...]
+#: `[listener] forwarded_header` values: the one header the proxy in front writes.
+FORWARDED_HEADERS = ("x-forwarded-for", "forwarded")
+
 DEFAULT_TENANTS_DIR = "tenants"
 OBJECTS_DIR = "objects"  # under the data directory, as `inboxd import` does
 
 # Main file: section -> its keys. ([object_store] depends on its kind, see below.)
 _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "database": ("dsn",),
-    "listener": ("host", "port", "max_body_bytes"),
+    "listener": ("host", "port", "max_body_bytes", "trusted_proxies", "forwarded_header"),
     "object_store": (
         "kind",
         "path",
@@ -133,6 +141,8 @@ class MainConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 8025
     max_body_bytes: int = 262_144
+    trusted_proxies: TrustedProxies = ()
+    forwarded_header: str = FORWARDED_HEADERS[0]
     object_store: dict[str, Any] = field(default_factory=_default_object_store, hash=False)
     queue_capacity: int = 2000
     ingest_workers: int = 2
@@ -303,6 +313,9 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
         max_body_bytes=r.integer(
             listener, "max_body_bytes", "listener", defaults.max_body_bytes, minimum=1
         ),
+        trusted_proxies=_trusted_proxies(r, listener),
+        forwarded_header=r.choice(listener, "forwarded_header", "listener", FORWARDED_HEADERS, None)
+        or defaults.forwarded_header,
         object_store=_object_store(r, raw.get("object_store"), base),
         queue_capacity=r.integer(queue, "capacity", "queue", defaults.queue_capacity, minimum=1),
         ingest_workers=r.integer(workers, "ingest", "workers", defaults.ingest_workers, minimum=1),
@@ -322,6 +335,22 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
         raw=raw,
     )
     return main, r.problems
+
+
+def _trusted_proxies(r: Reader, listener: Mapping[str, Any]) -> TrustedProxies:
+    """`[listener] trusted_proxies`: addresses or CIDRs of the reverse proxies in front
+    (daemon/http/forwarded.py); each entry that is neither is a problem of its own."""
+    entries = listener.get("trusted_proxies", [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        r.problem("listener.trusted_proxies", "must be a list of addresses or CIDRs")
+        return ()
+    networks: list[IPNetwork] = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            r.problem("listener.trusted_proxies", f"{entry!r} is not an IP address or CIDR")
+    return tuple(networks)
 
 
 def _database_dsn(r: Reader, database: dict[str, Any]) -> str | None:

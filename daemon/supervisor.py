@@ -313,6 +313,8 @@ class Daemon:
             tenant_for_token=self._tokens,
             ready=self._ready,
             max_body_bytes=self.main.max_body_bytes,
+            trusted_proxies=self.main.trusted_proxies,
+            forwarded_header=self.main.forwarded_header,
             webhooks=Webhooks(
                 EspHooks(self.hooks, self.intake, confirm_subscription),
                 GmailPush(self.gmail_push),

@@ -10,9 +10,10 @@ Routes:
     GET  /v1/attachments/{id}   attachment bytes or a presigned redirect (http/api.py)
     POST /hooks/…               HttpState.webhooks (daemon/webhooks/)
 
-Middlewares, outermost first: metrics (every answer counted by route
-template, method and status), errors (every error answer is JSON
-`{"error": …}`), body limit. The body limit rejects a declared Content-Length
+Middlewares, outermost first: the client's address when the TCP peer is one of
+`[listener] trusted_proxies` (http/forwarded.py; absent without any), metrics
+(every answer counted by route template, method and status), errors (every
+error answer is JSON `{"error": …}`), body limit. The body limit rejects a declared Content-Length
 above `max_body_bytes` with 413 before a byte of the body is read (also for
 `Expect: 100-continue`, where it answers 413 instead of `100 Continue`), and
 reads any other body — chunked included — only up to the limit, under
@@ -54,6 +55,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inboxd.daemon.http.api import attachment_handler, outbound_handler
 from inboxd.daemon.http.events import EVENT_HUB, EventHub, events_handler
+from inboxd.daemon.http.forwarded import client_middleware
 from inboxd.daemon.http.state import (
     HTTP_STATE,
     ApiError,
@@ -185,7 +187,13 @@ async def _limit_body(request: web.Request, handler: _Handler) -> web.StreamResp
         webhooks.check_before_body(request)
     if request.body_exists:
         if limit < request.app[HTTP_STATE].max_body_bytes:
-            request = request.clone(client_max_size=limit + 1)
+            # aiohttp's clone forgets an earlier clone's `remote` (the forwarded client)
+            remote = request.remote
+            request = (
+                request.clone(client_max_size=limit + 1)
+                if remote is None
+                else request.clone(client_max_size=limit + 1, remote=remote)
+            )
         # Application(client_max_size=limit + 1): read() raises 413 as soon as it
         # has more than `limit` bytes, whatever the framing (chunked included).
         try:
@@ -316,8 +324,14 @@ class _Runner(web.AppRunner):
 
 def build_app(state: HttpState) -> web.Application:
     """The aiohttp application for `state` (routes, middlewares, SSE hub)."""
+    # The client's address first, so every budget, log line and metric sees it.
+    forwarded = (
+        [client_middleware(state.trusted_proxies, state.forwarded_header)]
+        if state.trusted_proxies
+        else []
+    )
     app = web.Application(
-        middlewares=[_observe, _errors, _limit_body],
+        middlewares=[*forwarded, _observe, _errors, _limit_body],
         client_max_size=state.max_body_bytes + 1,
     )
     app[HTTP_STATE] = state

@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 from aiohttp import hdrs, web
 
+from inboxd.daemon.config import FORWARDED_HEADERS, TrustedProxies
 from inboxd.daemon.metrics import Metrics
 from inboxd.pipeline.objectstore import ObjectStore
 
@@ -74,6 +75,9 @@ class HttpState:
     ready: Callable[[], Awaitable[bool]] = field(repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     webhooks: WebhookRoutes | None = field(default=None, repr=False)
+    #: Reverse proxies whose forwarding header names the client (http/forwarded.py).
+    trusted_proxies: TrustedProxies = ()
+    forwarded_header: str = FORWARDED_HEADERS[0]
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:

@@ -41,14 +41,13 @@ neither hold a tenant's events back nor cost unbounded CPU:
   recently charged dropped first; a dropped bucket is a full one).
 
 A peer is `request.remote`: the TCP peer (an IPv6 one is its /64,
-daemon/webhooks/ratelimit.py `peer_key`). Behind a reverse proxy every request
-has the proxy's address, so all senders share ONE failure budget per source:
-a flood through the proxy then holds signed events back as well (they get 429
-before their body is read and the provider retries later). An operator behind
-a proxy should rate-limit failed or all requests per client address at the
-proxy (nginx `limit_req` keyed on `$binary_remote_addr`, HAProxy stick
-tables), or expose `/hooks/` to providers directly; X-Forwarded-For is not
-trusted here because any client can send one.
+daemon/webhooks/ratelimit.py `peer_key`), or, when the TCP peer is one of
+`[listener] trusted_proxies`, the client address the proxy forwarded
+(daemon/http/forwarded.py). Behind a proxy that is not listed there every
+request has the proxy's address, so all senders share ONE failure budget per
+source: a flood through the proxy then holds signed events back as well (they
+get 429 before their body is read and the provider retries later).
+X-Forwarded-For from any other peer is ignored: any client can send one.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ defaults to `tenants/` next to it) plus tenant files. No database is needed.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import orjson
@@ -149,6 +150,8 @@ def test_every_main_key(tmp_path: Path) -> None:
         host = "::1"
         port = 0
         max_body_bytes = 1024
+        trusted_proxies = ["127.0.0.1", "10.0.0.0/8", "fd00::/8"]
+        forwarded_header = "forwarded"
         [object_store]
         kind = "s3"
         bucket = "mail"
@@ -184,6 +187,12 @@ def test_every_main_key(tmp_path: Path) -> None:
         listen_host="::1",
         listen_port=0,
         max_body_bytes=1024,
+        trusted_proxies=(
+            ipaddress.ip_network("127.0.0.1/32"),
+            ipaddress.ip_network("10.0.0.0/8"),
+            ipaddress.ip_network("fd00::/8"),
+        ),
+        forwarded_header="forwarded",
         object_store={
             "kind": "s3",
             "bucket": "mail",
@@ -311,6 +320,30 @@ PROBLEM_CASES = [
         "invalid TOML",
     ),
     ("main-toml-syntax", "[listener\n", None, "main", "line 1, column 10", "invalid TOML"),
+    (
+        "trusted-proxy-not-an-address",
+        '[listener]\ntrusted_proxies = ["10.0.0.0/8", "proxy.internal"]\n',
+        None,
+        "main",
+        "listener.trusted_proxies",
+        "'proxy.internal' is not an IP address or CIDR",
+    ),
+    (
+        "trusted-proxies-not-a-list",
+        '[listener]\ntrusted_proxies = "10.0.0.1"\n',
+        None,
+        "main",
+        "listener.trusted_proxies",
+        "must be a list of addresses or CIDRs",
+    ),
+    (
+        "forwarded-header-unknown",
+        '[listener]\nforwarded_header = "x-real-ip"\n',
+        None,
+        "main",
+        "listener.forwarded_header",
+        'expected one of "x-forwarded-for", "forwarded"',
+    ),
     (
         "unknown-main-key",
         "[listener]\nprot = 1\n",

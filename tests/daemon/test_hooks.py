@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -69,7 +70,11 @@ def hook(source_id: str, table: dict[str, Any], **kw: Any) -> DeliveryHook:
 
 @asynccontextmanager
 async def serving(
-    pool: asyncpg.Pool, dsn: str, store: ObjectStore, **sources: DeliveryHook
+    pool: asyncpg.Pool,
+    dsn: str,
+    store: ObjectStore,
+    trusted_proxies: tuple[str, ...] = (),
+    **sources: DeliveryHook,
 ) -> AsyncIterator[Served]:
     async def ready() -> bool:
         return True
@@ -91,6 +96,7 @@ async def serving(
         tenant_for_token=TokenTable({}),
         ready=ready,
         webhooks=Webhooks(EspHooks(table, intake, confirm)),
+        trusted_proxies=tuple(ipaddress.ip_network(p) for p in trusted_proxies),
     )
     async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
         with anyio.fail_after(DEADLINE_S):
@@ -148,8 +154,17 @@ def mailgun_body(event_id: str, token: str, *, kind: str = "delivered") -> bytes
 
 
 async def post(
-    served: Served, source: str, body: bytes, headers: dict[str, str], tenant: str = "acme"
+    served: Served,
+    source: str,
+    body: bytes,
+    headers: dict[str, str],
+    tenant: str = "acme",
+    *,
+    via: str | None = None,
 ) -> tuple[int, dict]:
+    """POST a delivery event; `via`: the client's address as a proxy would forward it."""
+    if via is not None:
+        headers = {**headers, "x-forwarded-for": via}
     with anyio.fail_after(DEADLINE_S):
         async with served.session.post(
             f"{served.base}/hooks/esp/{tenant}/{source}", data=body, headers=headers
@@ -592,6 +607,11 @@ SIGNED_DURING_FLOOD = 60
 FLOOD_SOURCE_RATE_PER_S = 100.0
 FLOOD_SOURCE_BURST = 100.0
 FLOOD_PEER = "127.0.0.2"  # all of 127.0.0.0/8 is loopback on Linux: a second peer
+#: Through a proxy: every request's TCP peer is the proxy; the clients it forwards for
+#: (documentation ranges, RFC 5737) are told apart by X-Forwarded-For alone.
+PROXY = "127.0.0.1"
+FLOOD_CLIENT = "203.0.113.66"
+ESP_CLIENT = "198.51.100.7"
 
 
 def garbage(n: int) -> tuple[bytes, dict[str, str]]:
@@ -607,17 +627,26 @@ def garbage(n: int) -> tuple[bytes, dict[str, str]]:
 
 
 @pytest.mark.slow
-async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store) -> None:
+@pytest.mark.parametrize("path", ["direct", "through_a_proxy"])
+async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store, path) -> None:
+    """Directly, the flood comes from another address; through a proxy (the daemon's
+    `[listener] trusted_proxies` naming it) flood and signed events share the proxy's
+    address and only X-Forwarded-For tells the senders apart."""
     resend = hook(
         "resend",
         {"provider": "resend", "secret": SW_SECRET},
         limiter=RateLimiter(FLOOD_SOURCE_RATE_PER_S, FLOOD_SOURCE_BURST),
     )
+    proxied = path == "through_a_proxy"
+    trusted = (PROXY,) if proxied else ()
+    flooder_via, sender_via = (FLOOD_CLIENT, ESP_CLIENT) if proxied else (None, None)
     flood: dict[int | str, int] = {"sent": 0}
     signed: list[int] = []
-    async with serving(pool, db_dsn, store, resend=resend) as served:
+    async with serving(pool, db_dsn, store, trusted, resend=resend) as served:
         url = f"{served.base}/hooks/esp/acme/resend"
-        connector = aiohttp.TCPConnector(local_addr=(FLOOD_PEER, 0), limit=FLOOD_CONCURRENCY)
+        connector = aiohttp.TCPConnector(
+            local_addr=(PROXY if proxied else FLOOD_PEER, 0), limit=FLOOD_CONCURRENCY
+        )
         started = time.monotonic()
 
         async def flooder(done: anyio.Event) -> None:
@@ -626,6 +655,8 @@ async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store) 
                     return
                 flood["sent"] += 1
                 body, headers = garbage(flood["sent"])
+                if flooder_via is not None:
+                    headers["x-forwarded-for"] = flooder_via
                 async with flooding.post(url, data=body, headers=headers) as response:
                     await response.read()
                     flood[response.status] = flood.get(response.status, 0) + 1
@@ -641,7 +672,11 @@ async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store) 
                     for n in range(SIGNED_DURING_FLOOD):
                         body = resend_event(email_id=f"em_{n}")
                         status, _ = await post(
-                            served, "resend", body, sign_standard(body, msg_id=f"m{n}")
+                            served,
+                            "resend",
+                            body,
+                            sign_standard(body, msg_id=f"m{n}"),
+                            via=sender_via,
                         )
                         signed.append(status)
                     flood_running = flood["sent"] < FLOOD_MAX_REQUESTS
@@ -735,3 +770,37 @@ def test_peer_budgets_are_bounded_and_separate() -> None:
     assert peer_key("2001:db8:0:1::1") != peer_key("2001:db8::1")
     assert peer_key("::ffff:192.0.2.7") == peer_key("192.0.2.7") == "192.0.2.7"
     assert peer_key(None) == ""
+
+
+async def test_forwarded_addresses_count_only_from_a_trusted_proxy(pool, db_dsn, store, sw) -> None:
+    """A client's budget is its forwarded address when the TCP peer is a trusted proxy;
+    a peer that is not one writes X-Forwarded-For in vain (its own address counts)."""
+    async with serving(pool, db_dsn, store, (PROXY,), resend=sw) as served:
+
+        async def forged(n: int, via: str, peer: str) -> int:
+            body, headers = garbage(n)
+            connector = aiohttp.TCPConnector(local_addr=(peer, 0))
+            async with aiohttp.ClientSession(connector=connector) as session:
+                async with session.post(
+                    f"{served.base}/hooks/esp/acme/resend",
+                    data=body,
+                    headers={**headers, "x-forwarded-for": via},
+                ) as r:
+                    return r.status
+
+        # The flooding client, through the proxy, spends its own failure budget ...
+        for n in range(int(FAILED_VERIFICATION_BURST)):
+            assert await forged(n, FLOOD_CLIENT, PROXY) == 401
+        assert await forged(99, FLOOD_CLIENT, PROXY) == 429
+        # ... a client that wrote the flooder's address to the left of its own is itself
+        # (the proxy appends the address it saw), and another client is untouched.
+        body = resend_event(email_id="em_1")
+        spoofed = f"{FLOOD_CLIENT}, {ESP_CLIENT}"
+        assert (await post(served, "resend", body, sign_standard(body, msg_id="m1"), via=spoofed))[
+            0
+        ] == 200
+        # A peer that is not a trusted proxy cannot pick a fresh budget per request.
+        for n in range(int(FAILED_VERIFICATION_BURST)):
+            assert await forged(200 + n, f"192.0.2.{n + 1}", FLOOD_PEER) == 401
+        assert await forged(299, "192.0.2.250", FLOOD_PEER) == 429
+    assert len(await stored(pool)) == 1
