@@ -9,7 +9,10 @@ grant (connect_outlook.py); `connect gmail` with the flow below.
 The Gmail flow for installed applications with a loopback redirect and PKCE
 (developers.google.com/identity/protocols/oauth2/native-app; RFC 7636 S256):
 
-    1. listen on 127.0.0.1, ephemeral port: the redirect_uri
+    1. listen on 127.0.0.1, an ephemeral port or --port (so an SSH tunnel from the
+       operator's computer can be opened first on a headless VM): the redirect_uri.
+       --manual listens nowhere: the browser's redirect fails to load, and the
+       operator pastes the address it shows (code and state) into the command
     2. print the consent URL (client_id, redirect_uri, response_type=code, the
        gmail.readonly scope, access_type=offline + prompt=consent so that Google
        issues a refresh token even to a returning user, state, code_challenge,
@@ -20,8 +23,11 @@ The Gmail flow for installed applications with a loopback redirect and PKCE
     5. ask Gmail whose mailbox the token opens: a consent given for another
        account is refused, nothing is written
     6. write the refresh token to a 0600 file (--out; default next to the tenant
-       file), never over an existing file without --force, and print the
-       `refresh_token = "file:…"` line for the mailbox's table
+       file), owned by --owner when given (the daemon's user: run as root, the file
+       would otherwise be root's and unreadable by the daemon), never over an
+       existing file without --force; check the written file's owner and mode, and
+       print the `refresh_token = "file:…"` line for the mailbox's table and the
+       next step
 
 gmail.readonly is the narrowest scope that covers everything the door calls:
 getProfile, messages.list/get with format=raw (gmail.metadata has no bodies),
@@ -44,10 +50,11 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiohttp
 import anyio
@@ -69,6 +76,10 @@ GMAIL_SCOPE = "https://www.googleapis.com/auth/gmail.readonly"
 DEFAULT_TIMEOUT_S = 300.0
 HTTP_TIMEOUT_S = 30.0
 CALLBACK_PATH = "/"
+#: The redirect port of --manual without --port: any loopback port works for a Desktop
+#: OAuth client (Google's native-app guide); nothing is expected to listen on it on the
+#: operator's computer, so the redirect stops in the address bar, ready to copy.
+MANUAL_REDIRECT_PORT = 8976
 # The provider table's parser and its error, by provider (= table name).
 _SETTINGS: dict[str, tuple[Any, type[ValueError]]] = {
     "gmail": (GmailSettings, GmailConfigError),
@@ -99,6 +110,19 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         help="seconds to wait for the browser (default: %(default)g)",
     )
     gmail.add_argument(
+        "--port",
+        type=_port,
+        default=0,
+        help="loopback port of the redirect (default: any free one); fix it to open an SSH "
+        "tunnel first: ssh -L PORT:127.0.0.1:PORT this-host",
+    )
+    gmail.add_argument(
+        "--manual",
+        action="store_true",
+        help="listen nowhere: after consent, paste the address the browser was sent to "
+        "(for a machine whose loopback your browser cannot reach)",
+    )
+    gmail.add_argument(
         "--auth-url",
         default=DEFAULT_AUTH_URL,
         help="authorization endpoint (default: Google's; tests use a fake)",
@@ -125,7 +149,38 @@ def _mailbox_arguments(parser: argparse.ArgumentParser, provider: str) -> None:
         help="refresh token file (default: TENANT.MAILBOX.refresh-token next to the tenant file)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.add_argument(
+        "--owner",
+        metavar="USER",
+        help="make the token file USER's (the daemon's user, e.g. inboxd; needs root), "
+        "still readable by that user only",
+    )
     parser.set_defaults(handler=run)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return port
+
+
+def _owner(name: str | None) -> tuple[int, int] | None:
+    """(uid, gid) of --owner: the user's and their primary group's."""
+    if name is None:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise CommandError(f"--owner {name}: no such user", EXIT_USAGE) from None
+    if os.geteuid() not in (0, entry.pw_uid):
+        raise CommandError(f"--owner {name}: only root can give a file to another user", EXIT_USAGE)
+    return entry.pw_uid, entry.pw_gid
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -133,20 +188,33 @@ async def run(args: argparse.Namespace) -> int:
         raise CommandError("connect needs --config FILE (the main config)", EXIT_USAGE)
     scale = connect_outlook.poll_scale(os.environ) if args.provider == "outlook" else 1.0
     target, out = await anyio.to_thread.run_sync(_plan, args)
+    owner = _owner(args.owner)
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         if isinstance(target.settings, OutlookSettings):
             refresh = await connect_outlook.device_flow(target.settings, session, wait_scale=scale)
         else:
             refresh = await _consent(args, target, session)
-    await anyio.to_thread.run_sync(lambda: _write_secret(out, refresh, force=args.force))
+    await anyio.to_thread.run_sync(
+        lambda: _write_secret(out, refresh, force=args.force, owner=owner)
+    )
     line = f'refresh_token = "file:{out}"'
     if args.json:
         command = f"connect {args.provider}"
         emit_json({"command": command, "status": "ok", "file": str(out), "line": line})
     else:
-        print(f"refresh token written to {out} (mode 0600); in mailbox {args.mailbox!r} put:")
+        whose = f", owner {args.owner}" if args.owner else ""
+        print(
+            f"refresh token written to {out} (mode 0600{whose}); in mailbox {args.mailbox!r} put:"
+        )
         print(line)
+        print(
+            f"Next: put that line in mailbox {args.mailbox!r} of {target.tenant_file}, run "
+            f"'inboxd check-config {args.config}', then reload the daemon "
+            "('systemctl reload inboxd', or SIGHUP); 'inboxd status' shows the mailbox "
+            "syncing.",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -225,6 +293,61 @@ async def _consent(
     verifier = secrets.token_urlsafe(64)  # 86 chars of RFC 7636's unreserved alphabet
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
     state = secrets.token_urlsafe(24)
+    if args.manual:
+        port = args.port or MANUAL_REDIRECT_PORT
+        redirect_uri = f"http://127.0.0.1:{port}{CALLBACK_PATH}"
+        url = _consent_url(
+            args.auth_url, settings.client_id, redirect_uri, target, state, challenge
+        )
+        answer = await _pasted_answer(url, target.address, state, args.timeout)
+    else:
+        answer, redirect_uri = await _redirected_answer(args, settings, target, state, challenge)
+    if "code" not in answer:
+        raise CommandError(f"consent not given: {answer.get('error', 'no code')[:100]}")
+    form = {
+        "grant_type": "authorization_code",
+        "code": answer["code"],
+        "redirect_uri": redirect_uri,
+        "client_id": settings.client_id,
+        "client_secret": settings.client_secret.reveal(),
+        "code_verifier": verifier,
+    }
+    tokens = await _post_json(session, settings.token_url, form)
+    refresh, access = tokens.get("refresh_token"), tokens.get("access_token")
+    if not isinstance(refresh, str) or not isinstance(access, str):
+        raise CommandError("the token endpoint issued no refresh token: connect again")
+    await _check_account(session, settings, access, target.address)
+    return refresh
+
+
+def _consent_url(
+    auth_url: str, client_id: str, redirect_uri: str, target: _Target, state: str, challenge: bytes
+) -> str:
+    query = {
+        "client_id": client_id,
+        "redirect_uri": redirect_uri,
+        "response_type": "code",
+        "scope": GMAIL_SCOPE,
+        "access_type": "offline",
+        "prompt": "consent",
+        "login_hint": target.address,
+        "state": state,
+        "code_challenge": challenge.decode().rstrip("="),
+        "code_challenge_method": "S256",
+    }
+    return f"{auth_url}{'&' if '?' in auth_url else '?'}{urlencode(query)}"
+
+
+async def _redirected_answer(
+    args: argparse.Namespace,
+    settings: GmailSettings,
+    target: _Target,
+    state: str,
+    challenge: bytes,
+) -> tuple[dict[str, str], str]:
+    """The redirect's query, received on 127.0.0.1 (--port or a free port), and the
+    redirect_uri; CommandError when the port is taken or nothing came in time."""
+    assert settings.client_id is not None
     answer: dict[str, str] = {}
     arrived = anyio.Event()
 
@@ -242,21 +365,17 @@ async def _consent(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        except OSError as exc:
+            raise CommandError(
+                f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc} "
+                "(choose another --port)"
+            ) from exc
         redirect_uri = f"http://127.0.0.1:{runner.addresses[0][1]}{CALLBACK_PATH}"
-        query = {
-            "client_id": settings.client_id,
-            "redirect_uri": redirect_uri,
-            "response_type": "code",
-            "scope": GMAIL_SCOPE,
-            "access_type": "offline",
-            "prompt": "consent",
-            "login_hint": target.address,
-            "state": state,
-            "code_challenge": challenge.decode().rstrip("="),
-            "code_challenge_method": "S256",
-        }
-        url = f"{args.auth_url}{'&' if '?' in args.auth_url else '?'}{urlencode(query)}"
+        url = _consent_url(
+            args.auth_url, settings.client_id, redirect_uri, target, state, challenge
+        )
         print(f"Open this URL in a browser and allow access for {target.address}:", file=sys.stderr)
         print(url, file=sys.stderr, flush=True)
         with anyio.move_on_after(args.timeout):
@@ -265,22 +384,50 @@ async def _consent(
         await runner.cleanup()
     if not arrived.is_set():
         raise CommandError(f"no answer from the browser within {args.timeout:g} s")
-    if "code" not in answer:
-        raise CommandError(f"consent not given: {answer.get('error', 'no code')[:100]}")
-    form = {
-        "grant_type": "authorization_code",
-        "code": answer["code"],
-        "redirect_uri": redirect_uri,
-        "client_id": settings.client_id,
-        "client_secret": settings.client_secret.reveal(),
-        "code_verifier": verifier,
-    }
-    tokens = await _post_json(session, settings.token_url, form)
-    refresh, access = tokens.get("refresh_token"), tokens.get("access_token")
-    if not isinstance(refresh, str) or not isinstance(access, str):
-        raise CommandError("the token endpoint issued no refresh token: connect again")
-    await _check_account(session, settings, access, target.address)
-    return refresh
+    return answer, redirect_uri
+
+
+async def _pasted_answer(url: str, address: str, state: str, timeout_s: float) -> dict[str, str]:
+    """--manual: print the consent URL, read the address the browser was sent to from
+    standard input; CommandError for a wrong state, no input or no input in time."""
+    print(f"Open this URL in a browser and allow access for {address}:", file=sys.stderr)
+    print(url, file=sys.stderr)
+    print(
+        "The browser then opens a 127.0.0.1 address that does not load. Copy that whole "
+        "address from the address bar and paste it here:",
+        file=sys.stderr,
+        flush=True,
+    )
+    pasted = await _read_line(timeout_s)
+    if pasted is None:
+        raise CommandError(f"nothing pasted within {timeout_s:g} s")
+    text = pasted.strip()
+    query = urlsplit(text).query if "://" in text else text.lstrip("?")
+    answer = {key: values[-1] for key, values in parse_qs(query).items()}
+    if not answer:
+        raise CommandError("that is not the address the browser was sent to (no code, no state)")
+    if not hmac.compare_digest(answer.get("state", ""), state):
+        raise CommandError("that address belongs to another sign-in (state): connect again")
+    return answer
+
+
+async def _read_line(timeout_s: float) -> str | None:
+    """One line of standard input, None when none came within `timeout_s`. Read on the
+    event loop, not in a thread: a thread blocked in readline would keep the process
+    alive after a timeout until someone pressed Enter."""
+    fd = sys.stdin.fileno()
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return sys.stdin.readline()  # a file cannot be waited on, and never blocks
+    buffer = b""
+    with anyio.move_on_after(timeout_s):
+        while b"\n" not in buffer:
+            await anyio.wait_readable(fd)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break  # end of input
+            buffer += chunk
+        return buffer.decode(errors="replace")
+    return None
 
 
 async def _post_json(session: aiohttp.ClientSession, url: str, form: dict[str, str]) -> Any:
@@ -317,8 +464,12 @@ async def _check_account(
         )
 
 
-def _write_secret(path: Path, value: str, *, force: bool) -> None:
-    """Write `value` to `path`, readable by its owner only (0600) from the first byte.
+def _write_secret(
+    path: Path, value: str, *, force: bool, owner: tuple[int, int] | None = None
+) -> None:
+    """Write `value` to `path`, readable by its owner only (0600) from the first byte,
+    owned by `owner` (uid, gid) when given; the file's mode and owner are checked
+    once it has its name.
 
     The value goes to a temporary file next to `path` (created 0600, O_EXCL, synced),
     which then takes the name in one step: os.link, which fails when `path` exists,
@@ -329,6 +480,8 @@ def _write_secret(path: Path, value: str, *, force: bool) -> None:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), 0o600)  # exactly 0600, whatever the umask
+            if owner is not None:
+                os.fchown(fh.fileno(), *owner)
             fh.write(value + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -336,6 +489,7 @@ def _write_secret(path: Path, value: str, *, force: bool) -> None:
             os.replace(temporary, path)
         else:
             os.link(temporary, path)
+        _check_secret_file(path, owner)
     except FileExistsError:
         raise CommandError(f"{path} exists: pass --force to replace it", EXIT_USAGE) from None
     except OSError as exc:
@@ -343,3 +497,15 @@ def _write_secret(path: Path, value: str, *, force: bool) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)  # after os.link; gone already after os.replace
+
+
+def _check_secret_file(path: Path, owner: tuple[int, int] | None) -> None:
+    """The written file is what the daemon's user needs: a regular file, 0600, its
+    owner's (a filesystem that ignores modes or owners, e.g. some mounts, is caught)."""
+    info = os.stat(path, follow_symlinks=False)
+    uid = os.geteuid() if owner is None else owner[0]
+    if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != 0o600 or info.st_uid != uid:
+        raise CommandError(
+            f"{path} was written but is mode {stat.S_IMODE(info.st_mode):o}, owner uid "
+            f"{info.st_uid} (wanted 0600, uid {uid}): choose another --out"
+        )

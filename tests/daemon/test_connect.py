@@ -8,6 +8,8 @@ follows the redirect there.
 from __future__ import annotations
 
 import os
+import pwd
+import socket
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -184,3 +186,78 @@ async def test_no_browser_answer_times_out(tmp_path: Path) -> None:
             assert await cmd.finish() == 1
         assert any("no answer from the browser within 1 s" in line for line in cmd.stderr)
         assert not (tmp_path / "tenants" / "acme.alice.refresh-token").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _redirect_of(url: str) -> str:
+    """The consent page's redirect, not followed: the address a browser would show."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, allow_redirects=False) as response:
+            assert response.status in (302, 303), response.status
+            return response.headers["Location"]
+
+
+async def test_a_fixed_port_for_an_ssh_tunnel(tmp_path: Path) -> None:
+    port = _free_port()
+    async with FakeGmail([ALICE]) as fake:
+        write_config(tmp_path, fake)
+        async with connect(tmp_path, fake, "--port", str(port)) as cmd:
+            url = await cmd.consent_url(fake.authorize_url)
+            redirect = parse_qs(urlsplit(url).query)["redirect_uri"][0]
+            assert redirect == f"http://127.0.0.1:{port}/"
+            assert (await browse(url))[0] == 200
+            assert await cmd.finish() == 0, cmd.stderr
+        assert (tmp_path / "tenants" / "acme.alice.refresh-token").is_file()
+        # the next step is spelled out
+        assert any("inboxd check-config" in line for line in cmd.stderr), cmd.stderr
+
+        # a port that is taken is said so at once, before anyone signs in
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = str(taken.getsockname()[1])
+            async with connect(tmp_path, fake, "--port", busy, "--force") as cmd:
+                assert await cmd.finish() == 1
+        assert any(f"cannot listen on 127.0.0.1:{busy}" in line for line in cmd.stderr)
+
+
+async def test_manual_mode_takes_the_pasted_redirect(tmp_path: Path) -> None:
+    async with FakeGmail([ALICE]) as fake:
+        write_config(tmp_path, fake)
+        async with connect(tmp_path, fake, "--manual") as cmd:
+            url = await cmd.consent_url(fake.authorize_url)
+            location = await _redirect_of(url)
+            # a pasted address from another sign-in is refused
+            assert cmd.proc.stdin is not None
+            forged = location.replace("state=", "state=x")
+            await cmd.proc.stdin.send(forged.encode() + b"\n")
+            assert await cmd.finish() == 1
+        assert any("belongs to another sign-in" in line for line in cmd.stderr), cmd.stderr
+        out = tmp_path / "tenants" / "acme.alice.refresh-token"
+        assert not out.exists()
+
+        async with connect(tmp_path, fake, "--manual") as cmd:
+            location = await _redirect_of(await cmd.consent_url(fake.authorize_url))
+            assert location.startswith("http://127.0.0.1:")  # nothing listens there
+            assert cmd.proc.stdin is not None
+            await cmd.proc.stdin.send(f"  {location}  \n".encode())
+            assert await cmd.finish() == 0, cmd.stderr
+        token = out.read_text().strip()
+        assert fake.oauth.refresh_tokens[token].user == ALICE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+async def test_the_token_file_belongs_to_the_daemons_user(tmp_path: Path) -> None:
+    nobody = pwd.getpwnam("nobody")
+    async with FakeGmail([ALICE]) as fake:
+        write_config(tmp_path, fake)
+        async with connect(tmp_path, fake, "--owner", "nobody") as cmd:
+            await browse(await cmd.consent_url(fake.authorize_url))
+            assert await cmd.finish() == 0, cmd.stderr
+        info = os.stat(tmp_path / "tenants" / "acme.alice.refresh-token")
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (nobody.pw_uid, 0o600)
