@@ -242,14 +242,24 @@ class SesPoller:
         period = self.settings.visibility_timeout_s * HEARTBEAT_SHARE
         while True:
             await anyio.sleep(period)
-            if not self._in_flight:
-                continue
-            try:
-                lost = await self._aws.set_visibility(
-                    list(self._in_flight.values()), self.settings.visibility_timeout_s
-                )
-            except Exception as exc:  # the next beat tries again; SQS redelivers at worst
-                log.warning("ses_visibility_not_extended", error=f"{type(exc).__name__}: {exc}")
-                continue
-            if lost:  # another consumer may get them: the cascade makes that harmless
-                log.warning("ses_visibility_lost", messages=len(lost))
+            await self._extend()
+
+    async def _extend(self) -> None:
+        """One beat: extend the visibility of every message in flight.
+
+        The beat's request may reach SQS after a batch it names has ended: its
+        messages deleted (or released) by this poller meanwhile, their handles
+        refused. Those are no visibility lost; only the messages still in flight
+        when the answer comes are (issue 22: every normal batch warned)."""
+        if not self._in_flight:
+            return
+        try:
+            lost = await self._aws.set_visibility(
+                list(self._in_flight.values()), self.settings.visibility_timeout_s
+            )
+        except Exception as exc:  # the next beat tries again; SQS redelivers at worst
+            log.warning("ses_visibility_not_extended", error=f"{type(exc).__name__}: {exc}")
+            return
+        lost = [m for m in lost if m.receipt_handle in self._in_flight]
+        if lost:  # another consumer may get them: the cascade makes that harmless
+            log.warning("ses_visibility_lost", messages=len(lost))
