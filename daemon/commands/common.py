@@ -144,15 +144,42 @@ def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -
     return spec
 
 
-async def resolve(args: argparse.Namespace, config: dict[str, Any]) -> DsnChoice:
+class _NotRunning(Exception):
+    """The embedded server a read-only command would use is not running."""
+
+
+def _running_embedded() -> str:
+    from inboxd.daemon.embedded_pg import find_running
+
+    server = find_running(environ=os.environ)
+    if server is None:
+        raise _NotRunning
+    return server.dsn
+
+
+async def resolve(
+    args: argparse.Namespace, config: dict[str, Any], *, start: bool = True
+) -> DsnChoice:
     """The DSN to use (database.resolve_dsn), resolved in a worker thread.
 
     It may start the embedded server, which blocks for seconds on a first run.
+    `start=False` is for commands that only read (status, db url, extract list,
+    delivery status, sync): they use an embedded server that runs and never start one
+    (a status typed after `inboxd db stop` must not bring up a database to report on
+    an empty one), a CommandError saying how to start it instead.
     """
+    embedded = None if start else _running_embedded
     try:
         return await anyio.to_thread.run_sync(
-            lambda: resolve_dsn(args.dsn, config), abandon_on_cancel=True
+            lambda: resolve_dsn(args.dsn, config, embedded=embedded), abandon_on_cancel=True
         )
+    except _NotRunning:
+        data_dir, origin = data_dir_and_origin(os.environ)
+        raise CommandError(
+            f"no database is running: the embedded PostgreSQL of data directory {data_dir} "
+            f"({origin}) is stopped; start it with 'inboxd run' (or 'make run'), or name a "
+            f"running server with --dsn or {ENV_DSN}"
+        ) from None
     except DsnError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
     except EmbeddedPostgresError as exc:

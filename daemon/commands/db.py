@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 
 
 async def run_url(args: argparse.Namespace) -> int:
-    choice = await resolve(args, load_config(args.config))
+    choice = await resolve(args, load_config(args.config), start=False)
     has_password = dsn_has_password(choice.dsn)
     shown = choice.masked if has_password else choice.dsn
     psql = f"{shlex.quote(_psql_path())} {shlex.quote(shown)}"

@@ -107,7 +107,7 @@ SELECT tenant_id, source,
 async def run_status(args: argparse.Namespace) -> int:
     note_deprecated_name(args)
     tenant = valid_id_option("tenant", args.tenant)
-    choice = await resolve(args, load_config(args.config))
+    choice = await resolve(args, load_config(args.config), start=False)
     async with open_pool(choice, max_size=1) as pool, pool.acquire() as conn:
         with database_call(choice):
             rows = [dict(r) for r in await conn.fetch(_STATUS, tenant)]

@@ -250,7 +250,7 @@ async def run_list(args: argparse.Namespace) -> int:
     if args.conflicts and args.state is not None:
         raise CommandError("--state does not apply to --conflicts", EXIT_USAGE)
     state = JobState(args.state) if args.state is not None else None
-    choice = await resolve(args, load_config(args.config))
+    choice = await resolve(args, load_config(args.config), start=False)
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
             if args.conflicts:

@@ -96,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
 async def run(args: argparse.Namespace) -> int:
     tenant = valid_id_option("tenant", args.tenant)
     config = load_config(args.config)
-    choice = await resolve(args, config)
+    choice = await resolve(args, config, start=False)
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
             statuses = await mailbox_status(pool, tenant)

@@ -134,7 +134,7 @@ async def _with_mailbox(
     mailbox = valid_id_option("mailbox", args.mailbox) or ""
     tenant = valid_id_option("tenant", args.tenant)
     config = load_config(args.config)
-    choice = await resolve(args, config)
+    choice = await resolve(args, config, start=False)
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
             tenant = await find_tenant(pool, mailbox, tenant)

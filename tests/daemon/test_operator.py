@@ -208,13 +208,21 @@ async def test_db_url_and_stop_from_a_second_shell(pg_data_dir: Path) -> None:
     # The other shell: INBOXD_DATA_DIR pointing at it, nothing else.
     shell_env = {k: v for k, v in make_env.items() if k != "INBOXD_EMBEDDED_PG_USER"}
 
-    started = await run_cli_async("db", "url", env=make_env)
+    # Read-only commands never start a server: they say how to start one.
+    for argv in (("db", "url"), ("status",), ("extract", "list", "--tenant", "acme")):
+        refused = await run_cli_async(*argv, env=make_env)
+        assert refused.code == 1, (argv, refused.stderr)
+        [line] = refused.error_lines
+        assert line.startswith("inboxd: error: no database is running: the embedded "), line
+        assert str(pg_data_dir) in line and "'inboxd run'" in line, line
+        assert not (pg_data_dir / "pg" / "postmaster.pid").exists()
+
+    migrated = await run_cli_async("migrate", env=make_env)  # starts the server
+    assert migrated.code == 0, migrated.stderr
+    started = await run_cli_async("db", "url", env=shell_env)
     assert started.code == 0, started.stderr
     dsn = started.stdout.strip()
     assert dsn == f"postgresql://inboxd@/inboxd?host={pg_data_dir / 'pg'}&port=5432"
-
-    migrated = await run_cli_async("migrate", env=shell_env)
-    assert migrated.code == 0, migrated.stderr
     described = await run_cli_async("db", "url", "--json", env=shell_env)
     assert described.code == 0, described.stderr
     info = orjson.loads(described.stdout)
@@ -234,6 +242,11 @@ async def test_db_url_and_stop_from_a_second_shell(pg_data_dir: Path) -> None:
     assert not (pg_data_dir / "pg" / "postmaster.pid").exists()
     again = await run_cli_async("db", "stop", env=shell_env)
     assert again.code == 0 and again.stdout.startswith("no embedded PostgreSQL running")
+    # `db stop` then `status`: one clear line, as root too, and nothing started.
+    after = await run_cli_async("status", env=shell_env)
+    assert after.code == 1 and len(after.error_lines) == 1, after.stderr
+    assert "no database is running" in after.error_lines[0]
+    assert not (pg_data_dir / "pg" / "postmaster.pid").exists()
 
     if IS_ROOT:  # nothing running, nobody named to start it: say what picks the database
         refused = await run_cli_async("migrate", env=shell_env)
