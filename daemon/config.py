@@ -56,6 +56,7 @@ from inboxd.daemon.secrets import USE_A_REFERENCE
 from inboxd.daemon.tenant_config import TenantSet, parse_tenant_files
 from inboxd.pipeline import errors
 from inboxd.pipeline.objectstore_db import MAX_MAX_BYTES
+from inboxd.pipeline.objectstore_local import unwritable_reason
 
 __all__ = [
     "ConfigError",
@@ -399,7 +400,10 @@ def _object_store(r: Reader, value: Any, base: Path) -> dict[str, Any]:
         path = r.string(table, "path", "object_store", required=True, nonempty=True)
         if path is None:
             return _default_object_store()
-        return {"kind": "local", "path": str(relative_to(base, path)), **tier}
+        directory = relative_to(base, path)
+        if (reason := unwritable_reason(directory)) is not None:
+            r.problem("object_store.path", f"cannot be written: {reason}")
+        return {"kind": "local", "path": str(directory), **tier}
     spec: dict[str, Any] = {
         "kind": "s3",
         "bucket": r.string(table, "bucket", "object_store", required=True, nonempty=True),

@@ -107,6 +107,15 @@ class LocalDirectoryStore(StoreContext):
     def __repr__(self) -> str:
         return f"LocalDirectoryStore({str(self.root)!r})"
 
+    async def start(self) -> None:
+        """Create the directory when missing and prove it takes a file: a store that
+        cannot be written (no permission, a read-only mount, a file in the way) fails
+        the start with its path and the OS error, not the first message's ingest."""
+        try:
+            await anyio.to_thread.run_sync(_probe_writable, self.root)
+        except OSError as exc:
+            raise ObjectStoreError(f"object store {self.root} cannot be written: {exc}") from exc
+
     def path_for(self, key: str) -> Path:
         """The file that holds (or would hold) ``key``; raises ``ValueError`` for a bad key."""
         validate_key(key)
@@ -271,6 +280,41 @@ def _dirs_up_to(directory: Path, root: Path) -> list[Path]:
     while chain[-1] != root and chain[-1] != chain[-1].parent:
         chain.append(chain[-1].parent)
     return chain
+
+
+def _probe_writable(root: Path) -> None:
+    """`_makedirs(root)`, then a file created, written and removed in it; OSError else."""
+    _makedirs(root)
+    probe = root / f".inboxd-probe-{secrets.token_hex(6)}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, b"probe")
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def unwritable_reason(root: Path) -> str | None:
+    """Why a local store at `root` could not be written, or None; creates nothing (for
+    check-config). A missing directory counts as writable when its nearest existing
+    ancestor is a directory this user may create entries in."""
+    current = root
+    while not current.exists():
+        if current == current.parent:
+            return f"{root}: no existing parent directory"
+        current = current.parent
+    if not current.is_dir():
+        return f"{current} is not a directory"
+    if not os.access(current, os.W_OK | os.X_OK):
+        # access(2) answers EROFS for a read-only mount and EACCES for permissions
+        error = errno.EROFS if _read_only(current) else errno.EACCES
+        return f"{current}: {os.strerror(error)}"
+    return None
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def _makedirs(directory: Path) -> None:

@@ -8,6 +8,7 @@ defaults to `tenants/` next to it) plus tenant files. No database is needed.
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 import orjson
@@ -1131,3 +1132,28 @@ def test_secret_key_names() -> None:
         "push_service_account",
     ):
         assert not is_secret_key(name), name
+
+
+def test_an_object_store_that_cannot_be_written_fails_check_config(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file where the store's directory should be")
+    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "blocker/objects"\n')
+    problem = find(check_config(config), config, "object_store.path")
+    assert problem.message == f"cannot be written: {tmp_path / 'blocker'} is not a directory"
+    # `inboxd run` refuses to start on the same problem (exit 2, the path named)
+    result = run_cli("run", "--config", config, env=cli_env(tmp_path / "data"))
+    assert result.code == 2 and f"{tmp_path / 'blocker'} is not a directory" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
+def test_an_object_store_without_permission_fails_check_config(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "locked/objects"\n')
+    problem = find(check_config(config), config, "object_store.path")
+    assert problem.message == f"cannot be written: {locked}: Permission denied"
+
+
+def test_a_missing_store_directory_under_a_writable_one_is_fine(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "new/objects"\n')
+    assert check_config(config) == []
+    assert not (tmp_path / "new").exists()  # check-config creates nothing

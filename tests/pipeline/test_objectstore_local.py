@@ -373,3 +373,18 @@ def test_valid_keys(key: str) -> None:
 def test_invalid_keys(key: str) -> None:
     with pytest.raises(ValueError):
         validate_key(key)
+
+
+async def test_a_store_that_cannot_be_written_fails_at_start(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file where the store's directory should be")
+    store = LocalDirectoryStore(tmp_path / "blocker" / "objects")
+    with pytest.raises(ObjectStoreError) as raised:
+        await store.start()
+    assert f"object store {tmp_path / 'blocker' / 'objects'} cannot be written" in str(raised.value)
+    assert "Not a directory" in str(raised.value)
+
+
+async def test_start_creates_the_directory_and_leaves_no_probe(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "objects"
+    async with LocalDirectoryStore(root):
+        assert root.is_dir() and list(root.iterdir()) == []
