@@ -106,6 +106,11 @@ class GraphTokens(AccessTokenProvider):
         if self._token == token:
             self._token = None
 
+    def forget(self) -> None:
+        """Graph refused the current token where the request does not say which one
+        was sent (inside a $batch): the next `token()` fetches a new one."""
+        self._token = None
+
     # --- kiota AccessTokenProvider ----------------------------------------------------------
 
     async def get_authorization_token(

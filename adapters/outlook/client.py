@@ -12,7 +12,11 @@
                                       through JSON $batch, ≤ 20 a batch; bodies come
                                       back base64 (JSON batching: non-JSON bodies are
                                       base64-encoded); inner 429/503 are retried, only
-                                      those ids, after their Retry-After; 404 → gone
+                                      those ids, after their Retry-After; 404
+                                      ErrorItemNotFound → gone; a 404 about the
+                                      mailbox (ErrorInvalidUser, …) or a 403 →
+                                      OutlookAuthError for the whole page (nothing
+                                      dead); 401 → a fresh token, the batch again
     create/renew/delete_subscription  change-notification subscriptions (raw JSON:
                                       the SDK's Subscription model costs a 2.6 s
                                       import wall on first use, bench/README.md)
@@ -42,12 +46,18 @@ from msgraph.generated.users.item.mail_folders.item.messages.delta.delta_request
 
 from inboxd.adapters.outlook.errors import (
     DeltaExpired,
+    OutlookAuthError,
     OutlookRequestRejected,
     OutlookRetriable,
     OutlookThrottled,
     OutlookUnavailable,
 )
-from inboxd.adapters.outlook.transport import Answer, GraphTransport, graph_error_code
+from inboxd.adapters.outlook.transport import (
+    Answer,
+    GraphTransport,
+    graph_error_code,
+    graph_error_text,
+)
 
 __all__ = ["GRAPH_BATCH_SIZE", "DeltaItem", "DeltaPage", "GraphClient", "RawBatch", "Subscription"]
 
@@ -63,6 +73,11 @@ DELTA_SELECT = ["id", "conversationId", "parentFolderId", "receivedDateTime", "i
 EXPIRED_CODES = frozenset({"resyncrequired", "syncstatenotfound", "syncstateinvalid"})
 #: Rounds of retrying the throttled ids of one batch before the error goes up.
 BATCH_ROUNDS = 4
+#: The only 404 codes that mean "this message is gone" (Graph error codes: "The
+#: specified object was not found in the store."). Any other inner 404 is about the
+#: mailbox — ErrorInvalidUser, MailboxNotEnabledForRESTAPI, ResourceNotFound,
+#: ErrorNonExistentMailbox — and dead-lettering its messages would lose real mail.
+ITEM_GONE_CODES = frozenset({"erroritemnotfound"})
 IMMUTABLE = 'IdType="ImmutableId"'
 
 
@@ -259,6 +274,9 @@ class GraphClient:
             status = part.get("status")
             if not isinstance(status, int):
                 continue
+            refused = self._refused(f"$batch {what}", status, part)
+            if refused is not None:
+                raise refused
             if status == 429 or status >= 500:
                 inner = Answer(status, _headers(part), orjson.dumps(part.get("body")))
                 error = self.transport.error(f"$batch {what} {mid}", inner)
@@ -273,6 +291,25 @@ class GraphClient:
         if again and worst is None:  # an answer without some of our ids, or unreadable
             worst = OutlookUnavailable(f"$batch {what}: answers missing or unreadable")
         return again, worst
+
+    def _refused(self, what: str, status: int, part: dict[str, Any]) -> Exception | None:
+        """The error for an inner answer that is about the mailbox or the token, not
+        the message, so no message of the batch may be settled by it: 404 with a code
+        other than ErrorItemNotFound or 403 → OutlookAuthError with Graph's code and
+        text (the mailbox needs attention); 401 → the token is dropped and the batch
+        sent again (Graph refused it: revoked early, continuous access evaluation)."""
+        if status == 401:
+            self.transport.tokens.forget()
+            return OutlookUnavailable(f"{what}: Graph answered 401 inside the batch")
+        body = orjson.dumps(part.get("body"))
+        code = graph_error_code(body) or ""
+        if status == 403 or (status == 404 and code.lower() not in ITEM_GONE_CODES):
+            text = graph_error_text(body)
+            return OutlookAuthError(
+                f"{what}: Graph answered {status} {code or '(no code)'}"
+                + (f": {text}" if text else "")
+            )
+        return None
 
     # --- subscriptions ----------------------------------------------------------------------
 

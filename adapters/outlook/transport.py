@@ -52,7 +52,7 @@ from inboxd.adapters.outlook.errors import (
 from inboxd.adapters.pacing import TokenBucket
 from inboxd.adapters.retry_after import retry_after_s
 
-__all__ = ["Answer", "GraphTransport", "graph_error_code"]
+__all__ = ["Answer", "GraphTransport", "graph_error_code", "graph_error_text"]
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +77,12 @@ REQUEST_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
 #: 404 codes that mean the mailbox itself is gone or not reachable with REST.
 MAILBOX_GONE_CODES = frozenset(
-    {"errorinvaliduser", "mailboxnotenabledforrestapi", "resourcenotfound"}
+    {
+        "errorinvaliduser",
+        "mailboxnotenabledforrestapi",
+        "resourcenotfound",
+        "errornonexistentmailbox",
+    }
 )
 
 
@@ -242,7 +247,8 @@ class GraphTransport:
         if answer.status == 403 or (
             answer.status == 404 and (code or "").lower() in MAILBOX_GONE_CODES
         ):
-            return OutlookAuthError(text)
+            words = graph_error_text(answer.body)  # the operator's lead: Graph's own text
+            return OutlookAuthError(text + (f": {words}" if words else ""))
         return OutlookRequestRejected(text, status=answer.status, code=code)
 
 
@@ -291,6 +297,24 @@ def graph_error_code(body: bytes) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("error"), dict):
         code = value["error"].get("code")
         return code if isinstance(code, str) else None
+    return None
+
+
+#: Longest part of Graph's error text kept in an error message (one status line).
+ERROR_TEXT_CHARS = 200
+
+
+def graph_error_text(body: bytes) -> str | None:
+    """`error.message` of a Graph error body, one line, at most ERROR_TEXT_CHARS: the
+    provider's own words for an operator (it names the mailbox, never a token)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("error"), dict):
+        text = value["error"].get("message")
+        if isinstance(text, str) and text.strip():
+            return " ".join(text.split())[:ERROR_TEXT_CHARS]
     return None
 
 

@@ -3,7 +3,11 @@
 Injected failures answer Graph's error body (errors.graph_error). A direct
 request gets the status as its HTTP answer; an inner request of a $batch gets
 it as that response's `status` inside a 200 batch ("Processing the JSON batch
-response": a 200 batch does not mean its requests succeeded). `hold()` parks
+response": a 200 batch does not mean its requests succeeded). A 404 is the
+item-level ErrorItemNotFound unless a `code` says otherwise: the mailbox-level
+ones (MAILBOX_404_CODES) are what Graph answers when the mailbox itself went away
+between the delta page and the body requests (user deleted or renamed, licence
+removed, mailbox moved on-premises). `hold()` parks
 requests in flight (after they took their concurrency slot) until `release()`,
 so a test can make requests overlap without sleeping.
 """
@@ -25,15 +29,33 @@ _CODES = {
 }
 
 
+#: 404 codes Graph answers about the mailbox rather than the item (api.py answers
+#: the first two for a user that does not exist or has no Exchange Online mailbox;
+#: ResourceNotFound "Resource could not be discovered" is seen for the same cases,
+#: microsoftgraph/microsoft-graph-docs#10481).
+MAILBOX_404_CODES = {
+    "ErrorInvalidUser": "The requested user is invalid.",
+    "MailboxNotEnabledForRESTAPI": "The mailbox is either inactive, soft-deleted, or is "
+    "hosted on-premise.",
+    "ResourceNotFound": "Resource could not be discovered.",
+    "ErrorNonExistentMailbox": "The SMTP address has no mailbox associated with it.",
+}
+
+
 @dataclass
 class Fault:
     status: int
     remaining: int | None  # None: until cleared
     retry_after_s: int | None = None
     kinds: frozenset[str] | None = None
+    code: str | None = None  # Graph's error code; default: the status's usual one
+    message: str | None = None
 
     def answer(self) -> Answer:
         code, message = _CODES.get(self.status, ("UnknownError", "Injected failure."))
+        if self.code is not None:
+            code = self.code
+            message = self.message or MAILBOX_404_CODES.get(code, "Injected failure.")
         return graph_error(self.status, code, message, retry_after_s=self.retry_after_s)
 
     def spend(self) -> bool:
@@ -69,15 +91,20 @@ class Faults:
 
     def fail_next_requests(
         self,
-        count: int,
+        count: int | None,
         status: int = 503,
         *,
         kinds: set[str] | None = None,
         retry_after_s: int | None = None,
+        code: str | None = None,
+        message: str | None = None,
     ) -> None:
-        """The next `count` mail API requests (of `kinds`, e.g. {"message.delta"}) fail."""
+        """The next `count` (None: every, until cleared) mail API requests (of `kinds`,
+        e.g. {"message.delta"}) fail with `status` and Graph's `code`/`message`."""
         scope = frozenset(kinds) if kinds else None
-        self.next_requests.append(Fault(status, count, retry_after_s, scope))
+        self.next_requests.append(
+            Fault(status, count, retry_after_s, scope, code=code, message=message)
+        )
 
     def fail_next_batches(
         self, count: int, status: int = 503, *, retry_after_s: int | None = None

@@ -1,0 +1,86 @@
+"""The Outlook door under `inboxd run`: answers about the mailbox and its credentials.
+
+Issue 22, items 4-6: a mailbox-level 404 inside `$batch` is not "the message was
+deleted" (nothing dead-lettered, the mailbox needs attention with Graph's words,
+the mail stored once the mailbox is back); an access token Graph refuses before its
+expiry is replaced and the request sent again with the new one; a refresh token
+Entra rotated is what the daemon presents after a restart.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from harness import generated_messages
+from test_outlook_run import OPS, _equals, _state_is, outlook_daemon
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+async def _last_error(run, mailbox: str) -> str:
+    return await run.fetchval("SELECT last_error FROM mailboxes WHERE mailbox_id = $1", mailbox)
+
+
+# --- item 4: a mailbox-level 404 inside $batch ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        ("ErrorInvalidUser", "The requested user 'ops@contoso.example' is invalid."),
+        ("MailboxNotEnabledForRESTAPI", "REST API is not yet supported for this mailbox."),
+    ],
+)
+async def test_a_mailbox_level_404_in_a_batch_needs_attention_and_dead_letters_nothing(
+    tmp_path, db_dsn, code, text
+) -> None:
+    async with outlook_daemon(tmp_path, db_dsn, {OPS: 1}) as run:
+        box = run.fake.mailbox(OPS)
+        before = await run.cursor("ops")
+        arrived = [box.add_message(raw) for raw in generated_messages(2, tag="away")]
+        # the delta page lists them; every body request inside $batch answers the
+        # mailbox-level 404 (the mailbox went away between the two)
+        run.fake.faults.fail_next_requests(
+            None, 404, kinds={"message.value"}, code=code, message=text
+        )
+        assert await run.fake.notify(OPS, "inbox") == [202]
+
+        await run.eventually(lambda: _state_is(run, "ops", "needs_attention"), "needs attention")
+        error = await _last_error(run, "ops")
+        assert code in error and text in error, error
+        assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
+        assert await run.cursor("ops") == before
+        assert await run.rows("ops") == 1
+
+        # the mailbox is back; a reload gives it another run (once the failure's
+        # backoff ran out: time travel) and the mail is stored
+        run.fake.faults.clear()
+        await run.fetchval(
+            "UPDATE mailboxes SET throttle_until = now() WHERE mailbox_id = $1", "ops"
+        )
+        run.daemon.signal(signal.SIGHUP)
+        for message in arrived:
+            await run.eventually(lambda m=message: run.has_copy("ops", m.immutable_id), "mail")
+        await run.eventually(lambda: _state_is(run, "ops", "idle"), "idle again")
+        await run.eventually(run.idle, "the runs ended")
+        assert await run.rows("ops") == 3
+        assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
+        assert run.fake.counters.max_downloads() == 1
+
+
+async def test_an_item_level_404_in_a_batch_is_a_message_deleted_before_fetch(
+    tmp_path, db_dsn
+) -> None:
+    async with outlook_daemon(tmp_path, db_dsn, {OPS: 1}) as run:
+        box = run.fake.mailbox(OPS)
+        gone, kept = (box.add_message(raw) for raw in generated_messages(2, tag="item"))
+        run.fake.faults.fail_message(gone.immutable_id, 404, times=None)  # ErrorItemNotFound
+        assert await run.fake.notify(OPS, "inbox") == [202]
+        await run.eventually(lambda: run.has_copy("ops", kept.immutable_id), "the other one")
+        await run.eventually(
+            lambda: _equals(run.fetchval("SELECT count(*) FROM dead_items"), 1), "one dead item"
+        )
+        assert await _state_is(run, "ops", "idle")
+        reason = await run.fetchval("SELECT reason FROM dead_items")
+        assert reason == "deleted_before_fetch"
