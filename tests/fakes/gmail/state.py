@@ -13,7 +13,13 @@ https://developers.google.com/gmail/api/reference/rest/v1/users.history/list):
   startHistoryId older than the window answers 404. `history_retention` (records
   kept) and `expire_history()` make that window small on purpose;
 - a deleted message stays in history (messagesAdded of an id that
-  messages.get then answers 404 for).
+  messages.get then answers 404 for);
+- while a users.watch lives, every change that touches a watched label is
+  published to the topic as {emailAddress, historyId} (push guide,
+  "Receiving notifications"); a watch lapses at its `expiration` ("You must
+  re-call watch at least every 7 days or else you will stop receiving updates")
+  and publishes nothing after it. `Mailbox.published` is what Pub/Sub would
+  deliver; a test hands it to the daemon (the fake does not push by itself).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import bisect
 import email.utils
 import random
+import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -93,6 +100,16 @@ class Watch:
     expiration_ms: int
     history_id: int
 
+    def publishes(self, labels: Iterable[str], now_ms: int) -> bool:
+        """Whether a change touching `labels` is published at `now_ms` (users.watch
+        reference: labelIds with labelFilterBehavior include/exclude; none: all)."""
+        if now_ms >= self.expiration_ms:
+            return False
+        if not self.label_ids:
+            return True
+        touched = set(labels) & set(self.label_ids)
+        return bool(touched) if self.label_filter_behavior == "include" else not touched
+
 
 @dataclass
 class Mailbox:
@@ -108,6 +125,8 @@ class Mailbox:
     history_id: int = 0
     # startHistoryId values below this answer 404 (records at or below it are gone).
     history_floor: int = 0
+    # Notifications Pub/Sub would deliver ({emailAddress, historyId}), oldest first.
+    published: list[dict[str, str]] = field(default_factory=list)
     # listing.py's sorted messages.list results, keyed by (history_id, query).
     list_cache: dict[tuple[int, Any], tuple[list[Message], list[tuple[int, int]]]] = field(
         default_factory=dict, repr=False
@@ -224,7 +243,10 @@ class Mailbox:
     ) -> None:
         self.history_id += self._rng.randint(1, HISTORY_GAP_MAX)
         message.history_id = self.history_id
-        self.history.append(HistoryRecord(self.history_id, message.ref(), types, frozenset(labels)))
+        touched = frozenset(labels)
+        self.history.append(HistoryRecord(self.history_id, message.ref(), types, touched))
+        if self.watch is not None and self.watch.publishes(touched, int(time.time() * 1000)):
+            self.published.append({"emailAddress": self.email, "historyId": str(self.history_id)})
         if self.history_retention is not None and len(self.history) > self.history_retention:
             dropped = self.history[: len(self.history) - self.history_retention]
             self.history = self.history[len(dropped) :]

@@ -314,6 +314,25 @@ async def test_watch_and_stop(fake: FakeGmail, http: aiohttp.ClientSession) -> N
     assert fake.counters.units[ALICE] == 150
 
 
+async def test_a_live_watch_publishes_watched_changes_and_a_lapsed_one_nothing(
+    fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
+) -> None:
+    box = fake.mailbox(ALICE)
+    raw = corpus_files(corpus, 1)[0].read_bytes()
+    box.add_message(raw)  # no watch yet: published to no one
+    token = fake.issue_access_token(ALICE)
+    body = {"topicName": "projects/p/topics/gmail", "labelIds": ["INBOX"]}
+    async with http.post(f"{fake.api_url}/users/me/watch", json=body, headers=bearer(token)) as r:
+        assert r.status == 200
+    inbox = box.add_message(raw)
+    box.add_message(raw, label_ids=["SENT"])  # not a watched label
+    assert box.published == [{"emailAddress": ALICE, "historyId": str(inbox.history_id)}]
+    assert box.watch is not None
+    box.watch.expiration_ms = int(time.time() * 1000) - 1  # the watch lapsed
+    box.add_message(raw)
+    assert len(box.published) == 1
+
+
 async def test_batch_is_charged_per_call_and_quota_is_per_user(
     http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
