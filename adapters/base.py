@@ -101,13 +101,15 @@ class Source(Protocol):
 
 
 # Optional, beside the Source methods: a door with a push channel of its own that
-# needs a live connection (IMAP IDLE) defines
+# needs a live connection (IMAP IDLE) or upkeep on a schedule (Gmail's users.watch
+# renewal) defines
 #
 #     async def watch(self, ring: Callable[[], None]) -> None
 #
 # which the runner runs for its whole life in push and auto mode: it calls ring()
-# when the server says there is new mail, reconnects with backoff on its own, and
-# returns only when cancelled. Polling on poll_interval_s goes on regardless.
+# when the server says there is new mail (or pushes may have been lost), retries
+# with backoff on its own, never moves the cursor, and returns only when
+# cancelled. Polling on poll_interval_s goes on regardless.
 
 
 AttachmentFetcher = Callable[[MessageData, AttachmentData], Awaitable[bytes]]

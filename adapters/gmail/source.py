@@ -43,6 +43,10 @@ download, `known` asks the database once per page which ids this mailbox already
 stores. External id = Gmail id, thread key = threadId, labels kept; SENT copies
 are outbound.
 
+Push: with a `[gmail] topic`, `watch(ring)` (the runner runs it in push and auto
+mode) renews users.watch on its own schedule, syncs or not (watch.py); in poll
+mode a run renews it when due. Neither touches the cursor.
+
 Quota: every call goes through the mailbox's QuotaPacer (pacer.py); 429s and
 rateLimitExceeded come back as GmailRateLimited after the client's retries, which
 the runner records as the mailbox's throttle. Credentials refused → GmailAuthError
@@ -52,27 +56,21 @@ the runner records as the mailbox's throttle. Credentials refused → GmailAuthE
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import aiohttp
-import structlog
+import anyio
 
 from inboxd.adapters.base import Page
 from inboxd.adapters.gmail.answers import HistoryPage, Profile, RawBatch
 from inboxd.adapters.gmail.auth import AccessTokens
 from inboxd.adapters.gmail.client import GMAIL_BATCH_SIZE, GmailClient
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-from inboxd.adapters.gmail.errors import (
-    GmailAuthError,
-    GmailRequestRejected,
-    GmailRetriable,
-    HistoryExpired,
-)
+from inboxd.adapters.gmail.errors import HistoryExpired
 from inboxd.adapters.gmail.pacer import GMAIL_USER_UNITS_PER_S, QuotaPacer
+from inboxd.adapters.gmail.watch import WATCH_RENEW_PERIOD_S, WatchKeeper, WatchRecorder
 from inboxd.adapters.overlap import gather, overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
@@ -81,14 +79,9 @@ from inboxd.pipeline.parsing import parse_in_workers
 
 __all__ = ["GmailSource", "KnownCopies"]
 
-log = structlog.get_logger(__name__)
-
 PROVIDER = "gmail"
 HISTORY_TYPES = ("messageAdded", "messageDeleted", "labelAdded", "labelRemoved")
 SENT_LABEL = "SENT"
-# A watch lapses after 7 days (Gmail push guide); renewing when less than this is
-# left means a daily renewal with days to spare if one is missed.
-WATCH_RENEW_BEFORE_S = 6 * 24 * 3600.0
 # Batch requests of one page in flight at once. Gmail answers a batch of 20 raw
 # messages in a few hundred ms, while the quota pays for one every 0.4 s (20 × 5
 # units at 250 units/s): one at a time, latency would bound a mailbox below its
@@ -101,7 +94,6 @@ HTTP_TIMEOUT_S = 60.0
 RELIST_CURSOR = "relist"
 
 KnownCopies = Callable[[Sequence[str]], Awaitable[set[str]]]
-WatchRecorder = Callable[[datetime], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -137,6 +129,7 @@ class GmailSource:
         record_watch: WatchRecorder | None = None,
         units_per_s: float = GMAIL_USER_UNITS_PER_S,
         client_options: Mapping[str, Any] | None = None,
+        watch_renew_period_s: float = WATCH_RENEW_PERIOD_S,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
@@ -144,11 +137,19 @@ class GmailSource:
         self.mailbox = mailbox
         self.synced = frozenset(mailbox.labels)
         self._known = known
-        self._record_watch = record_watch
         self._pacer = QuotaPacer(units_per_s)
         self._session: aiohttp.ClientSession | None = None
         self._client: GmailClient | None = None
-        self._watch_expires_at: float | None = None  # unix seconds
+        # users.watch upkeep (watch.py); None without a topic (the mailbox is polled)
+        self._watch: WatchKeeper | None = None
+        if settings.topic is not None:
+            self._watch = WatchKeeper(
+                mailbox_id,
+                settings.topic,
+                mailbox.labels,
+                record_watch,
+                period_s=watch_renew_period_s,
+            )
         # GmailClient's retry tunables (attempts, backoff), for tests and benchmarks
         self._client_options = dict(client_options or {})
 
@@ -156,7 +157,8 @@ class GmailSource:
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         client = self._ensure_client()
-        await self._renew_watch_if_due(client)
+        if self._watch is not None:
+            await self._watch.renew_if_due(client)  # only when no schedule runs (poll mode)
         if cursor is None or cursor == RELIST_CURSOR:
             async for page in self._full_sync(client, reset=cursor == RELIST_CURSOR):
                 yield page
@@ -177,13 +179,23 @@ class GmailSource:
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
         raise NotImplementedError("format=raw carries every attachment")
 
+    async def watch(self, ring: Callable[[], None]) -> None:
+        """The push channel's upkeep for the runner (adapters/base.py): users.watch
+        renewed on its own schedule (watch.py), with or without syncs; returns only
+        when cancelled. Without a topic there is nothing to keep."""
+        if self._watch is None:
+            await anyio.sleep_forever()
+            return
+        await self._watch.run(self._ensure_client, ring)
+
     async def forget(self) -> None:
         """The mailbox was removed from the configuration: users.stop, so Gmail stops
         publishing its changes (Gmail push guide). Errors propagate to the caller."""
         if self.settings.topic is None:
             return
         await self._ensure_client().stop()
-        self._watch_expires_at = None
+        if self._watch is not None:
+            self._watch.expires_at = None
 
     async def aclose(self) -> None:
         """Close the HTTP session (the runner calls this when it ends)."""
@@ -365,27 +377,6 @@ class GmailSource:
                 **self._client_options,
             )
         return self._client
-
-    async def _renew_watch_if_due(self, client: GmailClient) -> None:
-        """users.watch at the first run and whenever less than WATCH_RENEW_BEFORE_S is
-        left; it never touches the cursor (Gmail push guide: re-call watch daily)."""
-        if self.settings.topic is None:
-            return
-        now = time.time()
-        if self._watch_expires_at is not None and self._watch_expires_at - now > (
-            WATCH_RENEW_BEFORE_S
-        ):
-            return
-        try:
-            watch = await client.watch(self.settings.topic, list(self.mailbox.labels))
-        except (GmailAuthError, GmailRetriable, GmailRequestRejected) as exc:
-            # No push for now (a topic without Gmail's publish right answers 403;
-            # a quota hiccup 429): polling still syncs; the next run tries again.
-            log.warning("gmail_watch_failed", mailbox=self.mailbox_id, error=str(exc)[:200])
-            return
-        self._watch_expires_at = watch.expiration.timestamp()
-        if self._record_watch is not None:
-            await self._record_watch(watch.expiration)
 
 
 def _message(entry: object) -> tuple[str, str, list[str]] | None:

@@ -81,6 +81,8 @@ async def rig(
     labels=("INBOX",),
     topic: str | None = None,
     units_per_s: float = 250.0,
+    sync_mode: str = "auto",
+    watch_renew_period_s: float | None = None,
 ) -> AsyncIterator[Rig]:
     await make_mailbox(T, M, provider="gmail", address=USER)
     async with FakeGmail([USER], quota_units_per_s=units_per_s) as fake:
@@ -101,13 +103,23 @@ async def rig(
         async def known(ids: list[str]) -> set[str]:
             return await copies.known_copies(pool, T, M, ids)
 
+        watch_period = (
+            {} if watch_renew_period_s is None else {"watch_renew_period_s": watch_renew_period_s}
+        )
         source = GmailSource(
-            T, M, settings, mailbox, known, client_options=FAST_RETRIES, units_per_s=units_per_s
+            T,
+            M,
+            settings,
+            mailbox,
+            known,
+            client_options=FAST_RETRIES,
+            units_per_s=units_per_s,
+            **watch_period,
         )
         metrics = Metrics()
         queue = IngestQueue(IngestStage(pool, store), metrics, capacity_pages=2)
         deps = RunnerDeps(pool, queue, metrics, "test-owner", lease_ttl_s=30)
-        config = MailboxConfig(T, M, "gmail", address=USER)
+        config = MailboxConfig(T, M, "gmail", address=USER, sync_mode=sync_mode)
         runner = MailboxRunner(source, deps, config)
         async with anyio.create_task_group() as tg:
             await tg.start(queue.run_worker)
@@ -284,14 +296,38 @@ async def test_3000_new_messages_in_one_history_window_are_all_stored(
         assert r.fake.counters.max_downloads() == 1
 
 
-async def test_renewing_the_watch_leaves_the_cursor_where_it_was(pool, store, make_mailbox) -> None:
+async def test_the_watch_is_renewed_on_its_schedule_without_syncs_or_cursor_moves(
+    pool, store, make_mailbox
+) -> None:
     topic = "projects/acme-project/topics/gmail"
-    async with rig(pool, store, make_mailbox, topic=topic) as r:
+    # a renewal every second (WATCH_RENEW_MIN_WAIT_S) instead of every day
+    async with rig(pool, store, make_mailbox, topic=topic, watch_renew_period_s=1.0) as r:
+        r.fake.mailbox(USER).add_files(corpus_files(2))
+        await r.sync(2)
+        cursor = await r.cursor()
+        syncs = r.fake.counters.calls_of("users.history.list", USER)
+        watches = r.fake.counters.calls_of("users.watch", USER)
+        r.fake.mailbox(USER).add_files(corpus_files(1))  # waits behind the cursor
+        await eventually(
+            lambda: r.fake.counters.calls_of("users.watch", USER),
+            DEADLINE_S,
+            what="two more users.watch",
+            until=lambda n: n >= watches + 2,
+        )
+        assert r.fake.counters.calls_of("users.history.list", USER) == syncs
+        assert r.fake.counters.calls_of("users.getProfile", USER) == 1
+        assert await r.cursor() == cursor
+
+
+async def test_in_poll_mode_a_sync_renews_a_watch_that_is_due(pool, store, make_mailbox) -> None:
+    topic = "projects/acme-project/topics/gmail"
+    async with rig(pool, store, make_mailbox, topic=topic, sync_mode="poll") as r:
         r.fake.mailbox(USER).add_files(corpus_files(2))
         await r.sync(2)
         assert r.fake.counters.calls_of("users.watch", USER) == 1
         cursor = await r.cursor()
-        r.source._watch_expires_at = 0.0  # the watch is about to lapse
+        assert r.source._watch is not None
+        r.source._watch.expires_at = 0.0  # the watch is about to lapse
         r.runner.ring()
         await eventually(
             lambda: r.fake.counters.calls_of("users.watch", USER),
