@@ -24,15 +24,22 @@ CORPUS ?= $(CURDIR)/tests/corpus/mime
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: run import-demo test test-fast check lint typecheck bench bench-smoke venv clean
+.PHONY: run import-demo test test-fast check lint typecheck bench bench-smoke venv venv-test clean
 
+# What running needs (make run, make import-demo): inboxd and its dependencies only.
 $(BIN)/inboxd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# What testing and the quality gates add (pytest, moto, ruff, mypy, …).
+$(VENV)/.test-tools: $(BIN)/inboxd pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
 venv: $(BIN)/inboxd
+venv-test: $(VENV)/.test-tools
 
 # The main job: the daemon with config.example.toml, on the embedded PostgreSQL
 # (unless INBOXD_DSN is set), a local object store in ./var/objects and a Maildir
@@ -54,7 +61,7 @@ test: check
 	$(BIN)/python -m pytest -q $(XDIST)
 
 # The suite without the tests marked slow (subprocess daemons, benchmarks at tiny size).
-test-fast: venv
+test-fast: venv-test
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-dovecot.sh
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
@@ -63,17 +70,17 @@ test-fast: venv
 check: lint typecheck
 	$(BIN)/ruff format --check .
 
-lint: venv
+lint: venv-test
 	$(BIN)/ruff check .
 
-typecheck: venv
+typecheck: venv-test
 	bash scripts/typecheck.sh $(BIN)/python
 
-bench: venv
+bench: venv-test
 	$(BIN)/python bench/ingest.py
 
 # Every benchmark at a tiny size, so none rots unnoticed (also a slow test).
-bench-smoke: venv
+bench-smoke: venv-test
 	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest -q tests/bench
 
