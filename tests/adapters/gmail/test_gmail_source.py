@@ -18,8 +18,8 @@ import pytest
 from fakes.gmail import FakeGmail
 from helpers import eventually
 
-from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-from inboxd.adapters.gmail.source import GmailSource
+from inboxd.adapters.gmail.config import Backfill, GmailMailbox, GmailSettings
+from inboxd.adapters.gmail.source import RELIST_CURSOR, GmailSource
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
@@ -83,6 +83,7 @@ async def rig(
     units_per_s: float = 250.0,
     sync_mode: str = "auto",
     watch_renew_period_s: float | None = None,
+    backfill: Backfill = "all",
 ) -> AsyncIterator[Rig]:
     await make_mailbox(T, M, provider="gmail", address=USER)
     async with FakeGmail([USER], quota_units_per_s=units_per_s) as fake:
@@ -97,7 +98,7 @@ async def rig(
             address=USER,
             refresh_token=Ref(fake.issue_refresh_token(USER)),
             labels=tuple(labels),
-            backfill="all",
+            backfill=backfill,
         )
 
         async def known(ids: list[str]) -> set[str]:
@@ -169,6 +170,35 @@ async def test_an_expired_cursor_resyncs_without_losing_doubling_or_redownloadin
         assert resets == 1
         assert r.fake.counters.max_downloads() == 1  # the stored six were not fetched again
         assert await pool.fetchval("SELECT count(*) FROM messages") <= 10
+
+
+async def test_a_reset_cut_short_goes_on_as_a_reset_not_as_a_first_sync(
+    pool, store, make_mailbox
+) -> None:
+    files = corpus_files(3)
+    async with rig(pool, store, make_mailbox, backfill="none") as r:
+        box = r.fake.mailbox(USER)
+        r.runner.ring()  # the first sync of backfill "none": no list, a cursor
+        await eventually(r.cursor, DEADLINE_S, what="the first cursor")
+        await eventually(lambda: not r.runner._running, DEADLINE_S, what="the run ended")
+        box.add_files(files)
+        box.expire_history()
+        r.fake.faults.fail_next_batches(1000, status=500)  # the reset's downloads fail
+        r.runner.ring()
+        await eventually(
+            lambda: pool.fetchval("SELECT last_error FROM mailboxes WHERE mailbox_id = $1", M),
+            DEADLINE_S,
+            what="the reset run failed",
+        )
+        # stored, so the next run (or a restarted daemon) resumes the reset
+        assert await r.cursor() == RELIST_CURSOR
+        assert await r.rows() == 0
+
+        r.fake.faults.clear()
+        await pool.execute("UPDATE mailboxes SET throttle_until = NULL WHERE mailbox_id = $1", M)
+        await r.sync(3)
+        await eventually(r.cursor, DEADLINE_S, what="a history cursor", until=str.isdigit)
+        assert r.fake.counters.max_downloads() == 1
 
 
 async def test_a_message_deleted_before_fetch_is_settled_and_does_not_pin_the_cursor(
