@@ -5,7 +5,11 @@ One order for every command (`run`, `migrate`, `status`, `import`, ...), first m
 1. `--dsn` on the command line,
 2. the `INBOXD_DSN` environment variable,
 3. `[database] dsn` in the main config file,
-4. the embedded server under the inboxd data directory (`embedded_pg`).
+4. the embedded server under the inboxd data directory (`embedded_pg`) — unless
+   `INBOXD_EMBEDDED_PG=refuse`, which the container image sets: a sidecar that writes
+   mail into a database of its own volume, beside the application's PostgreSQL, is
+   never what its user wants, so a container without a DSN stops with a message
+   instead (`INBOXD_EMBEDDED_PG=allow` asks for the embedded server explicitly).
 
 Each of the first three may be a secret reference instead of a DSN: `env:NAME` reads the
 environment variable NAME, `file:/path` reads a file (trailing whitespace stripped, so
@@ -38,6 +42,9 @@ from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault
 DsnOrigin = Literal["cli", "env", "config", "embedded"]
 
 ENV_DSN = "INBOXD_DSN"
+#: "refuse": no fallback to the embedded server (the container image); "allow" or unset:
+#: the fallback of step 4.
+ENV_EMBEDDED = "INBOXD_EMBEDDED_PG"
 CONNECT_TIMEOUT_S = 10.0  # a healthy local or same-region server answers in well under 1 s
 DEFAULT_PORT = 5432
 
@@ -180,6 +187,15 @@ def resolve_dsn(
             )
         return DsnChoice(_dereference(configured, where, environ), "config")
 
+    policy = environ.get(ENV_EMBEDDED, "").strip().lower()
+    if policy not in ("", "allow", "refuse"):
+        raise DsnError(f'{ENV_EMBEDDED} must be "allow" or "refuse", not {policy!r}')
+    if policy == "refuse":
+        raise DsnError(
+            f"no database configured: set {ENV_DSN} (or [database] dsn, or --dsn) to the "
+            f"application's PostgreSQL; {ENV_EMBEDDED}=refuse (set by the container image) "
+            f"forbids an embedded one; {ENV_EMBEDDED}=allow asks for it explicitly"
+        )
     if embedded is None:
         from .embedded_pg import ensure_embedded
 

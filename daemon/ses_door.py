@@ -23,6 +23,7 @@ from anyio.abc import TaskStatus
 
 from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
 from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.ses_sns import SnsEnvelopeCheck
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.pipeline import scheduling
@@ -105,6 +106,9 @@ class SesDoor:
                 events=self,
                 stored=self._stored,
                 ready=self._database_ready,
+                check_body=SnsEnvelopeCheck(self.settings.sns_topic_arns)
+                if self.settings.verify_sns_signature
+                else None,
             )
             log.info("ses_poller_started", door=self.door, pollers=self.settings.pollers)
             try:

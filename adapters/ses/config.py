@@ -5,6 +5,9 @@
     region, endpoint_url                    S3 and SQS (tests point it at moto)
     wait_time_s, max_messages, visibility_timeout_s, max_receive_count,
     max_message_bytes, pollers
+    verify_sns_signature = true             an SNS envelope's signature is checked
+    sns_topic_arns = [...]                  optional: the topics its envelopes may name
+    buckets = [...]                         optional: the buckets its pointers may name
 
     [[mailboxes]] provider = "ses"
     addresses = ["support@example.com", "@billing.example.com"]
@@ -18,6 +21,7 @@ that into a problem at file.key. Credentials come from botocore's chain only.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -99,8 +103,19 @@ SES_KEYS = frozenset(
         "max_receive_count",
         "max_message_bytes",
         "pollers",
+        "verify_sns_signature",
+        "sns_topic_arns",
+        "buckets",
     }
 )
+# An SNS topic ARN (SNS API reference: names of 1-256 letters, digits, - and _;
+# .fifo for FIFO topics), partitions aws, aws-cn, aws-us-gov.
+_TOPIC_ARN = re.compile(
+    r"arn:aws(?:-cn|-us-gov)?:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(?:\.fifo)?"
+)
+# S3 bucket names: 3-63 lower-case letters, digits, dots and hyphens (S3 user guide,
+# "Bucket naming rules").
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 MAILBOX_KEYS = ("addresses", "allowed_senders", "keep_objects")
 # fnmatch's wildcard characters (allowed_senders patterns are fnmatch patterns).
 _WILDCARDS = "*?["
@@ -124,6 +139,13 @@ class SesSettings:
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     pollers: int = DEFAULT_POLLERS
+    # An SQS body that is an SNS envelope carrying a signature is verified like the
+    # SNS delivery webhooks' (adapters/esp/sns.py) before its pointer is followed.
+    verify_sns_signature: bool = True
+    # Topics a verified envelope may come from; empty: any topic SNS signed for.
+    sns_topic_arns: frozenset[str] = frozenset()
+    # Buckets a pointer may name; empty: any (the queue's access policy decides).
+    buckets: frozenset[str] = frozenset()
 
     @property
     def queue_name(self) -> str:
@@ -156,6 +178,9 @@ class SesSettings:
                 settings, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, 1024, 2**40
             ),
             pollers=_integer(settings, "pollers", DEFAULT_POLLERS, 1, MAX_POLLERS),
+            verify_sns_signature=_boolean(settings, "verify_sns_signature", default=True),
+            sns_topic_arns=_matching(settings, "sns_topic_arns", _TOPIC_ARN, "an SNS topic ARN"),
+            buckets=_matching(settings, "buckets", _BUCKET, "an S3 bucket name"),
         )
 
 
@@ -206,6 +231,26 @@ def _integer(
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise SesConfigError(f"{key}: expected an integer from {minimum} to {maximum}")
     return value
+
+
+def _boolean(settings: Mapping[str, object], key: str, *, default: bool) -> bool:
+    value = settings.get(key, default)
+    if not isinstance(value, bool):
+        raise SesConfigError(f"{key}: expected true or false")
+    return value
+
+
+def _matching(
+    settings: Mapping[str, object], key: str, pattern: re.Pattern[str], what: str
+) -> frozenset[str]:
+    """An optional list of strings each matching `pattern` whole (never quoted back)."""
+    value = settings.get(key, [])
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise SesConfigError(f"{key}: expected a list of strings")
+    for entry in value:
+        if not pattern.fullmatch(entry):
+            raise SesConfigError(f"{key}: each entry is {what}")
+    return frozenset(value)
 
 
 def _strings(settings: Mapping[str, object], key: str, *, required: bool) -> list[str]:

@@ -44,6 +44,7 @@ from inboxd.adapters.ses.errors import SesTransient
 from inboxd.adapters.ses.routing import Router
 from inboxd.adapters.ses.settle import (
     BatchSettler,
+    CheckBody,
     Ingest,
     PollerEvents,
     RecordUnrouted,
@@ -82,6 +83,7 @@ class SesPoller:
         events: PollerEvents,
         stored: StoredIn,
         ready: Callable[[], Awaitable[bool]],
+        check_body: CheckBody | None = None,
     ) -> None:
         self.settings = settings
         self._aws = aws
@@ -95,6 +97,7 @@ class SesPoller:
             record_unrouted=record_unrouted,
             events=events,
             stored=stored,
+            check_body=check_body,
         )
         self._receiving = anyio.Event()  # cleared while receiving is paused
         self._receiving.set()

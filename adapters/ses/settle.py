@@ -5,6 +5,10 @@ Per message (the poller, poller.py, receives and deletes):
     received more than max_receive_count times → poison: dead (unless every pointer
     │   is stored already: its deletes were lost, a duplicate)
     ├─ body → pointers (pointers.py); invalid → dead
+    ├─ an SNS envelope carrying a signature is verified (`CheckBody`, the daemon's
+    │   daemon/ses_sns.py): forged or foreign → dead, its pointers never followed;
+    │   not verifiable now (certificate unreachable) → leave the message
+    ├─ a pointer to a bucket outside [ses] buckets (when set) → dead, nothing read
     ├─ fetch each object from S3, streamed and size-limited (aws.py)
     │     missing → a duplicate when its message is stored, else dead;
     │     too large → dead;  throttled / 5xx / network → leave the message
@@ -40,7 +44,7 @@ from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 from inboxd.pipeline.parsing import parse_in_workers
 
-__all__ = ["BatchSettler", "PollerEvents", "Unrouted", "Work"]
+__all__ = ["BatchSettler", "CheckBody", "PollerEvents", "Unrouted", "Work"]
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +78,9 @@ Ingest = Callable[[IngestBatch], Awaitable[list[ItemResult]]]
 RecordUnrouted = Callable[[Unrouted], Awaitable[None]]
 # Is this external id stored in any of these (tenant, mailbox)?
 StoredIn = Callable[[list[tuple[str, str]], str], Awaitable[bool]]
+# Checks an SQS body before its pointers are followed: returns when they may be,
+# raises SesPermanent (never: a forged envelope) or SesTransient (cannot tell now).
+CheckBody = Callable[[str], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -101,9 +108,11 @@ class BatchSettler:
         record_unrouted: RecordUnrouted,
         events: PollerEvents,
         stored: StoredIn,
+        check_body: CheckBody | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
+        self._check_body = check_body
         self._aws = aws
         self._ingest = ingest
         self._record_unrouted = record_unrouted
@@ -122,9 +131,16 @@ class BatchSettler:
                 await self._dead(work, None, exc.reason, exc.detail)
                 continue
             if message.receive_count > self.settings.max_receive_count:
-                await self._poison(work)
+                await self._poison(work)  # reads no object: safe before the check
                 continue
-            fetches.extend((work, p) for p in work.pointers)
+            if not await self._checked(work):
+                continue
+            for pointer in work.pointers:
+                if self.settings.buckets and pointer.bucket not in self.settings.buckets:
+                    detail = f"s3://{pointer.bucket}/{pointer.key}: bucket not in [ses] buckets"
+                    await self._dead(work, pointer, "bucket_not_allowed", detail)
+                else:
+                    fetches.append((work, pointer))
         raws = await self._fetch_all(fetches)
         fetched = [
             (w, p, raw) for (w, p), raw in zip(fetches, raws, strict=True) if raw is not None
@@ -146,6 +162,21 @@ class BatchSettler:
         async with anyio.create_task_group() as tg:
             for (tenant, mailbox), entries in groups.items():
                 tg.start_soon(self._ingest_group, tenant, mailbox, entries)
+
+    async def _checked(self, work: Work) -> bool:
+        """Whether the message's pointers may be followed (`CheckBody`); when not, the
+        message is dead (recorded with its body, deleted) or left for redelivery."""
+        if self._check_body is None:
+            return True
+        try:
+            await self._check_body(work.message.body)
+        except SesPermanent as exc:
+            await self._dead(work, None, exc.reason, exc.detail)
+            return False
+        except SesTransient as exc:
+            self._leave(work, str(exc))
+            return False
+        return True
 
     async def _fetch_all(self, fetches: list[tuple[Work, Pointer]]) -> list[bytes | None]:
         raws: list[bytes | None] = [None] * len(fetches)

@@ -399,7 +399,11 @@ async def test_a_forwarded_mail_of_each_pointer_shape_becomes_rows_and_leaves_th
     aws.send(s3_event(aws.bucket, keys[2]))  # no envelope: routed by the To header
     aws.send(versioned(aws.bucket, keys[3], "ses-versioned", [SUPPORT]))
 
-    daemon = start(tmp_path, ses_config(tmp_path, aws), db_dsn)
+    # the SNS envelope carries the SNS guide's example signature, which no certificate
+    # here verifies (test_a_forged_sns_envelope_… and tests/adapters/ses/test_sns_envelope.py
+    # check signatures)
+    config = ses_config(tmp_path, aws, verify_sns_signature=False)
+    daemon = start(tmp_path, config, db_dsn)
     try:
         await wait_copies(db_dsn, daemon, 4)
         await wait_queue_empty(aws, daemon)
@@ -520,6 +524,35 @@ def receive_without_keeping(aws: Aws, times: int) -> None:
             QueueUrl=aws.queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=1, VisibilityTimeout=0
         )
         assert len(answer.get("Messages", [])) == 1
+
+
+async def test_a_forged_sns_envelope_is_not_followed_and_the_queue_keeps_flowing(
+    tmp_path: Path, db_dsn: str, aws: Aws, moto_endpoint: str
+) -> None:
+    """A pointer someone wrote onto the queue in SNS's signed shape, naming a bucket
+    the daemon can read but is not the door's, with a certificate of their own:
+    verify_sns_signature is on by default, so it is never followed (issue 22)."""
+    elsewhere = make_queue(moto_endpoint)
+    [secret, genuine] = generated_messages(2, tag="forged")
+    elsewhere.put("secret", secret)
+    aws.put("in/genuine", genuine)
+    forged = ses_notification(elsewhere.bucket, "secret", "ses-forged", [SUPPORT], sns=True)
+    forged["SigningCertURL"] = "https://certs.forger.example/SimpleNotificationService-1.pem"
+    aws.send(forged)
+    aws.send(versioned(aws.bucket, "in/genuine", "ses-genuine", [SUPPORT]))
+
+    daemon = start(tmp_path, ses_config(tmp_path, aws), db_dsn)
+    try:
+        await wait_queue_empty(aws, daemon)  # each deleted once settled: rows committed
+        stored = await fetch(db_dsn, "SELECT external_id FROM message_copies")
+        assert [r[0] for r in stored] == ["ses-genuine"]
+        unrouted = await fetch(db_dsn, "SELECT reason, detail, body FROM unrouted_items")
+        assert [r["reason"] for r in unrouted] == ["sns_unverified"]
+        assert "SigningCertURL" in unrouted[0]["detail"]
+        assert "ses-forged" in unrouted[0]["body"]  # kept for an operator to judge
+        assert "ses_unrouted" in daemon.log_path.read_text()
+    finally:
+        stop(daemon)
 
 
 async def test_poison_pointers_are_dead_items_deleted_and_the_queue_keeps_flowing(

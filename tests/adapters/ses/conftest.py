@@ -41,7 +41,8 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
     """Factory: `async with make_poller(mailboxes, **settings) as (poller, events)`, an
     SesPoller on the test's queue; mailboxes as (tenant, mailbox, SesMailbox).
     `ingest` / `unrouted_pool` / `ready` replace the real ingest stage / the pool
-    unrouted records are written to / the database probe (a database that is down)."""
+    unrouted records are written to / the database probe (a database that is down);
+    `check_body` is the SNS envelope check (none by default)."""
 
     @asynccontextmanager
     async def make(
@@ -50,6 +51,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
         ingest: Callable | None = None,
         unrouted_pool: asyncpg.Pool | None = None,
         ready: Callable | None = None,
+        check_body: Callable | None = None,
         **settings: object,
     ) -> AsyncIterator[tuple[SesPoller, Events]]:
         config = SesSettings.from_settings(
@@ -98,6 +100,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
                     events=events,
                     stored=stored,
                     ready=ready or always_ready,
+                    check_body=check_body,
                 ),
                 events,
             )

@@ -108,6 +108,41 @@ def test_integers_are_integers(value: object) -> None:
     refused(SesSettings.from_settings, {"queue_url": QUEUE, "wait_time_s": value}, "wait_time_s")
 
 
+def test_sns_signature_verified_by_default_and_allowlists_empty() -> None:
+    s = settings()
+    assert s.verify_sns_signature is True
+    assert s.sns_topic_arns == frozenset() and s.buckets == frozenset()
+
+
+def test_sns_and_bucket_allowlists_read() -> None:
+    topics = [
+        "arn:aws:sns:eu-west-1:123456789012:ses-inbound",
+        "arn:aws-cn:sns:cn-north-1:123456789012:in.fifo",
+    ]
+    s = settings(verify_sns_signature=False, sns_topic_arns=topics, buckets=["acme-inbound.mail"])
+    assert s.verify_sns_signature is False
+    assert s.sns_topic_arns == frozenset(topics)
+    assert s.buckets == frozenset({"acme-inbound.mail"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("verify_sns_signature", "yes"),
+        ("verify_sns_signature", 1),
+        ("sns_topic_arns", "arn:aws:sns:eu-west-1:123456789012:ses-inbound"),
+        ("sns_topic_arns", ["arn:aws:sqs:eu-west-1:123456789012:inbound"]),
+        ("sns_topic_arns", ["ses-inbound"]),
+        ("buckets", "acme-inbound"),
+        ("buckets", ["Acme_Inbound"]),
+        ("buckets", ["s3://acme-inbound"]),
+        ("buckets", [3]),
+    ],
+)
+def test_sns_and_bucket_settings_refused(key: str, value: object) -> None:
+    refused(SesSettings.from_settings, {"queue_url": QUEUE, key: value}, key)
+
+
 def test_queue_url_is_required() -> None:
     message = refused(SesSettings.from_settings, {"region": "eu-west-1"}, "queue_url")
     assert "required" in message

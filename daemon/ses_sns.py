@@ -1,0 +1,74 @@
+"""The SES door's SNS envelope check: an SQS body that is an SNS envelope carrying
+a signature is verified before its pointer is followed (issue 22).
+
+SNS → SQS without raw message delivery puts the whole signed envelope on the
+queue (SNS developer guide, "Amazon SNS message and JSON formats"). Verifying it
+with the delivery webhooks' SNS verification (adapters/esp/sns.py: SNS signing
+certificate host, signature over the canonical string, TopicArn allowlist) means
+a pointer someone wrote onto the queue in SNS's shape cannot make the daemon read
+a bucket of their choosing:
+
+    not JSON, not an object, no Signature / SigningCertURL / SignatureVersion
+                                  → nothing to verify (the pointer parser and
+                                    `[ses] buckets` judge the rest)
+    verified, TopicArn in `sns_topic_arns` (or any topic when none is set)
+                                  → its pointers are followed
+    VerificationFailed            → SesPermanent("sns_unverified"): recorded dead
+                                    with its body (replayable), deleted, no object
+                                    read
+    VerificationUnavailable       → SesTransient: the certificate could not be
+                                    fetched (SNS briefly unreachable); SQS
+                                    redelivers, and a message still unverifiable
+                                    past max_receive_count is poison (a dead item)
+
+It lives in the daemon because it joins two adapters (an adapter imports no
+other, tests/test_layering.py); adapters/ses sees only settle.CheckBody.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
+from inboxd.adapters.esp.sns import verify_sns_message
+from inboxd.adapters.esp.sns_certificates import CertificateCache
+from inboxd.adapters.ses.errors import SesPermanent, SesTransient
+
+__all__ = ["SIGNATURE_KEYS", "SnsEnvelopeCheck"]
+
+# An envelope carrying any of these is verified in full (a missing one fails it).
+SIGNATURE_KEYS = ("Signature", "SigningCertURL", "SignatureVersion")
+
+
+class SnsEnvelopeCheck:
+    """settle.CheckBody for `[ses] verify_sns_signature = true` (module docstring).
+
+    `topic_arns` is `[ses] sns_topic_arns` (empty: any topic SNS signed for);
+    `certificates` is shared by every check of the door (one fetch per signing
+    certificate), replaced in tests to serve a test certificate."""
+
+    def __init__(
+        self, topic_arns: frozenset[str], certificates: CertificateCache | None = None
+    ) -> None:
+        self._topic_arns = topic_arns
+        self._certificates = certificates or CertificateCache()
+
+    async def __call__(self, body: str) -> None:
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return  # not an envelope: the pointer parser says what it is
+        if not isinstance(document, dict) or not any(k in document for k in SIGNATURE_KEYS):
+            return
+        topics = self._topic_arns
+        if not topics:
+            topic = document.get("TopicArn")
+            topics = frozenset({topic}) if isinstance(topic, str) else frozenset()
+        try:
+            await verify_sns_message(
+                body.encode(), topic_arns=topics, certificates=self._certificates
+            )
+        except VerificationFailed as exc:  # names the check that failed, never a secret
+            raise SesPermanent("sns_unverified", f"SNS envelope not verified: {exc}") from exc
+        except VerificationUnavailable as exc:
+            raise SesTransient(f"SNS envelope not verified yet: {exc}") from exc
