@@ -13,6 +13,9 @@
                 mailbox meanwhile) and 5xx/connection errors back off with jitter, up to
                 CALL_ATTEMPTS; then the error goes to the runner (the mailbox's throttle)
     401         the token is dropped and the request sent once more with a fresh one
+                (the Authorization header of the first attempt removed first: kiota
+                adds one only to a request without it, so the retry carried the
+                refused token again — issue 22 item 5)
 
 Errors map to adapters/outlook/errors.py: 410 and 400 syncStateNotFound/resyncRequired
 → DeltaExpired (for delta requests), 404 of the mailbox (ErrorInvalidUser,
@@ -75,6 +78,7 @@ BUDGET_SHARE = 0.97
 BURST_REQUESTS = 200.0
 REQUEST_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+AUTHORIZATION = "Authorization"
 #: 404 codes that mean the mailbox itself is gone or not reachable with REST.
 MAILBOX_GONE_CODES = frozenset(
     {
@@ -173,7 +177,9 @@ class GraphTransport:
         for first in (True, False):
             await self.pacer.spend(cost)
             async with _slots(self.slots, slots, self._wide):
-                token = await self.tokens.token()
+                # the token provider (GraphTokens, through kiota) sets the header of
+                # each attempt: it alone decides which host may have a token
+                info.headers.remove(AUTHORIZATION)
                 try:
                     response = await self.adapter.send_primitive_async(info, "bytes", {})
                 except (httpx.HTTPError, OSError) as exc:
@@ -181,7 +187,7 @@ class GraphTransport:
             answer = Answer(response.status_code, response.headers, response.content)
             if answer.status != 401:
                 return answer
-            self.tokens.invalidate(token)
+            self.tokens.invalidate(_bearer(info.headers.get(AUTHORIZATION)))
             if not first:
                 break
         raise OutlookAuthError(f"{what}: Graph answered 401 to a freshly issued token")
@@ -250,6 +256,15 @@ class GraphTransport:
             words = graph_error_text(answer.body)  # the operator's lead: Graph's own text
             return OutlookAuthError(text + (f": {words}" if words else ""))
         return OutlookRequestRejected(text, status=answer.status, code=code)
+
+
+def _bearer(values: set[str]) -> str:
+    """The token of the request's `Authorization: Bearer …` header ("" without one)."""
+    for value in values:
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() == "bearer":
+            return token.strip()
+    return ""
 
 
 class _slots:

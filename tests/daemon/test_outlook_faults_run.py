@@ -84,3 +84,36 @@ async def test_an_item_level_404_in_a_batch_is_a_message_deleted_before_fetch(
         assert await _state_is(run, "ops", "idle")
         reason = await run.fetchval("SELECT reason FROM dead_items")
         assert reason == "deleted_before_fetch"
+
+
+# --- item 5: an access token Graph refuses before its expiry -----------------------------
+
+
+async def test_a_revoked_access_token_is_replaced_and_the_retry_carries_the_new_one(
+    tmp_path, db_dsn
+) -> None:
+    async with outlook_daemon(tmp_path, db_dsn, {OPS: 1}) as run:
+        box, fake = run.fake.mailbox(OPS), run.fake
+        issued = fake.counters.token_requests["client_credentials"]
+        assert fake.revoke_access_tokens() >= 1  # continuous access evaluation, say
+        first = box.add_message(generated_messages(1, tag="cae")[0])
+        assert await fake.notify(OPS, "inbox") == [202]
+        await run.eventually(lambda: run.has_copy("ops", first.immutable_id), "the message")
+        await run.eventually(run.idle, "the runs ended")
+        assert await _state_is(run, "ops", "idle")
+        assert fake.counters.token_requests["client_credentials"] == issued + 1
+
+        # the same inside $batch: a 401 in the batch's answer is no reason to
+        # dead-letter the message, the batch goes again with a new token
+        assert fake.revoke_access_tokens() >= 1
+        fake.faults.fail_next_requests(
+            1, 401, kinds={"message.value"}, code="InvalidAuthenticationToken"
+        )
+        second = box.add_message(generated_messages(1, tag="cae-batch")[0])
+        assert await fake.notify(OPS, "inbox") == [202]
+        await run.eventually(lambda: run.has_copy("ops", second.immutable_id), "the message")
+        await run.eventually(run.idle, "the runs ended")
+        assert await _state_is(run, "ops", "idle")
+        assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
+        assert await run.rows("ops") == 3
+        assert fake.counters.max_downloads() == 1

@@ -162,10 +162,14 @@ class GraphApi:
             return None, graph_error(401, "InvalidAuthenticationToken", "Access token is empty.")
         grant = self.fake.identity.access_grant(token.strip())
         if grant is None:
+            held = self.fake.identity.access_tokens.get(token.strip())
             return None, graph_error(
                 401,
                 "InvalidAuthenticationToken",
-                "Access token has expired or is not yet valid.",
+                "Continuous access evaluation resulted in challenge with result: "
+                "InteractionRequired and code: TokenIssuedBeforeRevocationTimestamp"
+                if held is not None and held.revoked
+                else "Access token has expired or is not yet valid.",
             )
         if "me" in params:
             if grant.user is None:

@@ -19,7 +19,15 @@
   (authorization pending), 70019 (device code expired), 70000 (declined / bad
   grant), 90002 (tenant not found), 1002012 (scope without /.default).
 Access tokens are opaque here (Graph never asks a client to read them) and
-live `access_token_ttl_s` (3599 s, what Entra answers in expires_in).
+live `access_token_ttl_s` (3599 s, what Entra answers in expires_in). Graph may
+refuse one before its expiry (`revoke_access_tokens`: continuous access evaluation
+after a critical event, an admin's session revocation): 401
+InvalidAuthenticationToken on every request that carries it, inner requests of a
+$batch included (their answers carry the 401: msgraph-sdk-dotnet#2660), while the
+refresh token or the client credentials still get a new one.
+With `single_use_refresh_tokens` on, a refresh token is refused once it was
+redeemed (400 invalid_grant AADSTS70000), as Entra does for rotated tokens it
+chooses to invalidate: a client must keep the newest one it was given.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ class AccessGrant:
     user: str | None  # None: app-only (client credentials)
     expires_at: float
     refresh_token: str | None = None
+    revoked: bool = False
 
 
 @dataclass
@@ -57,6 +66,7 @@ class RefreshGrant:
     family: str = ""  # the sign-in it descends from (rotation keeps it)
     revoked: bool = False
     expired: bool = False
+    redeemed: bool = False  # used once to get new tokens
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Identity:
     access_tokens: dict[str, AccessGrant] = field(default_factory=dict)
     refresh_tokens: dict[str, RefreshGrant] = field(default_factory=dict)
     device_codes: dict[str, DeviceCode] = field(default_factory=dict)  # by device_code
+    single_use_refresh_tokens: bool = False
 
     def issue_access_token(self, user: str | None, refresh_token: str | None = None) -> str:
         token = "fake-at." + secrets.token_urlsafe(32)
@@ -111,13 +122,23 @@ class Identity:
         """The grant of a currently valid access token (None: missing, unknown, expired,
         or issued from a refresh token since revoked)."""
         grant = self.access_tokens.get(token)
-        if grant is None or grant.expires_at <= self.clock():
+        if grant is None or grant.revoked or grant.expires_at <= self.clock():
             return None
         if grant.refresh_token is not None:
             parent = self.refresh_tokens.get(grant.refresh_token)
             if parent is None or parent.revoked:
                 return None
         return grant
+
+    def revoke_access_tokens(self, user: str | None = None) -> int:
+        """Every access token issued so far (of `user`, or all) is refused from now on,
+        before its expiry; grants and refresh tokens stay valid. Answers how many."""
+        revoked = 0
+        for grant in self.access_tokens.values():
+            if user is None or (grant.user or "").lower() == user.lower():
+                grant.revoked = True
+                revoked += 1
+        return revoked
 
     # -- endpoints -------------------------------------------------------------
     def token(self, tenant: str, form: dict[str, str]) -> Answer:
@@ -236,6 +257,15 @@ class Identity:
                 700082,
                 "The refresh token has expired due to inactivity.",
             )
+        if grant.redeemed and self.single_use_refresh_tokens:
+            return entra_error(
+                400,
+                "invalid_grant",
+                70000,
+                "The provided value for the input parameter 'refresh_token' or 'assertion' "
+                "is not valid.",
+            )
+        grant.redeemed = True
         return self._user_tokens(grant.user, grant.scope, grant.family)
 
     def _device_code_grant(self, form: dict[str, str]) -> Answer:

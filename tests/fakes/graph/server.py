@@ -194,6 +194,13 @@ class FakeGraph:
         """The refresh token expired from inactivity (AADSTS700082)."""
         self.identity.refresh_tokens[token].expired = True
 
+    def revoke_access_tokens(self, user: str | None = None) -> int:
+        """Graph refuses every access token issued so far (of `user`; None: all, the
+        app-only ones included) before its expiry — continuous access evaluation, an
+        admin's revocation — with 401 InvalidAuthenticationToken; a new token from
+        the token endpoint works. Answers how many were revoked."""
+        return self.identity.revoke_access_tokens(user)
+
     def expire_access_tokens(self) -> None:
         for grant in self.identity.access_tokens.values():
             grant.expires_at = float("-inf")
