@@ -109,6 +109,34 @@ async def test_sigterm_mid_backfill_then_restart_loses_and_doubles_nothing(
         assert daemon.wait_exit(60) == 0
 
 
+async def test_mail_delivered_while_the_daemon_is_down_is_stored_after_restart(
+    tmp_path, db_dsn
+) -> None:
+    """Issue 22's property for the Maildir door: the directory is the state, so what
+    an MTA delivers while no daemon runs is stored by the next one, once."""
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        deliver(box, generated_messages(2, tag="up"), prefix="up")
+        await wait_rows(db_dsn, daemon, 2, 30, what="mail delivered while running")
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+    deliver(box, generated_messages(3, tag="down"), prefix="down")  # nobody running
+
+    daemon = start(tmp_path, config, db_dsn, "daemon2")
+    try:
+        await wait_rows(db_dsn, daemon, 5, 30, what="mail delivered while down")
+        deliver(box, generated_messages(1, tag="after"), prefix="after")
+        await wait_rows(db_dsn, daemon, 6, 30, what="mail delivered after the restart")
+        await daemon.eventually(lambda: _moved(box, 6), 10, what="files moved to cur/")
+        assert await count(db_dsn, "SELECT count(*) FROM message_copies") == 6
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
 async def test_sighup_adds_a_tenant_live(tmp_path, db_dsn) -> None:
     config = write_config(tmp_path)
     maildir(tmp_path, "acme", "inbox")

@@ -904,6 +904,46 @@ async def test_an_object_over_the_size_limit_is_dead_without_being_read_whole(
 SHORT_DEADLINE_S = 2.0
 
 
+async def test_mail_queued_while_the_daemon_is_down_is_stored_after_restart(
+    tmp_path: Path, db_dsn: str, aws: Aws
+) -> None:
+    """Issue 22's property for the SES door: SQS keeps what SES announces while no
+    daemon polls, and the next one stores it, once."""
+    ids = [f"down-{i}" for i in range(6)]
+    put_raw(aws, [(f"in/{i}", raw) for i, raw in enumerate(generated_messages(6, tag="down"))])
+
+    def announce(*numbers: int) -> None:
+        send_batch(
+            aws, [ses_notification(aws.bucket, f"in/{i}", ids[i], [SUPPORT]) for i in numbers]
+        )
+
+    config = ses_config(tmp_path, aws)
+    first = start(tmp_path, config, db_dsn, "first")
+    try:
+        announce(0, 1)
+        await wait_copies(db_dsn, first, 2)
+        await wait_queue_empty(aws, first)
+    finally:
+        stop(first)
+    announce(2, 3, 4)  # nobody polling
+    assert aws.queue_counts() == (3, 0)
+
+    second = start(tmp_path, config, db_dsn, "second")
+    try:
+        await wait_copies(db_dsn, second, 5)
+        announce(5)
+        await wait_copies(db_dsn, second, 6)
+        await wait_queue_empty(aws, second)
+        stored = await fetch(db_dsn, "SELECT external_id FROM message_copies ORDER BY 1")
+        assert [r[0] for r in stored] == sorted(ids)
+        assert await fetchval(db_dsn, "SELECT count(*) FROM messages") == 6
+        assert await fetchval(db_dsn, "SELECT count(*) FROM dead_items") == 0
+        for daemon in (first, second):  # batches it deleted itself are no visibility lost
+            assert "ses_visibility_lost" not in daemon.log_path.read_text()
+    finally:
+        stop(second)
+
+
 async def test_sigterm_while_a_batch_cannot_commit_releases_it_and_a_restart_stores_it_once(
     tmp_path: Path, db_dsn: str, aws: Aws
 ) -> None:
