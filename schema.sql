@@ -16,6 +16,22 @@ COMMENT ON TABLE inboxd_schema_version IS 'Which schema.sql texts were applied (
 COMMENT ON COLUMN inboxd_schema_version.schema_sha256 IS 'sha256 of the schema.sql text that was applied.';
 COMMENT ON COLUMN inboxd_schema_version.applied_at IS 'When it was (last) applied.';
 
+CREATE TABLE IF NOT EXISTS inboxd_daemons (
+    owner         text PRIMARY KEY,
+    host          text NOT NULL,
+    pid           integer NOT NULL,
+    version       text NOT NULL,
+    started_at    timestamptz NOT NULL,
+    heartbeat_at  timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE inboxd_daemons IS 'Each running `inboxd run` process (replica), for `inboxd status`: written when its presence lock is taken, its heartbeat moved with every presence ping, removed at a clean stop. Operational metadata, like inboxd_schema_version: no tenant_id.';
+COMMENT ON COLUMN inboxd_daemons.owner IS 'The lease owner id of the process (host:pid:random), as in mailboxes.lease_owner.';
+COMMENT ON COLUMN inboxd_daemons.host IS 'Host name the process runs on.';
+COMMENT ON COLUMN inboxd_daemons.pid IS 'Its process id on that host.';
+COMMENT ON COLUMN inboxd_daemons.version IS 'The inboxd release it runs (`inboxd --version`).';
+COMMENT ON COLUMN inboxd_daemons.started_at IS 'When the process started.';
+COMMENT ON COLUMN inboxd_daemons.heartbeat_at IS 'Its last presence ping (every 10 s while it holds its presence lock); older than 30 s: the process is gone or cut off from the database.';
+
 CREATE TABLE IF NOT EXISTS tenants (
     tenant_id   text PRIMARY KEY CHECK (tenant_id ~ '^[a-z0-9][a-z0-9._-]{0,62}$'),
     name        text NOT NULL DEFAULT '',

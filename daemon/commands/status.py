@@ -1,4 +1,13 @@
-"""`inboxd status`: each mailbox's cursor, lag, throttle, state and last error.
+"""`inboxd status`: which daemons run, then each mailbox's cursor, lag, throttle, state
+and last error.
+
+First line: the daemons recorded in `inboxd_daemons` (pipeline/presence.py) — each
+running replica's host, pid, version, start and last heartbeat, or when one was last
+seen; `--daemons` shows them alone (with --json, a list). A mailbox that the
+configuration given with --config does not name (removed from its tenant file, or a
+typo'd id an earlier config had) is "not configured", without a lag, instead of an idle
+mailbox whose lag grows for ever. A last error is shown with its time, and only while
+no sync succeeded after it.
 
 After the mailboxes, when a tenant has any, the extraction backlog: jobs by
 state per processor and the feeder's inbox (daemon/commands/status_extraction.py);
@@ -20,6 +29,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
 import asyncpg
@@ -40,6 +50,7 @@ from inboxd.daemon.commands.status_extraction import TenantExtraction, extractio
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.mailbox_status import MailboxStatus, mailbox_status
+from inboxd.pipeline.presence import DaemonRow, daemons
 from inboxd.pipeline.queue_doors import PollerRow, queue_summary
 from inboxd.pipeline.tenancy import validate_id
 
@@ -85,6 +96,12 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         "and the new mail not yet matched to processors (with --json, a list per tenant)",
     )
     only.add_argument(
+        "--daemons",
+        action="store_true",
+        help="show the daemons instead: each replica's host, pid, version, start time, last "
+        "heartbeat and whether it runs (with --json, a list)",
+    )
+    only.add_argument(
         "--queues",
         action="store_true",
         help="show the queue pollers (SES SQS) instead: queue, messages received, stored, "
@@ -97,37 +114,45 @@ async def run(args: argparse.Namespace) -> int:
     tenant = valid_id_option("tenant", args.tenant)
     config = load_config(args.config)
     choice = await resolve(args, config, start=False)
+    configured = await anyio.to_thread.run_sync(_configured_mailboxes, args.config)
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
+            running = await daemons(pool)
             statuses = await mailbox_status(pool, tenant)
             # tenant-less: shown to the operator's whole view only
             pollers = [] if tenant else await _pollers(pool)
             extraction = await extraction_status(pool, tenant)
+    if args.daemons:
+        _print_daemons(running, as_json=args.json)
+        return EXIT_OK
     if args.extraction:
         _print_extraction(extraction, as_json=args.json)
         return EXIT_OK
     if args.queues:
         _print_pollers(pollers, as_json=args.json)
         return EXIT_OK
+    views = [MailboxView(s, _is_configured(s, configured)) for s in statuses]
     if args.json:
         sys.stdout.buffer.write(
-            orjson.dumps([as_json(s) for s in statuses], option=orjson.OPT_APPEND_NEWLINE)
+            orjson.dumps([as_json(v) for v in views], option=orjson.OPT_APPEND_NEWLINE)
         )
         sys.stdout.flush()
-    elif not statuses:
+        return EXIT_OK
+    print(daemons_line(running))
+    if not statuses:
         print(
             "no mailboxes"
             + (f" in tenant {tenant}" if tenant else "")
             + " (they are created from the tenant config by `inboxd run`, or by `inboxd import`)"
         )
     elif sys.stdout.isatty():
-        _print_rich([table_row(s) for s in statuses])
+        _print_rich([table_row(v) for v in views])
     else:
-        print(plain_table([table_row(s) for s in statuses]))
-    if pollers and not args.json:
+        print(plain_table([table_row(v) for v in views]))
+    if pollers:
         print()
         _print_pollers(pollers, as_json=False)
-    if extraction and not args.json:
+    if extraction:
         print()
         _print_extraction(extraction, as_json=False)
     return EXIT_OK
@@ -246,16 +271,68 @@ def database_call(choice: DsnChoice) -> Iterator[None]:
         raise database_error(exc, choice) from exc
 
 
-def as_json(status: MailboxStatus) -> dict[str, object]:
-    """Every field of a status; lag rounded to milliseconds."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class MailboxView:
+    """A mailbox's status as shown: `configured` is None when no configuration was
+    given to compare with (or it has problems), False for a mailbox it does not name."""
+
+    status: MailboxStatus
+    configured: bool | None
+
+    @property
+    def error_is_current(self) -> bool:
+        """The last error happened after the last successful sync (or there was none)."""
+        s = self.status
+        if s.last_error is None:
+            return False
+        if s.last_success_at is None or s.last_error_at is None:
+            return True
+        return s.last_error_at >= s.last_success_at
+
+
+def _configured_mailboxes(config: Path | None) -> set[tuple[str, str]] | None:
+    """(tenant, mailbox) of every mailbox the configuration names; None without a
+    configuration or when a tenant file has problems (its mailboxes are unknown then)."""
+    if config is None:
+        return None
+    from inboxd.daemon.config import ConfigError, load_main, load_tenants
+
+    try:
+        tenants = load_tenants(load_main(config))
+    except ConfigError:
+        return None
+    if tenants.problems:
+        return None
+    return {(t.tenant_id, m.mailbox_id) for t in tenants.tenants.values() for m in t.mailboxes}
+
+
+def _is_configured(s: MailboxStatus, configured: set[tuple[str, str]] | None) -> bool | None:
+    if configured is None or s.provider == "import":  # imported mail has no config entry
+        return None
+    return (s.tenant_id, s.mailbox_id) in configured
+
+
+def as_json(view: MailboxView) -> dict[str, object]:
+    """Every field of a status; lag rounded to milliseconds; `configured` (null: not
+    compared) and `last_error_current` (the error came after the last success)."""
+    status = view.status
     out = dataclasses.asdict(status)
     if status.lag_s is not None:
         out["lag_s"] = round(status.lag_s, 3)
+    out["configured"] = view.configured
+    out["last_error_current"] = view.error_is_current
     return out
 
 
-def table_row(s: MailboxStatus) -> tuple[str, ...]:
-    state = s.sync_state + (" (cancel requested)" if s.cancel_requested else "")
+def table_row(view: MailboxView) -> tuple[str, ...]:
+    s = view.status
+    unconfigured = view.configured is False
+    state = "not configured" if unconfigured else s.sync_state
+    state += " (cancel requested)" if s.cancel_requested else ""
+    error = "-"
+    if view.error_is_current and s.last_error is not None:
+        when = f"{format_time(s.last_error_at)}: " if s.last_error_at else ""
+        error = shorten_end(when + s.last_error, ERROR_SHOWN_CHARS + len(when))
     return (
         s.tenant_id,
         s.mailbox_id,
@@ -263,13 +340,43 @@ def table_row(s: MailboxStatus) -> tuple[str, ...]:
         s.sync_mode,
         shorten_middle(s.cursor, CURSOR_SHOWN_CHARS) if s.cursor else "-",
         format_time(s.last_success_at) if s.last_success_at else "never",
-        format_duration(s.lag_s) if s.lag_s is not None else "-",
+        format_duration(s.lag_s) if s.lag_s is not None and not unconfigured else "-",
         format_time(s.throttle_until) if s.throttled and s.throttle_until else "-",
         state,
         str(s.dead_items),
         str(s.attachments_pending),
-        shorten_end(s.last_error, ERROR_SHOWN_CHARS) if s.last_error else "-",
+        error,
     )
+
+
+def daemons_line(rows: list[DaemonRow]) -> str:
+    """One line: the running daemons, or when one was last seen."""
+    alive = [d for d in rows if d.running]
+    if alive:
+        shown = "; ".join(
+            f"{d.host} pid {d.pid} inboxd {d.version}, started {format_time(d.started_at)}, "
+            f"heartbeat {format_duration(d.heartbeat_age_s)} ago"
+            for d in alive
+        )
+        return f"daemons: {len(alive)} running — {shown}"
+    if rows:
+        last = rows[0]
+        return (
+            f"daemons: none running (last seen: {last.host} pid {last.pid}, heartbeat "
+            f"{format_duration(last.heartbeat_age_s)} ago); mail is not being synced"
+        )
+    return "daemons: none has run against this database; start one with 'inboxd run'"
+
+
+def _print_daemons(rows: list[DaemonRow], *, as_json: bool) -> None:
+    if as_json:
+        out = [
+            dataclasses.asdict(d) | {"heartbeat_age_s": round(d.heartbeat_age_s, 3)} for d in rows
+        ]
+        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.flush()
+        return
+    print(daemons_line(rows))
 
 
 def plain_table(rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -290,7 +397,11 @@ def _print_rich(rows: list[tuple[str, ...]]) -> None:
     for name in COLUMNS:
         table.add_column(name, overflow="fold" if name == "LAST ERROR" else "ellipsis")
     for r in rows:
-        style = "red" if r[8].startswith("needs_attention") else ("yellow" if r[7] != "-" else None)
+        style = (
+            "red"
+            if r[8].startswith("needs_attention")
+            else ("yellow" if r[7] != "-" or r[8].startswith("not configured") else None)
+        )
         table.add_row(*(Text(cell) for cell in r), style=style)  # cells are data, not markup
     Console().print(table)
 

@@ -4,9 +4,12 @@
         ▲                         │ ping every PRESENCE_PING_S                │
         └──────────────────── PRESENCE_RECONNECT_S ◀──────────────────────────┘
 
-Leases taken while present carry the lock's key (pipeline/leases.py). When the
-process dies — SIGKILL, OOM, power loss — PostgreSQL drops the lock with the
-connection, and a restarted daemon (or another replica) takes those leases at
+While present, the process's row in `inboxd_daemons` (host, pid, version, start)
+has its heartbeat moved with every ping, for `inboxd status`; a clean stop
+(cancellation) removes it. Leases taken while present carry the lock's key
+(pipeline/leases.py). When the process dies — SIGKILL, OOM, power loss —
+PostgreSQL drops the lock with the connection, and a restarted daemon (or
+another replica) takes those leases at
 once instead of waiting out their TTL. While absent, new leases carry no key
 and fall back to plain expiry. Fencing is untouched: every acquisition still
 moves the token, so a holder that only lost this connection finds its next
@@ -15,7 +18,11 @@ cursor write refused.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import anyio
 import asyncpg
@@ -24,7 +31,14 @@ from anyio.abc import TaskStatus
 
 from inboxd.daemon.sync.reconnect import keep_connected
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.presence import PresenceTaken, hold_presence, presence_key
+from inboxd.pipeline.presence import (
+    DaemonIdentity,
+    PresenceTaken,
+    forget_daemon,
+    hold_presence,
+    presence_key,
+    record_daemon,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +58,13 @@ class Presence:
         self.dsn = dsn
         self.key = presence_key(owner)
         self.held = False
+        self.me = DaemonIdentity(
+            owner=owner,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=_version(),
+            started_at=datetime.now(UTC),
+        )
 
     @property
     def session_key(self) -> int | None:
@@ -67,13 +88,21 @@ class Presence:
             conn = await asyncpg.connect(self.dsn)
         try:
             await hold_presence(conn, self.key)
+            with anyio.fail_after(PRESENCE_PING_TIMEOUT_S):
+                await record_daemon(conn, self.me, prune=True)
             self.held = True
             log.info("presence_held")
             held()
             while True:
                 await anyio.sleep(PRESENCE_PING_S)
                 with anyio.fail_after(PRESENCE_PING_TIMEOUT_S):
-                    await conn.fetchval("SELECT 1")
+                    await record_daemon(conn, self.me)
+        except anyio.get_cancelled_exc_class():
+            # A clean stop: `inboxd status` no longer lists this process.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(PRESENCE_CLOSE_TIMEOUT_S):
+                with contextlib.suppress(*DATABASE_ERRORS):
+                    await forget_daemon(conn, self.me.owner)
+            raise
         finally:
             self.held = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(PRESENCE_CLOSE_TIMEOUT_S):
@@ -81,3 +110,12 @@ class Presence:
                     await conn.close()
                 except DATABASE_ERRORS:
                     conn.terminate()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inboxd")
+    except PackageNotFoundError:
+        return "unknown"

@@ -74,9 +74,13 @@ async def test_maildir_drop_becomes_rows_and_moves_to_cur(tmp_path, db_dsn) -> N
         await daemon.eventually(lambda: _moved(box, 3), 10, what="files moved to cur/")
         created = "SELECT count(*) FROM events WHERE kind = 'message.created'"
         assert await count(db_dsn, created) == 3
+        # `inboxd status` sees it: its row in inboxd_daemons, by pid
+        mine = f"SELECT count(*) FROM inboxd_daemons WHERE pid = {daemon.proc.pid}"
+        await daemon.eventually(lambda: count(db_dsn, mine), 10, what="daemon row", until=bool)
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
+    assert await count(db_dsn, mine) == 0  # a clean stop removes it
 
 
 async def _moved(box: Path, n: int) -> bool:

@@ -8,6 +8,7 @@ it: LISTEN on the doorbell channel from a separate connection.
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
@@ -83,7 +84,8 @@ async def test_status_tenant_filter_and_plain_table(inboxd, mailboxes) -> None:
 
     table = await inboxd("status")  # stdout is a pipe: plain aligned text
     assert table.code == 0, table.stderr
-    lines = table.stdout.splitlines()
+    daemons_line, *lines = table.stdout.splitlines()
+    assert daemons_line.startswith("daemons: none has run against this database")
     assert lines[0].split() == [
         "TENANT",
         "MAILBOX",
@@ -109,10 +111,76 @@ async def test_status_tenant_filter_and_plain_table(inboxd, mailboxes) -> None:
     assert "…" in support and "x" * 80 not in support  # cursor truncated
     assert "never" in next(line for line in lines if line.startswith("acme    inbox"))
     globex = next(line for line in lines if line.startswith("globex"))
-    assert "needs_attention" in globex and "login failed: bad password" in globex
+    assert "needs_attention" in globex
+    assert re.search(r"\d\d:\d\d:\d\dZ: login failed: bad password", globex), globex
 
     empty = await inboxd("status", "--json", "--tenant", "nobody")
     assert (empty.code, empty.json) == (0, [])
+
+
+async def test_status_names_the_running_daemons_and_the_last_one_seen(inboxd, pool) -> None:
+    async def record(owner: str, host: str, pid: int, age_s: float) -> None:
+        await pool.execute(
+            "INSERT INTO inboxd_daemons (owner, host, pid, version, started_at, heartbeat_at)"
+            " VALUES ($1, $2, $3, '9.9.9', now() - interval '1 hour',"
+            " now() - make_interval(secs => $4))",
+            owner, host, pid, age_s,
+        )  # fmt: skip
+
+    await record("gone:1:aa", "old-host", 11, 7200)
+    stopped = await inboxd("status")
+    assert stopped.stdout.splitlines()[0] == (
+        "daemons: none running (last seen: old-host pid 11, heartbeat 2h00m ago); "
+        "mail is not being synced"
+    )
+    await record("live:2:bb", "vm-1", 4242, 3)
+    running = await inboxd("status")
+    first = running.stdout.splitlines()[0]
+    assert first.startswith("daemons: 1 running — vm-1 pid 4242 inboxd 9.9.9, started "), first
+    listed = await inboxd("status", "--daemons", "--json")
+    assert [(d["host"], d["pid"], d["running"]) for d in listed.json] == [
+        ("vm-1", 4242, True),
+        ("old-host", 11, False),
+    ]
+
+
+async def test_status_marks_what_no_configuration_names_and_stale_errors(
+    inboxd, pool, mailboxes, tmp_path: Path
+) -> None:
+    # The configuration names acme/inbox and acme/support; globex/inbox was removed.
+    (tmp_path / "tenants").mkdir()
+    (tmp_path / "tenants" / "acme.toml").write_text(
+        'id = "acme"\n'
+        + "".join(
+            f'[[mailboxes]]\nid = "{m}"\nprovider = "maildir"\npath = "{tmp_path / m}"\n'
+            for m in ("inbox", "support")
+        )
+    )
+    config = tmp_path / "inboxd.toml"
+    config.write_text('[tenants]\ndir = "tenants"\n')
+    # acme/inbox failed once, then synced: its error is history.
+    await scheduling.record_failure(pool, "acme", "inbox", "timeout talking to the server")
+    await pool.execute(
+        "UPDATE mailboxes SET last_error_at = now() - interval '1 minute'"
+        " WHERE tenant_id = 'acme' AND mailbox_id = 'inbox'"
+    )
+    await scheduling.record_success(pool, "acme", "inbox")
+
+    shown = await inboxd("status", "--config", str(config), "--json")
+    assert shown.code == 0, shown.stderr
+    by_id = {(r["tenant_id"], r["mailbox_id"]): r for r in shown.json}
+    assert by_id[("globex", "inbox")]["configured"] is False
+    assert by_id[("acme", "support")]["configured"] is True
+    assert by_id[("acme", "inbox")]["last_error_current"] is False
+    assert by_id[("globex", "inbox")]["last_error_current"] is True
+    table = (await inboxd("status", "--config", str(config))).stdout.splitlines()
+    globex = next(line for line in table if line.startswith("globex"))
+    assert "not configured" in globex
+    inbox = next(line for line in table if line.startswith("acme    inbox"))
+    assert "timeout" not in inbox
+    # Without a configuration nothing is compared.
+    plain = await inboxd("status", "--json")
+    assert {r["configured"] for r in plain.json} == {None}
 
 
 async def test_status_errors(inboxd, db_dsn, server_dsn) -> None:
