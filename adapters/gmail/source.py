@@ -13,7 +13,8 @@ The cursor is a Gmail historyId (opaque to the daemon), or RELIST_CURSOR. One ru
       getProfile → H0, then per synced label messages.list with NO window, whatever
         `backfill` says: mail that arrived while the cursor was stale may carry any
         internalDate (delayed delivery, imports, restores), and "none" would list
-        nothing. Every id not stored yet is fetched; stored ones never again.
+        nothing. Every id not stored yet is fetched; stored ones never again. Not a
+        backfill: each message found gets its own message.created event.
       Page([], cursor_after=H0)
     cursor H
       history.list(startHistoryId=H, messageAdded/Deleted, labelAdded/Removed),
@@ -231,11 +232,15 @@ class GmailSource:
                         if ref.id not in seen
                     }
                     seen.update(wanted)
-                    yield await self._download(client, wanted, Page(items=[], backfill=True))
+                    # A reset's finds are mail the application has not been told of
+                    # (most arrived while the cursor was stale): one event per message,
+                    # like history's, not a backfill's one event per batch.
+                    page = Page(items=[], backfill=not reset)
+                    yield await self._download(client, wanted, page)
                     token = listed.next_page_token
                     if token is None:
                         break
-        yield _Downloaded(Page(items=[], cursor_after=profile.history_id, backfill=True))
+        yield _Downloaded(Page(items=[], cursor_after=profile.history_id, backfill=not reset))
 
     # --- incremental -----------------------------------------------------------------------
 

@@ -117,3 +117,12 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
                 " AND mailbox_id = 'support'"
             )
             assert resets == 1
+            # the application is told of each message the reset found, one event each
+            for message in (recent, late):
+                told = await run.fetchval(
+                    "SELECT count(*) FROM events e JOIN message_copies c"
+                    " ON c.tenant_id = e.tenant_id AND c.message_id = e.message_id"
+                    " WHERE e.kind = 'message.created' AND c.external_id = $1",
+                    message.id,
+                )
+                assert told == 1, message
