@@ -558,6 +558,19 @@ COMMENT ON COLUMN graph_subscriptions.renewed_at IS 'Last successful renewal.';
 COMMENT ON COLUMN graph_subscriptions.renew_failures IS 'Renewals failed in a row (reset by a success); drives the backoff.';
 COMMENT ON COLUMN graph_subscriptions.last_error IS 'Why the last create or renewal failed, one line, no secrets.';
 COMMENT ON COLUMN graph_subscriptions.lifecycle_event IS 'A lifecycle notification not acted on yet: reauthorizationRequired (renew), subscriptionRemoved (recreate, then resync with delta) or missed (resync with delta). Cleared by the sync that acts on it.';
+
+CREATE TABLE IF NOT EXISTS graph_refresh_tokens (
+    tenant_id          text NOT NULL,
+    mailbox_id         text NOT NULL,
+    refresh_token      text NOT NULL,
+    configured_sha256  text NOT NULL,
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, mailbox_id),
+    FOREIGN KEY (tenant_id, mailbox_id) REFERENCES mailboxes (tenant_id, mailbox_id)
+);
+COMMENT ON TABLE graph_refresh_tokens IS 'The newest refresh token Entra issued to a delegated Outlook mailbox (Entra rotates them and may refuse a redeemed one): written before it is used, read back at start in place of the configured one.';
+COMMENT ON COLUMN graph_refresh_tokens.refresh_token IS 'A credential: never logged, never shown by inboxd status.';
+COMMENT ON COLUMN graph_refresh_tokens.configured_sha256 IS 'sha256 hex of the refresh token the configuration named when this row was written: when the configured one changes (inboxd connect outlook again), the configured one wins.';
 COMMENT ON COLUMN graph_subscriptions.lifecycle_at IS 'When that lifecycle notification arrived.';
 
 CREATE TABLE IF NOT EXISTS unrouted_items (

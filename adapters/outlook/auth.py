@@ -4,7 +4,12 @@
                  client_secret or a certificate's signed client assertion
     delegated    grant_type=refresh_token with the mailbox's refresh token; Entra
                  answers a new refresh token each time ("refresh tokens ... are
-                 replaced with a fresh token upon every use"), kept in memory
+                 replaced with a fresh token upon every use") and may refuse the
+                 old one, so the newest is written to the RefreshTokenStore (the
+                 database: token_store.py) before it is used, and read back before
+                 the first refresh: it wins over the configured one as long as the
+                 configuration names the same token it was stored for (a new
+                 `inboxd connect outlook` wins over the store)
 
 `GraphTokens.token()` answers the cached token until TOKEN_REFRESH_MARGIN_S before
 its expiry, then fetches one (single-flight: concurrent callers wait for the same
@@ -23,10 +28,11 @@ is retried TOKEN_ATTEMPTS times, then `OutlookUnavailable`.
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -47,7 +53,7 @@ from tenacity import (
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookAuthError, OutlookUnavailable
 
-__all__ = ["GraphTokens"]
+__all__ = ["GraphTokens", "RefreshTokenStore"]
 
 #: Refresh this long before the token's expiry (Entra access tokens live 60-90 min).
 TOKEN_REFRESH_MARGIN_S = 300.0
@@ -73,18 +79,38 @@ PERMANENT_ERRORS = frozenset(
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
+class RefreshTokenStore(Protocol):
+    """Where a delegated mailbox's newest refresh token outlives the process. Both
+    raise OutlookUnavailable when the store cannot answer (a retriable failure)."""
+
+    async def load(self, configured_sha256: str) -> str | None:
+        """The stored token, if it was stored while the configuration named the
+        token whose sha256 is `configured_sha256`."""
+        ...
+
+    async def save(self, configured_sha256: str, refresh_token: str) -> None:
+        """Keep `refresh_token` durably before returning."""
+        ...
+
+
 class GraphTokens(AccessTokenProvider):
     """One mailbox's access tokens (module docstring)."""
 
     def __init__(
-        self, settings: OutlookSettings, mailbox: OutlookMailbox, session: aiohttp.ClientSession
+        self,
+        settings: OutlookSettings,
+        mailbox: OutlookMailbox,
+        session: aiohttp.ClientSession,
+        store: RefreshTokenStore | None = None,
     ) -> None:
         self._settings = settings
         self._mailbox = mailbox
         self._session = session
+        self._store = store
         self._token: str | None = None
         self._expires_at = 0.0  # monotonic
         self._refresh_token: str | None = None  # the newest one Entra gave us
+        self._configured_sha256: str | None = None  # set once the store was read
         self._lock = anyio.Lock()
         graph = urlsplit(settings.graph_url)
         self._graph_host = graph.hostname or ""
@@ -128,7 +154,21 @@ class GraphTokens(AccessTokenProvider):
 
     # --- the token endpoint ------------------------------------------------------------------
 
+    async def _restore(self) -> None:
+        """Before the first refresh: the stored newest refresh token, if it was
+        stored for the token the configuration names now."""
+        if self._mailbox.refresh_token is None or self._configured_sha256 is not None:
+            return
+        configured = self._mailbox.refresh_token.reveal().strip()
+        digest = hashlib.sha256(configured.encode()).hexdigest()
+        if self._store is not None:
+            stored = await self._store.load(digest)
+            if stored:
+                self._refresh_token = stored
+        self._configured_sha256 = digest
+
     async def _fetch(self) -> tuple[str, float]:
+        await self._restore()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(TOKEN_ATTEMPTS),
             wait=wait_exponential(multiplier=TOKEN_BACKOFF_S, max=30.0)
@@ -152,8 +192,7 @@ class GraphTokens(AccessTokenProvider):
             raise OutlookUnavailable(f"token endpoint: {type(exc).__name__}") from exc
         answer = _json(body)
         if status == 200 and isinstance(answer.get("access_token"), str):
-            if isinstance(answer.get("refresh_token"), str):
-                self._refresh_token = answer["refresh_token"]
+            await self._keep(answer.get("refresh_token"), form.get("refresh_token"))
             lifetime = answer.get("expires_in", 3600)
             try:
                 seconds = float(lifetime)
@@ -166,6 +205,17 @@ class GraphTokens(AccessTokenProvider):
         if status in (400, 401, 403) and error in PERMANENT_ERRORS:
             raise OutlookAuthError(f"token endpoint refused the credentials: {error}{code}")
         raise OutlookUnavailable(f"token endpoint answered {status}: {error}{code}")
+
+    async def _keep(self, issued: object, presented: str | None) -> None:
+        """A refresh token Entra issued: the newest one from now on, in memory at once
+        (the one presented may be refused already) and in the store before this
+        answer's access token is used. A store that fails raises OutlookUnavailable:
+        the request is made again with the in-memory token, and its answer stored."""
+        if not isinstance(issued, str) or not issued.strip() or issued == presented:
+            return
+        self._refresh_token = issued.strip()
+        if self._store is not None and self._configured_sha256 is not None:
+            await self._store.save(self._configured_sha256, self._refresh_token)
 
     def _form(self) -> dict[str, str]:
         form = {"client_id": self._settings.client_id, "scope": self._scope}

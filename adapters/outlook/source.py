@@ -50,6 +50,7 @@ from inboxd.adapters.outlook.config import SENT_FOLDER, OutlookMailbox, OutlookS
 from inboxd.adapters.outlook.cursor import DeltaCursor, bound_of
 from inboxd.adapters.outlook.errors import DeltaExpired
 from inboxd.adapters.outlook.subscriptions import SubscriptionKeeper, WatchRecorder
+from inboxd.adapters.outlook.token_store import DatabaseRefreshTokens
 from inboxd.adapters.outlook.transport import GraphTransport
 from inboxd.adapters.overlap import overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
@@ -99,6 +100,7 @@ class OutlookSource:
         self.settings = settings
         self.mailbox = mailbox
         self._known = known
+        self._pool = pool
         self.subscriptions = SubscriptionKeeper(
             tenant_id, mailbox_id, settings, mailbox, pool, record_watch
         )
@@ -266,7 +268,8 @@ class OutlookSource:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
             )
-            tokens = GraphTokens(self.settings, self.mailbox, self._session)
+            store = DatabaseRefreshTokens(self._pool, self.tenant_id, self.mailbox_id)
+            tokens = GraphTokens(self.settings, self.mailbox, self._session, store)
             self._transport = GraphTransport(self.settings, tokens, **self._transport_options)
             self._client = GraphClient(self._transport, self.mailbox.address)
         return self._client

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 from harness import generated_messages
-from test_outlook_run import OPS, _equals, _state_is, outlook_daemon
+from test_outlook_run import OPS, Box, _equals, _state_is, outlook_daemon
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -117,3 +117,62 @@ async def test_a_revoked_access_token_is_replaced_and_the_retry_carries_the_new_
         assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
         assert await run.rows("ops") == 3
         assert fake.counters.max_downloads() == 1
+
+
+# --- item 6: a refresh token Entra rotated outlives the process ---------------------------
+
+
+async def test_a_rotated_refresh_token_is_the_one_presented_after_a_restart(
+    tmp_path, db_dsn
+) -> None:
+    boxes = [Box("ops", OPS, delegated=True)]
+    async with outlook_daemon(tmp_path, db_dsn, {OPS: 1}, boxes) as run:
+        fake, box = run.fake, run.fake.mailbox(OPS)
+        identity = fake.identity
+        token_file = tmp_path / "ops.refresh-token"
+        configured = token_file.read_text()
+        # from now on Entra refuses a refresh token once redeemed (AADSTS70000); the
+        # configured one was redeemed by the first sync already
+        identity.single_use_refresh_tokens = True
+        assert identity.refresh_tokens[run.refresh_tokens[OPS]].redeemed
+        # a refresh while running: its access token is refused, the daemon refreshes
+        fake.revoke_access_tokens(OPS)
+        live = box.add_message(generated_messages(1, tag="live")[0])
+        assert await fake.notify(OPS, "inbox") == [202]
+        await run.eventually(lambda: run.has_copy("ops", live.immutable_id), "the live mail")
+        await run.eventually(run.idle, "the runs ended")
+
+        stale: list = []
+
+        async def while_down() -> None:
+            stale.append(box.add_message(generated_messages(1, tag="down")[0]))
+
+        await run.restart(while_down)
+        await run.eventually(lambda: run.has_copy("ops", stale[0].immutable_id), "mail after")
+        await run.eventually(run.idle, "the runs ended")
+        status = await run.status()
+        assert status["ops"]["sync_state"] == "idle", status["ops"]["last_error"]
+        assert token_file.read_text() == configured  # the operator's file is left alone
+        # the door presented only the newest token each time: none was refused
+        assert identity.refused_redeemed == 0
+
+        # the operator connects again (a new sign-in written to the same file): the
+        # configured token wins over the stored one
+        fresh = fake.issue_refresh_token(OPS)
+
+        async def reconnect() -> None:
+            token_file.write_text(fresh + "\n")
+            stale.append(box.add_message(generated_messages(1, tag="again")[0]))
+
+        await run.restart(reconnect)
+        await run.eventually(lambda: run.has_copy("ops", stale[1].immutable_id), "mail again")
+        assert identity.refresh_tokens[fresh].redeemed
+        assert await _state_is(run, "ops", "idle")
+        assert await run.rows("ops") == 4
+
+        # no refresh token, stored or issued, in any log or in status
+        logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("daemon*.log"))
+        shown = await run.status_text()
+        for token in identity.refresh_tokens:
+            assert token not in logs
+            assert token not in shown

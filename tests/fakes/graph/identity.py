@@ -96,6 +96,7 @@ class Identity:
     refresh_tokens: dict[str, RefreshGrant] = field(default_factory=dict)
     device_codes: dict[str, DeviceCode] = field(default_factory=dict)  # by device_code
     single_use_refresh_tokens: bool = False
+    refused_redeemed: int = 0  # refresh requests refused for a redeemed token
 
     def issue_access_token(self, user: str | None, refresh_token: str | None = None) -> str:
         token = "fake-at." + secrets.token_urlsafe(32)
@@ -258,6 +259,7 @@ class Identity:
                 "The refresh token has expired due to inactivity.",
             )
         if grant.redeemed and self.single_use_refresh_tokens:
+            self.refused_redeemed += 1
             return entra_error(
                 400,
                 "invalid_grant",
