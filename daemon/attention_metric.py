@@ -1,4 +1,5 @@
-"""`inboxd_mailbox_needs_attention`, kept current from the mailboxes table.
+"""`inboxd_mailbox_needs_attention` and `_needs_connect`, kept current from the
+mailboxes table.
 
 The table is the truth for every replica (one replica marks a mailbox that
 another then reports), so the gauge is re-read from it, not tracked in this
@@ -13,7 +14,7 @@ import anyio.abc
 import asyncpg
 import structlog
 
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics import OPERATOR_STATES, Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS
 
 log = structlog.get_logger(__name__)
@@ -25,8 +26,8 @@ ATTENTION_REFRESH_INTERVAL_S = 15.0
 ATTENTION_QUERY_TIMEOUT_S = 5.0
 
 
-_NEEDS_ATTENTION = (
-    "SELECT tenant_id, mailbox_id FROM mailboxes WHERE sync_state = 'needs_attention'"
+_NEEDS_OPERATOR = (
+    "SELECT tenant_id, mailbox_id, sync_state FROM mailboxes WHERE sync_state = ANY($1::text[])"
 )
 
 
@@ -47,7 +48,7 @@ async def refresh_attention(
     while True:
         try:
             with anyio.fail_after(ATTENTION_QUERY_TIMEOUT_S):
-                rows = await pool.fetch(_NEEDS_ATTENTION)
+                rows = await pool.fetch(_NEEDS_OPERATOR, list(OPERATOR_STATES))
         except DATABASE_ERRORS as exc:
             if not failing:
                 log.warning("attention_refresh_unavailable", error=type(exc).__name__)
@@ -56,5 +57,9 @@ async def refresh_attention(
             if failing:
                 log.info("attention_refresh_recovered")
             failing = False
-            metrics.set_needing_attention((r["tenant_id"], r["mailbox_id"]) for r in rows)
+            for state in OPERATOR_STATES:
+                metrics.set_flagged(
+                    state,
+                    ((r["tenant_id"], r["mailbox_id"]) for r in rows if r["sync_state"] == state),
+                )
         await anyio.sleep(ATTENTION_REFRESH_INTERVAL_S)

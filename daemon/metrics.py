@@ -65,21 +65,27 @@ class _CursorLag(Collector):
         yield family
 
 
-class _NeedsAttention(Collector):
-    """`inboxd_mailbox_needs_attention`: 1 for each watched mailbox whose sync_state is
-    needs_attention (an auth or config problem only an operator can fix), else 0, so an
+#: Mailbox states an operator acts on, each a gauge inboxd_mailbox_<state>.
+OPERATOR_STATES = ("needs_attention", "needs_connect")
+
+
+class _NeedsOperator(Collector):
+    """`inboxd_mailbox_needs_attention` (an auth or config problem only an operator can
+    fix) and `inboxd_mailbox_needs_connect` (configured, no credential yet: `inboxd
+    connect`): 1 for each watched or flagged mailbox in that sync_state, else 0, so an
     alert can name the mailbox and a fixed one returns to 0 instead of vanishing."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, state: str) -> None:
         self._metrics = metrics
+        self._state = state
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "inboxd_mailbox_needs_attention",
-            "1 when the mailbox needs an operator (sync_state needs_attention), else 0.",
+            f"inboxd_mailbox_{self._state}",
+            f"1 when the mailbox's sync_state is {self._state} (an operator's step), else 0.",
             labels=["tenant", "mailbox"],
         )
-        flagged = self._metrics.needing_attention
+        flagged = self._metrics.flagged.get(self._state, set())
         watched = set(self._metrics.cursor_lags()) | flagged
         for tenant, mailbox in sorted(watched):
             family.add_metric([tenant, mailbox], 1.0 if (tenant, mailbox) in flagged else 0.0)
@@ -177,9 +183,11 @@ class Metrics:
         # or when it was first watched if it has not since this process started.
         self._caught_up: dict[tuple[str, str], float] = {}
         r.register(_CursorLag(self))
-        #: (tenant, mailbox) whose sync_state was needs_attention at the last refresh.
-        self.needing_attention: set[tuple[str, str]] = set()
-        r.register(_NeedsAttention(self))
+        #: sync_state → (tenant, mailbox) in it at the last refresh, for the states an
+        #: operator acts on (OPERATOR_STATES).
+        self.flagged: dict[str, set[tuple[str, str]]] = {}
+        for state in OPERATOR_STATES:
+            r.register(_NeedsOperator(self, state))
         self.webhook_verification_failures = Counter(
             "inboxd_webhook_verification_failures",
             "Webhook requests rejected because their signature or token did not verify.",
@@ -298,9 +306,13 @@ class Metrics:
         now = self.clock()
         return {key: max(0.0, now - at) for key, at in self._caught_up.items()}
 
-    def set_needing_attention(self, mailboxes: Iterable[tuple[str, str]]) -> None:
-        """The (tenant, mailbox) pairs whose sync_state is needs_attention, as read now."""
-        self.needing_attention = set(mailboxes)
+    def set_flagged(self, state: str, mailboxes: Iterable[tuple[str, str]]) -> None:
+        """The (tenant, mailbox) pairs whose sync_state is `state`, as read now."""
+        self.flagged[state] = set(mailboxes)
+
+    @property
+    def needing_attention(self) -> set[tuple[str, str]]:
+        return self.flagged.get("needs_attention", set())
 
     # webhooks ----------------------------------------------------------------
 

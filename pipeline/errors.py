@@ -82,6 +82,12 @@ class ConfigError(AttentionError):
     """Configuration is invalid; the message names the file and key."""
 
 
+class NotConnected(AttentionError):
+    """A provider mailbox has no credential yet (valid configuration: it is connected
+    with `inboxd connect` afterwards). Its state is needs_connect, and the message
+    says which command connects it."""
+
+
 # --- classifying and describing errors ---------------------------------------------------
 
 # SQLSTATE classes that can be caused by one item's content: data exception (22),

@@ -105,6 +105,20 @@ async def record_success(conn: Executor, tenant_id: str, mailbox_id: str) -> Non
         raise MailboxNotFound(tenant_id, mailbox_id)
 
 
+async def record_needs_connect(conn: Executor, tenant_id: str, mailbox_id: str, how: str) -> None:
+    """A configured mailbox without a credential yet: state needs_connect, `how` (the
+    command that connects it) as its last error, no throttle (nothing is retried: the
+    reload that adds the credential starts it). Raises MailboxNotFound."""
+    if not await conn.fetchval(
+        "UPDATE mailboxes SET sync_state = 'needs_connect', last_error = $3,"
+        " last_error_at = now() WHERE tenant_id = $1 AND mailbox_id = $2 RETURNING true",
+        tenant_id,
+        mailbox_id,
+        one_line(how),
+    ):
+        raise MailboxNotFound(tenant_id, mailbox_id)
+
+
 async def record_failure(
     conn: Executor,
     tenant_id: str,

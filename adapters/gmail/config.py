@@ -130,10 +130,11 @@ class GmailSettings:
 
 @dataclass(frozen=True, slots=True)
 class GmailMailbox:
-    """One Gmail mailbox: whose (`address`), how we act for it (exactly one of
+    """One Gmail mailbox: whose (`address`), how we act for it (one of
     `refresh_token` and `service_account`, both secret references; the latter is
     a service-account key JSON with domain-wide delegation, impersonating
-    `address`), which labels to sync, and how far back a first sync reads
+    `address`; neither yet: valid, not connected — `inboxd connect gmail` writes the
+    refresh token), which labels to sync, and how far back a first sync reads
     (`backfill`: days, "all", or "none" = only mail from now on)."""
 
     address: str
@@ -154,9 +155,9 @@ class GmailMailbox:
             raise GmailConfigError("address: a Gmail mailbox needs its email address")
         refresh_token = _optional_secret(settings, "refresh_token")
         service_account = _optional_secret(settings, "service_account")
-        if (refresh_token is None) == (service_account is None):
+        if refresh_token is not None and service_account is not None:
             raise GmailConfigError(
-                "refresh_token: set exactly one of refresh_token and service_account"
+                "refresh_token: set only one of refresh_token and service_account"
             )
         return cls(
             address=address,
@@ -165,6 +166,11 @@ class GmailMailbox:
             labels=_labels(settings),
             backfill=_backfill(settings),
         )
+
+    @property
+    def connected(self) -> bool:
+        """A credential is configured (refresh_token or service_account)."""
+        return self.refresh_token is not None or self.service_account is not None
 
     @property
     def backfill_query(self) -> str | None:

@@ -191,6 +191,15 @@ class OutlookMailbox:
     def delegated(self) -> bool:
         return self.refresh_token is not None
 
+    def connected(self, settings: OutlookSettings) -> bool:
+        """A credential serves it: a delegated refresh token, or the app's own for
+        app-only access. Neither yet is valid configuration, not connected."""
+        return (
+            self.delegated
+            or settings.client_secret is not None
+            or (settings.certificate is not None)
+        )
+
     def received_since(self, now: datetime | None = None) -> datetime | None:
         """The first round's `receivedDateTime ge` bound; None for "all" (and "none",
         where the first round lists nothing)."""
@@ -200,13 +209,9 @@ class OutlookMailbox:
         return (now - timedelta(days=self.backfill)).replace(microsecond=0)
 
     def check_against(self, settings: OutlookSettings) -> None:
-        """OutlookConfigError when `[outlook]` cannot serve this mailbox: app-only
-        access needs the app's own credential."""
-        if not self.delegated and settings.client_secret is None and settings.certificate is None:
-            raise OutlookConfigError(
-                "refresh_token: app-only access needs [outlook] client_secret or certificate;"
-                " set refresh_token for delegated access"
-            )
+        """Nothing of `[outlook]` makes this mailbox invalid: without a refresh token
+        and without the app's own credential it is not connected yet (`connected`),
+        which `inboxd connect outlook` or [outlook] client_secret/certificate mends."""
 
 
 def _text(settings: Mapping[str, object], key: str) -> str | None:

@@ -10,7 +10,9 @@ runner produces while the queue drains). `reconcile()` is SIGHUP's half for
 mailboxes: runners of removed or changed mailboxes stop (a run in progress is
 cancelled between awaits; nothing unsettled moves a cursor), new and changed
 ones start and sync at once. A mailbox whose adapter cannot be built is
-recorded as needing attention and gets no runner.
+recorded as needing attention and gets no runner; one that is not connected
+yet (no credential: valid configuration) is recorded as needs_connect, with the
+command that connects it, and gets its runner at the reload that adds one.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.sync.scanner import run_poll_scanner
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import scheduling
-from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.errors import DATABASE_ERRORS, NotConnected, describe
 
 log = structlog.get_logger(__name__)
 
@@ -129,6 +131,10 @@ class MailboxFleet:
             source: Source = build_source(
                 mailbox, SourceDeps(pool=self.deps.pool), page_size=self.page_size
             )
+        except NotConnected as exc:  # configured, waiting for `inboxd connect`
+            log.info("mailbox_needs_connect", tenant=mailbox.tenant_id, mailbox=mailbox.mailbox_id)
+            await self._record_needs_connect(mailbox, str(exc))
+            return
         except Exception as exc:  # any adapter's construction problem is the operator's
             log.error(
                 "mailbox_not_started",
@@ -143,6 +149,15 @@ class MailboxFleet:
         self.deps.metrics.watch_mailbox(mailbox.tenant_id, mailbox.mailbox_id)
         await self._tg.start(runner.run)
         runner.ring()  # first sync at start
+
+    async def _record_needs_connect(self, mailbox: MailboxConfig, how: str) -> None:
+        try:
+            async with self.deps.pool.acquire() as conn:
+                await scheduling.record_needs_connect(
+                    conn, mailbox.tenant_id, mailbox.mailbox_id, how
+                )
+        except DATABASE_ERRORS as exc:
+            log.warning("failure_not_recorded", error=describe(exc))
 
     async def _record_attention(self, mailbox: MailboxConfig, error: str) -> None:
         try:

@@ -25,7 +25,7 @@ from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline.copies import known_copies, live_copies_under
-from inboxd.pipeline.errors import ConfigError
+from inboxd.pipeline.errors import ConfigError, NotConnected
 
 __all__ = ["SourceDeps", "build_source"]
 
@@ -54,6 +54,12 @@ def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
     settings = GmailSettings.from_settings(mailbox.tenant_settings)
     gmail = GmailMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
     gmail.check_against(settings)
+    if not gmail.connected:
+        raise NotConnected(
+            f"not connected: run 'inboxd connect gmail --tenant {tenant} --mailbox "
+            f"{mailbox_id}' and add the refresh_token line it prints (or set "
+            "service_account), then reload"
+        )
 
     async def known(ids: Sequence[str]) -> set[str]:
         return await known_copies(deps.pool, tenant, mailbox_id, ids)
@@ -78,6 +84,12 @@ def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source
     settings = OutlookSettings.from_settings(mailbox.tenant_settings)
     outlook = OutlookMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
     outlook.check_against(settings)
+    if not outlook.connected(settings):
+        raise NotConnected(
+            f"not connected: run 'inboxd connect outlook --tenant {tenant} --mailbox "
+            f"{mailbox_id}' and add the refresh_token line it prints (or set [outlook] "
+            "client_secret or certificate for app-only access), then reload"
+        )
 
     async def known(ids: Sequence[str]) -> set[str]:
         return await known_copies(deps.pool, tenant, mailbox_id, ids)

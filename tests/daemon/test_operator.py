@@ -30,6 +30,7 @@ from inboxd.daemon.attention_metric import refresh_attention
 from inboxd.daemon.embedded_pg import stop_embedded
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.pg_binaries import find_binaries
+from inboxd.pipeline import scheduling
 from inboxd.pipeline.tenancy import ensure_tenants
 
 REPO = Path(__file__).resolve().parents[2]
@@ -384,3 +385,20 @@ def test_container_listens_on_all_interfaces() -> None:
 def test_licence_is_an_spdx_string() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0"
+
+
+async def test_needs_connect_gauge_follows_the_mailboxes_table(
+    pool: asyncpg.Pool, make_mailbox
+) -> None:
+    await make_mailbox("acme", "inbox", provider="gmail")
+    async with pool.acquire() as conn:
+        await scheduling.record_needs_connect(conn, "acme", "inbox", "not connected: run …")
+    metrics = Metrics()  # no runner watches it: an unconnected mailbox has none
+    async with anyio.create_task_group() as tg:
+        await tg.start(refresh_attention, pool, metrics)
+        text = await eventually(
+            lambda: metrics.render().decode(), 10, what="a reading", until=lambda t: "acme" in t
+        )
+        tg.cancel_scope.cancel()
+    assert 'inboxd_mailbox_needs_connect{mailbox="inbox",tenant="acme"} 1.0' in text
+    assert 'inboxd_mailbox_needs_attention{mailbox="inbox",tenant="acme"}' not in text

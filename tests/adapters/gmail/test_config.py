@@ -132,7 +132,6 @@ def test_mailbox_address_keyword_wins() -> None:
     [
         ({"refresh_token": Ref("t")}, "address"),
         ({"address": "not-an-address", "refresh_token": Ref("t")}, "address"),
-        ({"address": "a@example.org"}, "refresh_token"),  # neither credential
         (
             {"address": "a@example.org", "refresh_token": Ref("t"), "service_account": Ref("k")},
             "refresh_token",
@@ -168,3 +167,12 @@ def test_quota_defaults_to_googles_per_user_limit_and_may_be_raised() -> None:
     for bad in (0, -5, True, "250", 10**9):
         with pytest.raises(GmailConfigError, match=r"^quota_units_per_s"):
             GmailSettings.from_settings({"quota_units_per_s": bad})
+
+
+def test_a_mailbox_without_a_credential_is_valid_and_not_connected() -> None:
+    """`inboxd connect gmail` comes after the mailbox is in the tenant file."""
+    waiting = GmailMailbox.from_settings({"address": "a@example.org"})
+    assert not waiting.connected
+    assert GmailMailbox.from_settings(
+        {"address": "a@example.org", "refresh_token": Ref("t")}
+    ).connected

@@ -123,8 +123,10 @@ def test_a_bad_mailbox_names_the_key(settings, key) -> None:
     assert INLINE_SECRET not in str(caught.value)
 
 
-def test_app_only_access_needs_the_apps_own_credential() -> None:
+def test_app_only_access_needs_the_apps_own_credential_else_it_is_not_connected() -> None:
     public = OutlookSettings.from_settings({"directory_id": DIRECTORY, "client_id": CLIENT})
-    with raises_on("refresh_token"):
-        OutlookMailbox.from_settings({}, address="a@b.c").check_against(public)
-    OutlookMailbox.from_settings({"refresh_token": Ref("r")}, address="a@b.c").check_against(public)
+    waiting = OutlookMailbox.from_settings({}, address="a@b.c")
+    waiting.check_against(public)  # valid configuration: `inboxd connect outlook` comes next
+    assert not waiting.connected(public)
+    delegated = OutlookMailbox.from_settings({"refresh_token": Ref("r")}, address="a@b.c")
+    assert delegated.connected(public)

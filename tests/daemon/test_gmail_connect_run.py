@@ -1,0 +1,64 @@
+"""A Gmail mailbox added before it is connected (the documented onboarding order):
+valid configuration, shown as needs_connect with the command that connects it, and
+synced from the reload that adds its refresh token — under `inboxd run`."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from harness import generated_messages, write_config
+from helpers import cli_env, run_cli
+from helpers.google_jwt import GoogleSigner
+from test_gmail_reset_run import daemon_life
+from test_gmail_run import SUPPORT, GatedGmail, _cursor, tenant_file
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+async def test_a_mailbox_waits_as_needs_connect_until_a_reload_brings_its_token(
+    tmp_path, db_dsn
+) -> None:
+    async with GatedGmail() as fake:
+        box = fake.add_user(SUPPORT)
+        for raw in generated_messages(2, tag="waiting"):
+            box.add_message(raw)
+        signer = GoogleSigner()
+        fake.set_certs(signer.certs())
+        token = tmp_path / "support.refresh-token"
+        connected = tenant_file(fake, {SUPPORT: token})
+        waiting = "\n".join(line for line in connected.splitlines() if "refresh_token" not in line)
+        config = write_config(tmp_path)
+        (tmp_path / "tenants" / "acme.toml").write_text(waiting)
+
+        env = cli_env(tmp_path / "data", ACME_GMAIL_SECRET=fake.client_secret)
+        checked = run_cli("check-config", config, env={**env, "ACME_API_TOKEN": "x"})
+        assert checked.code == 0, checked.stderr  # ExecStartPre passes
+
+        async with daemon_life(tmp_path, db_dsn, fake, signer, "waiting") as run:
+
+            async def state() -> tuple[str, str | None]:
+                found = await run.fetchval(
+                    "SELECT (sync_state, last_error) FROM mailboxes WHERE mailbox_id = 'support'"
+                )
+                return (found[0], found[1]) if found else ("", None)
+
+            await run.eventually(
+                lambda: _is(state, "needs_connect"), "the mailbox waiting for its token"
+            )
+            _, how = await state()
+            assert how is not None
+            assert "inboxd connect gmail --tenant acme --mailbox support" in how
+            assert (await run.status())["support"]["sync_state"] == "needs_connect"
+
+            # `inboxd connect gmail` wrote the token; the operator adds the line, reloads.
+            token.write_text(fake.issue_refresh_token(SUPPORT) + "\n")
+            (tmp_path / "tenants" / "acme.toml").write_text(connected)
+            run.daemon.signal(signal.SIGHUP)
+            await run.eventually(lambda: _cursor(run, "support"), "the first sync's cursor")
+            assert await run.rows("support") == 2
+            assert (await state())[0] == "idle"
+
+
+async def _is(state, wanted: str) -> bool:
+    return (await state())[0] == wanted
