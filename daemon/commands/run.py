@@ -7,6 +7,11 @@ log the database, data directory and every watched source (`daemon_starting`,
 `source_watched`); open the object store; then run the supervisor until
 SIGTERM/SIGINT, exit 0. A listener address that cannot be bound ends the
 command with one line, ``listener HOST:PORT: address already in use`` (exit 1).
+
+An embedded PostgreSQL that this command started (nothing was running in the data
+directory) is stopped when the daemon ends, whatever ended it: Ctrl-C on `make run`
+leaves no server behind. One that was running before is left running, and the last
+line says so and how to stop it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import gc
 import os
 import sys
 
+import anyio
 import structlog
 
 from inboxd.adapters.objectstore import open_object_store
@@ -124,19 +130,57 @@ async def run(args: argparse.Namespace) -> int:
     configure_logging(
         None, level=args.log_level if args.log_level != "warning" else main.log_level, final=True
     )
+    was_running = await anyio.to_thread.run_sync(_embedded_running)
     choice = await resolve(args, main.raw)
+    try:
+        return await _serve(main, tenant_set.tenants, choice)
+    finally:
+        if choice.source == "embedded":
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_leave_embedded, not was_running)
+
+
+def _embedded_running() -> bool:
+    from inboxd.daemon.embedded_pg import find_running
+
+    return find_running(environ=os.environ) is not None
+
+
+def _leave_embedded(started_here: bool) -> None:
+    """Stop the embedded server this command started; say what happens to the other."""
+    from inboxd.daemon.embedded_pg import stop_embedded
+    from inboxd.daemon.pg_errors import EmbeddedPostgresError
+
+    data_dir = data_dir_and_origin(os.environ)[0]
+    if not started_here:
+        print(
+            f"inboxd: the embedded PostgreSQL in {data_dir} keeps running (it was running "
+            "before this daemon started); 'inboxd db stop' stops it",
+            file=sys.stderr,
+        )
+        return
+    try:
+        stop_embedded(environ=os.environ)
+    except EmbeddedPostgresError as exc:
+        print(f"inboxd: the embedded PostgreSQL in {data_dir} did not stop: {exc}", file=sys.stderr)
+        return
+    print(
+        f"inboxd: the embedded PostgreSQL this daemon started in {data_dir} is stopped",
+        file=sys.stderr,
+    )
+
+
+async def _serve(main: MainConfig, tenants: dict[str, TenantConfig], choice: DsnChoice) -> int:
     pool_size = main.ingest_workers + POOL_EXTRA_CONNECTIONS
     async with open_pool(choice, max_size=pool_size) as pool:
         async with pool.acquire() as conn:
             await apply_with_deadline(conn)
             database = await conn.fetchval("SELECT current_database()")
-        _log_start(main, tenant_set.tenants, choice, database)
+        _log_start(main, tenants, choice, database)
         metrics = Metrics()
         metrics.set_queue(0, capacity=main.queue_capacity)
         async with open_object_store(main.object_store, pool=pool) as store:
-            daemon = Daemon(
-                main, tenant_set.tenants, pool=pool, dsn=choice.dsn, store=store, metrics=metrics
-            )
+            daemon = Daemon(main, tenants, pool=pool, dsn=choice.dsn, store=store, metrics=metrics)
             tune_gc()  # after everything the daemon keeps for its lifetime is loaded
             try:
                 await daemon.run()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ import asyncpg
 import orjson
 import pytest
 from harness import DaemonProcess, write_config
-from helpers import cli_env, eventually, run_cli, run_cli_async
+from helpers import cli_argv, cli_env, eventually, run_cli, run_cli_async, wait_for
 from helpers.accounts import unprivileged_user
 
 from inboxd.daemon.attention_metric import refresh_attention
@@ -402,3 +404,56 @@ async def test_needs_connect_gauge_follows_the_mailboxes_table(
         tg.cancel_scope.cancel()
     assert 'inboxd_mailbox_needs_connect{mailbox="inbox",tenant="acme"} 1.0' in text
     assert 'inboxd_mailbox_needs_attention{mailbox="inbox",tenant="acme"}' not in text
+
+
+def _run_until_ready_then_interrupt(
+    config: Path, env: dict[str, str], log: Path
+) -> tuple[int, str]:
+    """`inboxd run` on the embedded server (no DSN anywhere), Ctrl-C once it is ready;
+    (exit code, its last stderr line)."""
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            cli_argv("run", "--config", config), stdout=subprocess.DEVNULL, stderr=sink, env=env
+        )
+        try:
+            wait_for(
+                lambda: b'"daemon_ready"' in log.read_bytes(),
+                120,
+                what="daemon_ready",
+                abort=lambda: None if proc.poll() is None else f"exited {proc.returncode}",
+                context=lambda: log.read_text(errors="replace")[-2000:],
+            )
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return code, log.read_text().strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not find_binaries(), reason="no PostgreSQL server binaries")
+def test_ctrl_c_on_run_stops_the_embedded_server_it_started(
+    pg_data_dir: Path, tmp_path: Path
+) -> None:
+    env = cli_env(pg_data_dir)
+    if IS_ROOT:
+        env["INBOXD_EMBEDDED_PG_USER"] = unprivileged_user()
+    config = write_config(tmp_path)
+    pidfile = pg_data_dir / "pg" / "postmaster.pid"
+
+    code, last = _run_until_ready_then_interrupt(config, env, tmp_path / "first.log")
+    assert code == 0
+    assert (
+        last == f"inboxd: the embedded PostgreSQL this daemon started in {pg_data_dir} is stopped"
+    )
+    assert not pidfile.exists()
+
+    # A server that was running before (another shell's) is left running, and said so.
+    assert run_cli("migrate", env=env).code == 0
+    code, last = _run_until_ready_then_interrupt(config, env, tmp_path / "second.log")
+    assert code == 0 and pidfile.exists()
+    assert last == (
+        f"inboxd: the embedded PostgreSQL in {pg_data_dir} keeps running (it was running "
+        "before this daemon started); 'inboxd db stop' stops it"
+    )
