@@ -571,6 +571,7 @@ CREATE TABLE IF NOT EXISTS graph_refresh_tokens (
 COMMENT ON TABLE graph_refresh_tokens IS 'The newest refresh token Entra issued to a delegated Outlook mailbox (Entra rotates them and may refuse a redeemed one): written before it is used, read back at start in place of the configured one.';
 COMMENT ON COLUMN graph_refresh_tokens.refresh_token IS 'A credential: never logged, never shown by inboxd status.';
 COMMENT ON COLUMN graph_refresh_tokens.configured_sha256 IS 'sha256 hex of the refresh token the configuration named when this row was written: when the configured one changes (inboxd connect outlook again), the configured one wins.';
+COMMENT ON COLUMN graph_refresh_tokens.updated_at IS 'When the token was stored (Entra issued it just before).';
 COMMENT ON COLUMN graph_subscriptions.lifecycle_at IS 'When that lifecycle notification arrived.';
 
 CREATE TABLE IF NOT EXISTS unrouted_items (
