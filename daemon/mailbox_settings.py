@@ -15,6 +15,7 @@ from inboxd.adapters.imap.errors import ImapConfigError
 from inboxd.adapters.ses.config import MAILBOX_KEYS, SesMailbox
 from inboxd.adapters.ses.errors import SesConfigError
 from inboxd.daemon.config_reader import Reader, join_key, relative_to
+from inboxd.daemon.provider_tables import with_stand_ins
 
 __all__ = ["GENERIC_MAILBOX_KEYS", "imap_settings", "maildir_settings", "ses_settings"]
 
@@ -64,7 +65,7 @@ def imap_settings(r: Reader, extra: dict[str, Any], prefix: str) -> Mapping[str,
     # refused), the adapter's keys kept
     frozen = MappingProxyType({k: v for k, v in r.freeze(extra, prefix).items() if k in IMAP_KEYS})
     try:
-        ImapMailbox.from_settings(frozen)
+        ImapMailbox.from_settings(with_stand_ins(frozen))
     except ImapConfigError as exc:
         key, _, why = str(exc).partition(": ")
         r.problem(join_key(prefix, key), why)

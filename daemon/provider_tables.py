@@ -63,7 +63,7 @@ def parse_tables(r: Reader, raw: dict[str, Any]) -> dict[str, Mapping[str, Any]]
         r.unknown_keys(table, keys, name)
         frozen = r.freeze({k: v for k, v in table.items() if k in keys}, name)
         try:
-            door.settings.from_settings(_for_check(frozen))
+            door.settings.from_settings(with_stand_ins(frozen))
         except door.error as exc:
             _adapter_problem(r, name, exc)
         tables[name] = frozen
@@ -92,11 +92,11 @@ def table_mailbox(
         )
     else:
         with suppress(door.error):  # a bad table is reported with the table
-            settings = door.settings.from_settings(_for_check(table))
+            settings = door.settings.from_settings(with_stand_ins(table))
     # An address without "@" is reported by the generic check already.
     checked_address = (address if "@" in address else "reported@invalid") if address else None
     try:
-        mailbox = door.mailbox.from_settings(_for_check(frozen), address=checked_address)
+        mailbox = door.mailbox.from_settings(with_stand_ins(frozen), address=checked_address)
     except door.error as exc:
         _adapter_problem(r, prefix, exc)
         return frozen
@@ -110,7 +110,10 @@ def table_mailbox(
     return frozen
 
 
-def _for_check(frozen: Mapping[str, Any]) -> dict[str, Any]:
+def with_stand_ins(frozen: Mapping[str, Any]) -> dict[str, Any]:
+    """`frozen` with every credential already reported (None) replaced by `_REPORTED`,
+    for an adapter's own checks: one problem per mistake, not a second one about the
+    same key ("set exactly one of …") after the literal secret was refused."""
     return {k: _REPORTED if v is None else v for k, v in frozen.items()}
 
 

@@ -1168,3 +1168,18 @@ def test_a_mailbox_not_connected_yet_is_valid_configuration(
     check-config (and ExecStartPre, SIGHUP) accept it; the daemon shows needs_connect."""
     config = write_config(tmp_path, "", acme=tenant_text)
     assert check_config(config) == []
+
+
+def test_a_literal_imap_password_is_one_problem(tmp_path: Path) -> None:
+    """The refused literal is the problem; no second line blaming the same key for a
+    missing credential."""
+    config = write_config(
+        tmp_path,
+        "",
+        acme='id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\naddress = "a@b.c"\n'
+        f'host = "imap.example.com"\nusername = "a@b.c"\npassword = "{LITERAL}"\n',
+    )
+    problems = check_config(config)
+    assert [(p.key, p.message.split(":")[0]) for p in problems] == [
+        ("mailboxes[0].password", "literal secrets are not allowed in config files")
+    ]
