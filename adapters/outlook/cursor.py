@@ -23,8 +23,8 @@ the same bound to cover everything the expired state would have reported — the
 mail that arrived while the cursor was stale included (issue 22 item 3: with
 `backfill = "none"` a bound of "now" at the reset lost it). Messages already
 stored are listed again but not downloaded (source.py). A position written
-before `since` existed expires to "all": listing the whole folder never loses
-mail, it may store older mail once.
+before `since` existed expires to "all", flagged `backfill`: listing the whole
+folder never loses mail; it may store older mail once, without an event for each.
 
 Folders are independent: when one folder's state expires (410 Gone), only that
 folder restarts (`without`), the others keep their links. The runner writes the
@@ -110,8 +110,15 @@ class DeltaCursor:
         folder had (`since` when the caller knows a newer one; "all" when a link
         older than bounds expires). A folder that never started stays fresh."""
         old = self.folders.get(folder, FolderPosition())
-        bound = since or old.since or (ALL if old.link is not None else None)
-        position = FolderPosition() if bound is None else FolderPosition(None, old.first, bound)
+        bound = since or old.since
+        if bound is not None:
+            position = FolderPosition(None, old.first, bound)
+        elif old.link is not None:
+            # a link older than bounds: the whole folder, as a backfill (it may hold
+            # years of mail never stored: no event for each)
+            position = FolderPosition(None, True, ALL)
+        else:
+            position = FolderPosition()  # never started: its first round, as configured
         return replace(self, folders={**self.folders, folder: position})
 
 

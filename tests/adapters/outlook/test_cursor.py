@@ -25,8 +25,10 @@ def test_positions_round_trip_and_folders_restart_independently() -> None:
     assert again == cursor
     restarted = DeltaCursor.decode(again.without("sentitems").encode(), FOLDERS)
     assert restarted.folders["inbox"] == FolderPosition("https://g/delta?$deltatoken=a", False)
-    # a link written before bounds were kept expires to a round over the whole folder
+    # a link written before bounds were kept expires to a round over the whole
+    # folder, flagged backfill even after its first round ended
     assert restarted.folders["sentitems"] == FolderPosition(None, True, ALL)
+    assert again.without("inbox").folders["inbox"] == FolderPosition(None, True, ALL)
 
 
 def test_an_expired_folder_restarts_with_the_bound_of_its_first_round() -> None:
