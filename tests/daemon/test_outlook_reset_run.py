@@ -69,6 +69,14 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
         assert run.fake.counters.max_downloads() == 1  # nothing downloaded twice
         assert await run.cursor("ops") != cursor_before
         assert await _state_is(run, "ops", "idle")
+        # new mail to the application, not history: one message.created event each
+        created = await run.fetchval(
+            "SELECT count(*) FROM events e JOIN message_copies c"
+            " ON c.tenant_id = e.tenant_id AND c.message_id = e.message_id"
+            " WHERE e.kind = 'message.created' AND c.external_id = ANY($1::text[])",
+            [m.immutable_id for m in stale],
+        )
+        assert created == len(stale)
 
         # the reset round's state goes on: later mail comes by delta again
         newer = box.add_message(generated_messages(1, tag="after")[0], received=datetime.now(UTC))
