@@ -105,6 +105,43 @@ async def record_success(conn: Executor, tenant_id: str, mailbox_id: str) -> Non
         raise MailboxNotFound(tenant_id, mailbox_id)
 
 
+async def record_partial_success(
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    problem: str,
+    *,
+    attention: bool,
+) -> None:
+    """A run that completed without one part of the mailbox (an IMAP folder gone):
+    like record_success (throttle reset, last_success_at) — the rest is synced and
+    nothing is retried sooner — but `problem` becomes last_error, and with
+    `attention` the state is needs_attention (a `mailbox.needs_attention` event when
+    newly so) while the runner keeps syncing what it can. Raises MailboxNotFound."""
+    async with _connection(conn) as c, c.transaction():
+        before = await c.fetchval(
+            "SELECT sync_state FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 FOR UPDATE",
+            tenant_id,
+            mailbox_id,
+        )
+        if before is None:
+            raise MailboxNotFound(tenant_id, mailbox_id)
+        await c.execute(
+            "UPDATE mailboxes SET last_success_at = now(), throttle_backoff_s = 0,"
+            " throttle_until = NULL, last_error = $3, last_error_at = now(),"
+            " sync_state = CASE WHEN $4 THEN 'needs_attention' ELSE 'idle' END"
+            " WHERE tenant_id = $1 AND mailbox_id = $2",
+            tenant_id,
+            mailbox_id,
+            one_line(problem),
+            attention,
+        )
+        if attention and before != "needs_attention":
+            events = EventBuffer()
+            events.add(NEEDS_ATTENTION_EVENT, payload={"error": one_line(problem)})
+            await events.flush(c, tenant_id, mailbox_id)
+
+
 async def record_needs_connect(conn: Executor, tenant_id: str, mailbox_id: str, how: str) -> None:
     """A configured mailbox without a credential yet: state needs_connect, `how` (the
     command that connects it) as its last error, no throttle (nothing is retried: the

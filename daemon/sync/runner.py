@@ -224,8 +224,18 @@ class MailboxRunner:
             # handlers in _one_run need the error itself
             completed = await unwrap_single(self._sync_pages(token))
             if completed:
+                # a door that skipped a part it could not read (an IMAP folder gone)
+                # says so: the status names it, the rest of the mailbox keeps syncing
+                degraded = getattr(self.source, "degraded", None)
+                problem = degraded() if degraded is not None else None
                 async with pool.acquire() as conn:
-                    await scheduling.record_success(conn, tenant, mailbox)
+                    if problem is None:
+                        await scheduling.record_success(conn, tenant, mailbox)
+                    else:
+                        self._log.warning("sync_degraded", error=problem[0])
+                        await scheduling.record_partial_success(
+                            conn, tenant, mailbox, problem[0], attention=problem[1]
+                        )
                 # caught up with the source: nothing left behind the cursor
                 self.deps.metrics.mark_caught_up(tenant, mailbox)
         finally:
