@@ -49,10 +49,11 @@ run: venv
 	$(BIN)/inboxd check-config config.example.toml
 	$(BIN)/inboxd run --config config.example.toml --log-level info
 
-# One-shot import of a mail folder (default: the test corpus, tests/corpus/mime) into tenant "demo".
+# One-shot import of a mail folder (default: the test corpus, tests/corpus/mime) into the
+# demo tenant's configured mailbox "local" (config.example.tenants/demo.toml).
 import-demo: venv
 	@mkdir -p $(INBOXD_DATA_DIR) && chmod 0755 $(INBOXD_DATA_DIR)
-	$(BIN)/inboxd import --config config.example.toml --tenant demo --mailbox corpus $(CORPUS)
+	$(BIN)/inboxd import --config config.example.toml --tenant demo --mailbox local $(CORPUS)
 
 # The whole suite, after the quality gates (CI runs exactly this).
 test: check

@@ -812,6 +812,7 @@ async def run_import(
                 "-m",
                 "inboxd.daemon.cli",
                 "import",
+                "--create",
                 "--config",
                 str(config),
                 "--dsn",

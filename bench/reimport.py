@@ -94,6 +94,7 @@ async def run_import(dsn: str, config: Path, eml_dir: Path) -> tuple[float, dict
         "-m",
         "inboxd.daemon.cli",
         "import",
+        "--create",
         "--config",
         str(config),
         "--dsn",

@@ -46,6 +46,17 @@ async def ensure_mailbox(
     )
 
 
+async def mailbox_exists(conn: asyncpg.Connection, tenant_id: str, mailbox_id: str) -> bool:
+    """True when the database has this tenant's mailbox (from a config or an import)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2)",
+            tenant_id,
+            mailbox_id,
+        )
+    )
+
+
 async def ensure_tenants(
     conn: asyncpg.Connection, tenants: Mapping[str, str] | Iterable[str]
 ) -> None:

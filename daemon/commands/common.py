@@ -144,6 +144,23 @@ def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -
     return spec
 
 
+def configured_mailboxes(config: Path | None) -> set[tuple[str, str]] | None:
+    """(tenant, mailbox) of every mailbox the configuration's tenant files name; None
+    without a configuration, without `[tenants]`, or when a tenant file has problems
+    (its mailboxes are unknown then). Blocks: call from a worker thread."""
+    if config is None:
+        return None
+    from inboxd.daemon.config import ConfigError, load_main, load_tenants
+
+    try:
+        tenants = load_tenants(load_main(config))
+    except ConfigError:
+        return None
+    if tenants.problems:
+        return None
+    return {(t.tenant_id, m.mailbox_id) for t in tenants.tenants.values() for m in t.mailboxes}
+
+
 class _NotRunning(Exception):
     """The embedded server a read-only command would use is not running."""
 

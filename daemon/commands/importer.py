@@ -56,6 +56,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    configured_mailboxes,
     database_error,
     load_config,
     object_store_spec,
@@ -74,7 +75,7 @@ from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.extraction_inbox import HandOff
 from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.tenancy import ensure_mailbox, validate_id
+from inboxd.pipeline.tenancy import ensure_mailbox, mailbox_exists, validate_id
 
 log = structlog.get_logger(__name__)
 
@@ -101,7 +102,10 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
         parents=[parent],
         help="import .eml files, mbox files and Maildirs into a mailbox",
         description=(
-            "Import mail from local files into MAILBOX of TENANT (both created if missing). "
+            "Import mail from local files into MAILBOX of TENANT: a mailbox the "
+            "configuration's tenant files name (--config) or the database has already; "
+            "--create makes a new one (a typo'd id would otherwise start a mailbox "
+            "nobody reads). "
             "PATH may be an .eml file, an mbox file (first line starts with 'From '), a "
             "Maildir (cur/ new/ tmp/), or a directory searched recursively for .eml and "
             ".mbox files and Maildirs; other files there are skipped and counted. "
@@ -114,6 +118,11 @@ def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentPa
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     parser.add_argument("--tenant", required=True, help="tenant id (a-z 0-9 . _ -)")
     parser.add_argument("--mailbox", required=True, help="mailbox id (a-z 0-9 . _ -)")
+    parser.add_argument(
+        "--create",
+        action="store_true",
+        help="create TENANT and MAILBOX when neither the configuration nor the database has them",
+    )
     parser.add_argument(
         "--backfill",
         action="store_true",
@@ -201,6 +210,26 @@ class _Importer:
 
     # the whole run ---------------------------------------------------------------------
 
+    async def _refuse_unknown(self, conn: asyncpg.Connection) -> None:
+        """Usage error when neither the configuration nor the database knows the
+        mailbox (without --create): the import would start a mailbox nobody reads."""
+        configured = await anyio.to_thread.run_sync(configured_mailboxes, self.args.config)
+        if configured is not None and (self.tenant, self.mailbox) in configured:
+            return
+        if await mailbox_exists(conn, self.tenant, self.mailbox):
+            return
+        where = (
+            f"the tenant files of {self.args.config}"
+            if configured is not None
+            else "any configuration"
+        )
+        raise CommandError(
+            f"mailbox {self.mailbox!r} of tenant {self.tenant!r} is not in {where} nor in the "
+            "database: check the ids ('inboxd status' lists the mailboxes), or pass --create "
+            "to make it",
+            EXIT_USAGE,
+        )
+
     async def run(self) -> int:
         try:
             await self.signals.run(self._run)
@@ -217,6 +246,8 @@ class _Importer:
                 async with pool.acquire() as conn:
                     await apply_with_deadline(conn)
                     with anyio.fail_after(PROBE_TIMEOUT_S):
+                        if not self.args.create:
+                            await self._refuse_unknown(conn)
                         await ensure_mailbox(conn, self.tenant, self.mailbox, provider="import")
             except DATABASE_ERRORS as exc:
                 raise database_error(exc, choice) from exc

@@ -29,7 +29,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 
 import anyio
 import asyncpg
@@ -40,6 +39,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    configured_mailboxes,
     database_error,
     load_config,
     open_pool,
@@ -114,7 +114,7 @@ async def run(args: argparse.Namespace) -> int:
     tenant = valid_id_option("tenant", args.tenant)
     config = load_config(args.config)
     choice = await resolve(args, config, start=False)
-    configured = await anyio.to_thread.run_sync(_configured_mailboxes, args.config)
+    configured = await anyio.to_thread.run_sync(configured_mailboxes, args.config)
     async with open_pool(choice, max_size=1) as pool:
         with database_call(choice):
             running = await daemons(pool)
@@ -288,22 +288,6 @@ class MailboxView:
         if s.last_success_at is None or s.last_error_at is None:
             return True
         return s.last_error_at >= s.last_success_at
-
-
-def _configured_mailboxes(config: Path | None) -> set[tuple[str, str]] | None:
-    """(tenant, mailbox) of every mailbox the configuration names; None without a
-    configuration or when a tenant file has problems (its mailboxes are unknown then)."""
-    if config is None:
-        return None
-    from inboxd.daemon.config import ConfigError, load_main, load_tenants
-
-    try:
-        tenants = load_tenants(load_main(config))
-    except ConfigError:
-        return None
-    if tenants.problems:
-        return None
-    return {(t.tenant_id, m.mailbox_id) for t in tenants.tenants.values() for m in t.mailboxes}
 
 
 def _is_configured(s: MailboxStatus, configured: set[tuple[str, str]] | None) -> bool | None:

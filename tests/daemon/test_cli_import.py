@@ -118,7 +118,16 @@ async def test_import_directory_then_rerun_is_all_duplicates(
     _copy(mime / "axllent-mailpit" / "SOURCE.md", top / "SOURCE.md")
 
     first = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", top
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        "--json",
+        top,
     )
 
     assert first.code == 0, first.stderr
@@ -134,7 +143,16 @@ async def test_import_directory_then_rerun_is_all_duplicates(
     assert await count(db_dsn, "messages") == 6
 
     second = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", top
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        "--json",
+        top,
     )
 
     assert second.code == 0, second.stderr
@@ -151,7 +169,15 @@ async def test_small_messages_live_in_the_database_and_large_ones_in_files(
         _copy(path, tmp_path / "in" / path.name)
 
     result = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", tmp_path / "in"
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        tmp_path / "in",
     )
 
     assert result.code == 0, result.stderr
@@ -175,7 +201,9 @@ async def test_small_messages_live_in_the_database_and_large_ones_in_files(
 async def test_human_summary(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     path = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
-    result = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", path)
+    result = await inboxd(
+        "import", "--create", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", path
+    )
 
     assert result.code == 0, result.stderr
     assert result.stdout.startswith("imported: 1 message from 1 file in ")
@@ -195,6 +223,7 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
 
     result = await inboxd(
         "import",
+        "--create",
         "--config",
         config,
         "--dsn",
@@ -219,6 +248,7 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
     ]
     again = await inboxd(
         "import",
+        "--create",
         "--config",
         config,
         "--dsn",
@@ -245,7 +275,16 @@ async def test_maildir(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     _copy(mime / PLAIN_EMLS[0], box / "tmp" / "1700000003.M3P1.host")  # not delivered yet
 
     result = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "maildir", "--json", box
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "maildir",
+        "--json",
+        box,
     )
 
     assert result.code == 0, result.stderr
@@ -262,7 +301,17 @@ async def test_not_mail_is_a_dead_item_and_exit_0(
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "good.eml")
 
     result = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", "--json", blob, good
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        "--json",
+        blob,
+        good,
     )
 
     assert result.code == 0, result.stderr
@@ -273,7 +322,9 @@ async def test_not_mail_is_a_dead_item_and_exit_0(
     assert await count(db_dsn, "dead_items") == 1
     assert await count(db_dsn, "messages") == 1
 
-    human = await inboxd("import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", blob)
+    human = await inboxd(
+        "import", "--create", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", blob
+    )
     assert human.code == 0
     assert f"  {blob}: not_mime: " in human.stdout
 
@@ -283,7 +334,16 @@ async def test_missing_path_writes_nothing(inboxd, db_dsn: str, mime: Path, tmp_
     missing = tmp_path / "no-such-dir"
 
     result = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", good, missing
+        "import",
+        "--create",
+        "--dsn",
+        db_dsn,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        good,
+        missing,
     )
 
     assert result.code == 1
@@ -297,7 +357,7 @@ async def test_database_down(inboxd, mime: Path, tmp_path: Path) -> None:
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
     result = await inboxd(
-        "import", "--dsn", DEAD_DSN, "--tenant", "acme", "--mailbox", "inbox", good
+        "import", "--create", "--dsn", DEAD_DSN, "--tenant", "acme", "--mailbox", "inbox", good
     )
 
     assert result.code == 1
@@ -310,6 +370,7 @@ async def test_password_never_shown(inboxd, mime: Path, tmp_path: Path) -> None:
 
     result = await inboxd(
         "import",
+        "--create",
         "--dsn",
         "postgresql://u:s3cr3t-pw@127.0.0.1:1/x",
         "--tenant",
@@ -330,7 +391,9 @@ async def test_invalid_ids_are_usage_errors(
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
     ids = {"--tenant": "acme", "--mailbox": "inbox", option: value}
 
-    result = await inboxd("import", "--dsn", db_dsn, *(f"{k}={v}" for k, v in ids.items()), good)
+    result = await inboxd(
+        "import", "--create", "--dsn", db_dsn, *(f"{k}={v}" for k, v in ids.items()), good
+    )
 
     assert result.code == 2
     [line] = result.stderr.splitlines()
@@ -339,7 +402,7 @@ async def test_invalid_ids_are_usage_errors(
 
 
 async def test_usage_error_is_one_line(inboxd) -> None:
-    result = await inboxd("import", "--tenant", "acme")
+    result = await inboxd("import", "--create", "--tenant", "acme")
 
     assert result.code == 2
     [line] = result.stderr.splitlines()
@@ -372,6 +435,7 @@ def bulk_import_command(dsn: str, archive: Path) -> list[str]:
     """`inboxd import --json --log-level info` of `archive` into acme/bulk."""
     return cli_argv(
         "import",
+        "--create",
         "--dsn",
         dsn,
         "--tenant",
@@ -515,7 +579,16 @@ async def test_import_applies_the_schema_itself(
     good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
 
     result = await inboxd(
-        "import", "--dsn", empty_db, "--tenant", "acme", "--mailbox", "inbox", "--json", good
+        "import",
+        "--create",
+        "--dsn",
+        empty_db,
+        "--tenant",
+        "acme",
+        "--mailbox",
+        "inbox",
+        "--json",
+        good,
     )
 
     assert result.code == 0, result.stderr
@@ -608,3 +681,41 @@ async def test_database_lost_midway_then_rerun_completes(
     assert rerun.code == 0, rerun.stderr
     assert rerun.json["outcomes"] == outcomes(new=total - committed, duplicate=committed)
     assert await count(dsn, "messages") == total
+
+
+async def test_import_into_a_mailbox_nobody_defined_is_refused_without_create(
+    inboxd, db_dsn: str, mime: Path, tmp_path: Path
+) -> None:
+    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
+    refused = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbx", good
+    )  # fmt: skip
+    assert refused.code == 2, refused.stderr
+    assert "mailbox 'inbx' of tenant 'acme' is not in any configuration nor in the database" in (
+        refused.stderr
+    )
+    assert "--create" in refused.stderr
+    assert await count(db_dsn, "mailboxes") == 0 and await count(db_dsn, "messages") == 0
+
+    # a mailbox the configuration names needs no --create
+    (tmp_path / "tenants").mkdir()
+    (tmp_path / "tenants" / "acme.toml").write_text(
+        f'id = "acme"\n[[mailboxes]]\nid = "inbox"\nprovider = "maildir"\n'
+        f'path = "{tmp_path / "md"}"\n'
+    )
+    config = tmp_path / "inboxd.toml"
+    config.write_text('[tenants]\ndir = "tenants"\n')
+    configured = await inboxd(
+        "import", "--config", config, "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox",
+        good,
+    )  # fmt: skip
+    assert configured.code == 0, configured.stderr
+    # ... nor one the database has already (an earlier import with --create)
+    created = await inboxd(
+        "import", "--create", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "archive", good
+    )  # fmt: skip
+    assert created.code == 0, created.stderr
+    again = await inboxd(
+        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "archive", good
+    )  # fmt: skip
+    assert again.code == 0, again.stderr

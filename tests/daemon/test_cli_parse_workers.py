@@ -141,6 +141,7 @@ async def assert_gone(workers: list[int]) -> None:
 def import_command(dsn: str, archive: Path, parse_in: str) -> list[str]:
     return cli_argv(
         "import",
+        "--create",
         "--dsn",
         dsn,
         "--tenant",

@@ -86,7 +86,7 @@ async def results(dsn: str) -> list[dict]:
 async def import_dir(config: Path, dsn: str, directory: Path) -> None:
     """`inboxd import` of `directory` into acme's mailbox "archive"; must exit 0."""
     imported = await run_cli_async(
-        "import", "--config", config, "--dsn", dsn, "--tenant", "acme",
+        "import", "--create", "--config", config, "--dsn", dsn, "--tenant", "acme",
         "--mailbox", "archive", directory,
     )  # fmt: skip
     assert imported.code == 0, imported.stderr

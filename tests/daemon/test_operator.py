@@ -90,7 +90,7 @@ async def test_import_object_store_path_is_relative_to_the_config_file(
     message = corpus / "mime" / "axllent-mailpit" / "plain-text.eml"
 
     result = await run_cli_async(
-        "import", "--config", "../etc/inboxd.toml", "--dsn", db_dsn,
+        "import", "--create", "--config", "../etc/inboxd.toml", "--dsn", db_dsn,
         "--tenant", "acme", "--mailbox", "files", message,
         env=cli_env(tmp_path / "data"), cwd=elsewhere,
     )  # fmt: skip

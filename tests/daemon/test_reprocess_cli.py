@@ -45,7 +45,7 @@ async def imported(inboxd, db_dsn: str, corpus: Path, tmp_path: Path) -> None:
     for i, name in enumerate(FILES):
         shutil.copyfile(corpus / "mime" / name, folder / f"m{i}.eml")
     result = await inboxd(
-        "import", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", folder
+        "import", "--create", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", folder
     )
     assert result.code == 0, result.stderr
 
