@@ -8,9 +8,15 @@ the command and upgrade aioimaplib's asyncio transport with loop.start_tls, then
 ask for CAPABILITY again (RFC 3501 §6.2.1: capabilities before TLS are void).
 
 Every call runs under a deadline; a connection that misses one is closed, and
-its errors are translated: NO to LOGIN/AUTHENTICATE → ImapAuthError (the
-server's text kept, credentials never), a dropped connection, BYE or a timeout →
-ImapUnavailable, an answer we cannot use → ImapProtocolError.
+its errors are translated (adapters/imap/errors.py): a login refused with
+[AUTHENTICATIONFAILED]/[AUTHORIZATIONFAILED]/[EXPIRED] → ImapAuthError (the
+server's text kept, credentials never), with a temporary code (RFC 5530
+[UNAVAILABLE], [SERVERBUG], [LIMIT], [INUSE]) → ImapUnavailable, without a code →
+ImapLoginRefused; a certificate that fails verification → ImapCertificateError;
+a dropped connection, BYE or a timeout → ImapUnavailable; EXAMINE of a folder
+the server does not have → ImapFolderMissing; another answer we cannot use →
+ImapProtocolError. A connection the server closed counts as closed at once
+(aioimaplib's connection-lost callback): nothing reuses it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from typing import Any
 import aioimaplib
 
 from inboxd.adapters.imap.config import ImapMailbox
-from inboxd.adapters.imap.errors import ImapAuthError, ImapProtocolError, ImapUnavailable
+from inboxd.adapters.imap.errors import (
+    ImapAuthError,
+    ImapCertificateError,
+    ImapFolderMissing,
+    ImapLoginRefused,
+    ImapProtocolError,
+    ImapUnavailable,
+)
 
 __all__ = ["FolderState", "ImapConnection", "encode_folder"]
 
@@ -47,6 +60,19 @@ _UID_RE = re.compile(rb"UID (\d+)")
 _CODE_RE = re.compile(rb"\[(UIDVALIDITY|UIDNEXT|HIGHESTMODSEQ) (\d+)\]")
 _EXISTS_RE = re.compile(rb"^(\d+) EXISTS")
 _VANISHED_RE = re.compile(rb"^VANISHED \(EARLIER\) ([0-9:,]+)")
+# What IDLE reports as a change of the folder: new mail (EXISTS), an expunge
+# (EXPUNGE, or VANISHED once QRESYNC is enabled: RFC 7162 §3.2.10).
+_IDLE_CHANGES = (b"EXISTS", b"EXPUNGE", b"VANISHED")
+# The response code a tagged NO starts with (RFC 3501 §7.1, RFC 5530).
+_RESPONSE_CODE_RE = re.compile(r"^\s*\[([A-Za-z0-9-]+)")
+# RFC 5530 §3: a login refused for the credential itself (wrong, not allowed for
+# that user, expired): a person must act.
+CREDENTIAL_REFUSED_CODES = frozenset({"AUTHENTICATIONFAILED", "AUTHORIZATIONFAILED", "EXPIRED"})
+# RFC 5530 §3: the server cannot log anyone in now (its user database is down, a
+# bug, too many connections, the mailbox in use): the same login works later.
+LOGIN_TEMPORARY_CODES = frozenset({"UNAVAILABLE", "SERVERBUG", "LIMIT", "INUSE"})
+# RFC 5530 §3: EXAMINE of a folder that does not exist.
+NONEXISTENT_CODE = "NONEXISTENT"
 # A VANISHED range wider than this is a server listing UIDs it never had (RFC 7162
 # lets it); the ones that matter are ≤ our last UID, which bounds it anyway.
 _MAX_VANISHED_RANGE = 1_000_000
@@ -79,8 +105,9 @@ class ImapConnection:
 
     @property
     def closed(self) -> bool:
-        """True once a failure or close() dropped the connection."""
-        return self._client is None
+        """True once a failure or close() dropped the connection, or the server closed
+        it (a restart, an idle timeout): a pooled connection is checked before reuse."""
+        return self._client is None or self._lost.is_set()
 
     @property
     def capabilities(self) -> set[str]:
@@ -102,6 +129,12 @@ class ImapConnection:
             if mailbox.security == "starttls":
                 assert context is not None
                 await connection._starttls(context)
+        except ssl.SSLCertVerificationError as exc:
+            # a wrong CA or host name does not fix itself: retrying it for ever hid it
+            raise ImapCertificateError(
+                f"imap connect {where}: the server's certificate failed verification: "
+                f"{exc.verify_message or _describe(exc)}"
+            ) from exc
         except (OSError, TimeoutError, ssl.SSLError, aioimaplib.AioImapException) as exc:
             raise ImapUnavailable(f"imap connect {where}: {_describe(exc)}") from exc
         await connection._login()
@@ -152,7 +185,13 @@ class ImapConnection:
         if answer.result != "OK":
             text = _text(answer.lines[-1:]) or answer.result
             await self.close()
-            raise ImapAuthError(f"imap {m.host} refused the login of {m.username}: {text}")
+            refused = f"imap {m.host} refused the login of {m.username}: {text}"
+            code = _response_code(text)
+            if code in CREDENTIAL_REFUSED_CODES:
+                raise ImapAuthError(refused)
+            if code in LOGIN_TEMPORARY_CODES:
+                raise ImapUnavailable(refused)
+            raise ImapLoginRefused(refused)
 
     async def examine(self, folder: str, since: tuple[int, int] | None = None) -> FolderState:
         """Open `folder` read-only; its UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ, EXISTS.
@@ -164,9 +203,12 @@ class ImapConnection:
             name += f" (QRESYNC ({since[0]} {since[1]}))"
         answer = await self._call(self._client.examine(name), f"EXAMINE {folder}")
         if answer.result != "OK":
-            raise ImapProtocolError(
-                f"imap {self.mailbox.host}: EXAMINE {folder!r}: {_text(answer.lines[-1:])}"
-            )
+            self.selected = None  # a failed EXAMINE leaves no folder selected (RFC 3501 §6.3.1)
+            text = _text(answer.lines[-1:])
+            refused = f"imap {self.mailbox.host}: EXAMINE {folder!r}: {text}"
+            if _response_code(text) == NONEXISTENT_CODE or not await self._exists(folder):
+                raise ImapFolderMissing(refused, folder)
+            raise ImapProtocolError(refused)
         codes: dict[bytes, int] = {}
         exists = 0
         vanished: list[int] = []
@@ -192,6 +234,14 @@ class ImapConnection:
             exists=exists,
             vanished=tuple(sorted(set(vanished))),
         )
+
+    async def _exists(self, folder: str) -> bool:
+        """LIST names the folder (for a NO to EXAMINE without [NONEXISTENT]: Dovecot 2.3
+        answers a missing folder with a bare NO)."""
+        answer = await self._call(self._client.list('""', encode_folder(folder)), "LIST")
+        if answer.result != "OK":
+            return True  # cannot tell: not missing as far as we know
+        return any(isinstance(line, bytes) and line.startswith(b"(") for line in answer.lines)
 
     async def search_uids(self, *criteria: str) -> list[int]:
         """UID SEARCH in the selected folder, answered sorted."""
@@ -237,7 +287,7 @@ class ImapConnection:
                     break  # the renewal timer: end this IDLE, start the next
                 lines = pushed if isinstance(pushed, list) else [pushed]
                 changed = any(
-                    isinstance(line, bytes) and (b"EXISTS" in line or b"EXPUNGE" in line)
+                    isinstance(line, bytes) and any(word in line for word in _IDLE_CHANGES)
                     for line in lines
                 )
             client.idle_done()
@@ -369,6 +419,13 @@ def encode_folder(name: str) -> str:
     flush()
     text = "".join(out)
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _response_code(text: str) -> str | None:
+    """The response code a tagged completion's text starts with: "[UNAVAILABLE] …" →
+    "UNAVAILABLE"."""
+    match = _RESPONSE_CODE_RE.match(text)
+    return match.group(1).upper() if match else None
 
 
 def _text(lines: list[Any]) -> str:

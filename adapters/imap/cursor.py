@@ -12,6 +12,12 @@ folder's HIGHESTMODSEQ at that point, where the server offers CONDSTORE.
 a folder whose UIDVALIDITY changed and is being read again: once that is done,
 the copies stored under the old UIDVALIDITY are recorded as gone (their UIDs
 address nothing any more) and the entry is dropped.
+
+    "reread": ["Archive"]
+
+a folder whose position was reset (a UIDVALIDITY change, a server that forgot
+its modseq or UIDs): it is read in full (ALL), whatever `backfill` says, until
+it has a position again.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["FolderCursor", "dump_cursor", "load_cursor", "load_retired"]
+__all__ = ["FolderCursor", "dump_cursor", "load_cursor", "load_reread", "load_retired"]
 
 _VERSION = 1
 
@@ -61,7 +67,21 @@ def load_retired(cursor: str | None) -> dict[str, int]:
         return {}
 
 
-def dump_cursor(folders: dict[str, FolderCursor], retired: dict[str, int] | None = None) -> str:
+def load_reread(cursor: str | None) -> set[str]:
+    """Folders whose position was reset: read in full until they have one again."""
+    if not cursor:
+        return set()
+    try:
+        return {str(name) for name in orjson.loads(cursor).get("reread", [])}
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return set()
+
+
+def dump_cursor(
+    folders: dict[str, FolderCursor],
+    retired: dict[str, int] | None = None,
+    reread: set[str] | None = None,
+) -> str:
     document: dict[str, object] = {
         "v": _VERSION,
         "folders": {
@@ -71,6 +91,8 @@ def dump_cursor(folders: dict[str, FolderCursor], retired: dict[str, int] | None
     }
     if retired:
         document["retired"] = dict(sorted(retired.items()))
+    if reread:
+        document["reread"] = sorted(reread - folders.keys())
     return orjson.dumps(document).decode()
 
 

@@ -3,10 +3,18 @@
 One sync run, per folder (in the configured order):
 
     EXAMINE folder (read-only) → UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ
-      ├─ the cursor knows the folder with another UIDVALIDITY → CursorExpired with
-      │   the cursor minus that folder (restart_from): the runner writes
-      │   mailbox.cursor_reset and the folder is read again from scratch — what is
-      │   stored already comes back `duplicate` through the cascade
+      ├─ the folder does not exist (EXAMINE NO, ImapFolderMissing) → skipped: the
+      │   other folders sync; `degraded()` names it for the runner (last_error, and
+      │   needs_attention once missing FOLDER_MISSING_RUNS runs in a row)
+      ├─ the cursor knows the folder with another UIDVALIDITY, or the server forgot
+      │   where it was (HIGHESTMODSEQ below the cursor's, NOMODSEQ after a modseq,
+      │   UIDNEXT not above the cursor's last UID: a restored or rebuilt server) →
+      │   CursorExpired with the cursor minus that folder (restart_from), the folder
+      │   marked `reread`: the runner writes mailbox.cursor_reset and the folder is
+      │   read again in full (ALL, whatever `backfill` says: mail that arrived while
+      │   the cursor was stale is stored); UIDs stored already under the same
+      │   UIDVALIDITY are not downloaded again, the rest comes back `duplicate`
+      │   or `merged` through the cascade
       ├─ first sync (folder not in the cursor): UID SEARCH of the backfill window
       │   ("all": ALL, days: SINCE date, "none": nothing); the folder's position
       │   after it is UIDNEXT-1 as EXAMINE saw it, so mail arriving during a long
@@ -30,8 +38,11 @@ raw bytes are kept byte-exact. Folders with `direction = "outbound"` (Sent) stor
 outbound copies, which reconcile with `POST /v1/outbound` placeholders.
 
 The connection is opened on the first run and kept between runs (reopened after
-any failure, closed by `aclose` when the runner stops). `watch` keeps a second
-one in IDLE (RFC 2177) on the first folder and rings the doorbell on new mail.
+any failure or once the server closed it, closed by `aclose` when the runner
+stops). A login refused without a response code is retried; LOGIN_REFUSED_ATTEMPTS
+in a row make it an ImapAuthError. `watch` keeps a second connection in IDLE
+(RFC 2177) on the first folder and rings the doorbell on new mail and expunges;
+after a drop it reconnects with the backoff of adapters/imap/reconnect.py.
 """
 
 from __future__ import annotations
@@ -46,8 +57,22 @@ import structlog
 from inboxd.adapters.base import Page
 from inboxd.adapters.imap.client import FolderState, ImapConnection
 from inboxd.adapters.imap.config import Folder, ImapMailbox
-from inboxd.adapters.imap.cursor import FolderCursor, dump_cursor, load_cursor, load_retired
-from inboxd.adapters.imap.errors import ImapAuthError, ImapProtocolError, ImapUnavailable
+from inboxd.adapters.imap.cursor import (
+    FolderCursor,
+    dump_cursor,
+    load_cursor,
+    load_reread,
+    load_retired,
+)
+from inboxd.adapters.imap.errors import (
+    ImapAuthError,
+    ImapCertificateError,
+    ImapFolderMissing,
+    ImapLoginRefused,
+    ImapProtocolError,
+    ImapUnavailable,
+)
+from inboxd.adapters.imap.reconnect import IdleBackoff
 from inboxd.adapters.overlap import overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
@@ -79,9 +104,14 @@ EXPUNGE_SCAN_INTERVAL_S = 3600.0
 # IDLE is ended and re-issued after this long: servers may drop an IDLE after 30
 # minutes of inactivity (RFC 2177), so 25 leaves room for a slow round trip.
 IDLE_RENEW_S = 25 * 60
-# After a failed IDLE connection, wait before the next: doubling from 1 s to 5 min.
-IDLE_BACKOFF_MIN_S = 1.0
-IDLE_BACKOFF_MAX_S = 300.0
+# A login answered NO without a response code this many times in a row (runs are
+# 30 s, 60 s … apart: about a minute and a half) is a refused credential; fewer
+# may be a server's passing trouble that does not say so (RFC 5530 codes are optional).
+LOGIN_REFUSED_ATTEMPTS = 3
+# A configured folder missing in this many sync runs in a row puts the mailbox in
+# needs_attention (the other folders keep syncing): one or two runs may meet a
+# folder another client is renaming or recreating.
+FOLDER_MISSING_RUNS = 3
 # A UID whose FETCH drops the connection this often, with the server answering a
 # new connection each time, is a message the server cannot read: a dead item.
 FETCH_ONE_ATTEMPTS = 2
@@ -115,6 +145,10 @@ class ImapSource:
         self._connection: ImapConnection | None = None
         self._scanned: dict[str, float] = {}  # folder → when its expunge scan ran
         self._retired: dict[str, int] = {}  # this run's folders being read again
+        self._reread: set[str] = set()  # folders to read in full after a reset
+        self._refused = 0  # logins answered a code-less NO in a row
+        self._missing: dict[str, int] = {}  # folder → runs in a row it was missing
+        self._missing_now: dict[str, str] = {}  # folder → the last run's error
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
@@ -129,25 +163,26 @@ class ImapSource:
         if not self.mailbox.idle or self.mailbox.max_connections < 2:
             return
         folder = self.mailbox.folders[0].name
-        backoff = IDLE_BACKOFF_MIN_S
+        backoff = IdleBackoff()
         while True:
             try:
-                await self._idle_once(folder, ring)
+                await self._idle_once(folder, ring, backoff)
                 return  # the server has no IDLE: polling only
-            except ImapAuthError:
+            except (ImapAuthError, ImapCertificateError):
                 return  # the sync run reports it (needs_attention)
             except (ImapUnavailable, ImapProtocolError) as exc:
-                log.info("imap_idle_reconnect", error=str(exc), retry_s=backoff)
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, IDLE_BACKOFF_MAX_S)
+                delay = backoff.next_delay()
+                log.info("imap_idle_reconnect", error=str(exc), retry_s=round(delay, 3))
+            await anyio.sleep(delay)
 
-    async def _idle_once(self, folder: str, ring: Callable[[], None]) -> None:
+    async def _idle_once(self, folder: str, ring: Callable[[], None], backoff: IdleBackoff) -> None:
         connection = await ImapConnection.open(self.mailbox)
         try:
             if "IDLE" not in connection.capabilities:
                 log.info("imap_idle_unsupported", host=self.mailbox.host)
                 return
             await connection.examine(folder)
+            backoff.connected()
             ring()  # anything that arrived while we were not listening
             while True:
                 if await connection.idle(IDLE_RENEW_S):
@@ -162,22 +197,52 @@ class ImapSource:
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:
         raise NotImplementedError("raw-MIME door: attachments arrive with the message")
 
+    def degraded(self) -> tuple[str, bool] | None:
+        """After a run that completed: the folders it could not read (the runner puts
+        this in the status) and whether the mailbox needs attention for them."""
+        if not self._missing_now:
+            return None
+        text = "; ".join(self._missing_now.values())
+        lasting = max(self._missing[name] for name in self._missing_now) >= FOLDER_MISSING_RUNS
+        return f"folder missing on the server (skipped, the others synced): {text}", lasting
+
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         positions = load_cursor(cursor)
         self._retired = load_retired(cursor)
+        self._reread = load_reread(cursor)
+        self._missing_now = {}
         try:
             for folder in self.mailbox.folders:
-                async for page in self._folder_pages(folder, positions):
-                    yield page
+                try:
+                    async for page in self._folder_pages(folder, positions):
+                        yield page
+                except ImapFolderMissing as exc:
+                    # one folder gone must not hold back the others (issue 22 #11)
+                    self._missing[folder.name] = self._missing.get(folder.name, 0) + 1
+                    self._missing_now[folder.name] = str(exc)
+                    log.warning("imap_folder_missing", folder=folder.name, error=str(exc))
+                    continue
+                self._missing.pop(folder.name, None)
         except ImapUnavailable:
             await self.aclose()  # the next run reconnects
             raise
 
     async def _connect(self) -> ImapConnection:
-        """The sync connection, opened again when a failure closed it."""
+        """The sync connection, opened again when a failure or the server closed it
+        (a pooled connection a server restart dropped is never reused)."""
         if self._connection is None or self._connection.closed:
-            self._connection = await ImapConnection.open(self.mailbox)
+            try:
+                self._connection = await ImapConnection.open(self.mailbox)
+            except ImapLoginRefused as exc:
+                self._refused += 1
+                if self._refused >= LOGIN_REFUSED_ATTEMPTS:
+                    raise ImapAuthError(f"{exc} ({self._refused} times in a row)") from exc
+                raise
+            self._refused = 0
         return self._connection
+
+    def _cursor(self, positions: dict[str, FolderCursor]) -> str:
+        return dump_cursor(positions, self._retired, self._reread)
 
     async def _folder_pages(
         self, folder: Folder, positions: dict[str, FolderCursor]
@@ -186,12 +251,14 @@ class ImapSource:
         known = positions.get(folder.name)
         since = (known.uidvalidity, known.modseq) if known and known.modseq else None
         state = await connection.examine(folder.name, since)
-        if known is not None and known.uidvalidity != state.uidvalidity:
+        if known is not None and (why := _forgotten(known, state)):
             rest = {name: p for name, p in positions.items() if name != folder.name}
+            retired = dict(self._retired)
+            if known.uidvalidity != state.uidvalidity:
+                retired[folder.name] = known.uidvalidity
             raise CursorExpired(
-                f"imap folder {folder.name!r}: UIDVALIDITY {known.uidvalidity} → "
-                f"{state.uidvalidity}",
-                restart_from=dump_cursor(rest, {**self._retired, folder.name: known.uidvalidity}),
+                f"imap folder {folder.name!r}: {why}",
+                restart_from=dump_cursor(rest, retired, self._reread | {folder.name}),
             )
         removed = {
             _external_id(folder, state, uid): "expunged"
@@ -202,7 +269,7 @@ class ImapSource:
             removed.update(await self._scan_expunged(connection, folder, state, known))
         end = (state.uidnext - 1) if state.uidnext else None
         if known is None:
-            uids = await self._backfill_uids(connection)
+            uids = await self._first_uids(connection, folder, state)
             floor = 0
         else:
             floor = known.last_uid
@@ -212,11 +279,12 @@ class ImapSource:
             moved = known is None or (last, state.highestmodseq) != (known.last_uid, known.modseq)
             if known is None:
                 removed.update(await self._retire(folder))
+                self._reread.discard(folder.name)
             if moved or removed:
                 positions[folder.name] = FolderCursor(state.uidvalidity, last, state.highestmodseq)
                 yield Page(
                     items=[],
-                    cursor_after=dump_cursor(positions, self._retired),
+                    cursor_after=self._cursor(positions),
                     backfill=known is None,
                     removed=removed,
                 )
@@ -235,7 +303,9 @@ class ImapSource:
                 gone = dict(removed) if start == 0 else {}
                 if final and backfill:
                     gone.update(await self._retire(folder))
-                yield _Window(raws, dead, dump_cursor(positions, self._retired), gone)
+                # the folder has a position now: its reset read goes on from there
+                self._reread.discard(folder.name)
+                yield _Window(raws, dead, self._cursor(positions), gone)
 
         async def finish(window: _Window) -> Page:
             return Page(
@@ -311,6 +381,21 @@ class ImapSource:
                 )
         return connection
 
+    async def _first_uids(
+        self, connection: ImapConnection, folder: Folder, state: FolderState
+    ) -> list[int]:
+        """A folder without a position: after a reset every UID not stored yet (mail
+        that arrived while the cursor was stale is there whatever `backfill` says);
+        on a mailbox's first sync, the backfill window."""
+        if folder.name not in self._reread and folder.name not in self._retired:
+            return await self._backfill_uids(connection)
+        uids = await connection.search_uids("ALL")
+        if self._stored_under is None:
+            return uids
+        prefix = _external_id(folder, state, 0)[:-1]  # "folder:uidvalidity:"
+        stored = {eid[len(prefix) :] for eid in await self._stored_under(prefix)}
+        return [uid for uid in uids if str(uid) not in stored]
+
     async def _backfill_uids(self, connection: ImapConnection) -> list[int]:
         backfill = self.mailbox.backfill
         if backfill == "none":
@@ -368,6 +453,24 @@ class ImapSource:
             item.labels = [folder.name]
             items.append(item)
         return items
+
+
+def _forgotten(known: FolderCursor, state: FolderState) -> str | None:
+    """Why the cursor's position no longer holds for the folder, or None: another
+    UIDVALIDITY (RFC 3501 §2.3.1.1), or a server that forgot its state — modseqs
+    never go down (RFC 7162 §3.1.1) and UIDs never go back: a lower HIGHESTMODSEQ,
+    none at all after one, or a UIDNEXT at or below the last UID seen means a
+    restored or rebuilt server, whose new mail may carry UIDs the cursor has passed."""
+    if known.uidvalidity != state.uidvalidity:
+        return f"UIDVALIDITY {known.uidvalidity} → {state.uidvalidity}"
+    if known.modseq is not None and state.highestmodseq is None:
+        return f"the server no longer reports a modseq (was {known.modseq})"
+    if known.modseq is not None and state.highestmodseq is not None:
+        if state.highestmodseq < known.modseq:
+            return f"HIGHESTMODSEQ went back from {known.modseq} to {state.highestmodseq}"
+    if state.uidnext is not None and state.uidnext <= known.last_uid:
+        return f"UIDNEXT {state.uidnext} is not above the last UID seen, {known.last_uid}"
+    return None
 
 
 def _external_id(folder: Folder, state: FolderState, uid: int) -> str:

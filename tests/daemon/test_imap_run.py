@@ -55,6 +55,8 @@ class Imap:
     poll_interval_s: float = 1
     folders: tuple[str, ...] = ("INBOX",)
     password: str | None = None  # a wrong one; default: the account's
+    backfill: str | int = "all"
+    extra: str = ""  # more TOML lines of the mailbox table (TLS settings)
 
     @property
     def env_var(self) -> str:
@@ -71,13 +73,11 @@ provider = "imap"
 address = "{box.mailbox}@{tenant}.example"
 sync_mode = "{box.sync_mode}"
 poll_interval_s = {box.poll_interval_s}
-host = "{server.host}"
-port = {server.plain_port}
-security = "none"
+{box.extra or _plain(server)}
 username = "{box.account.username}"
 password = "env:{box.env_var}"
 folders = {orjson.dumps(list(box.folders)).decode()}
-backfill = "all"
+backfill = {orjson.dumps(box.backfill).decode()}
 """
         for box in boxes
     )
@@ -85,6 +85,10 @@ backfill = "all"
     path = tmp / "tenants" / f"{tenant}.toml"
     path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n{blocks}')
     return path
+
+
+def _plain(server: DovecotServer) -> str:
+    return f'host = "{server.host}"\nport = {server.plain_port}\nsecurity = "none"'
 
 
 def passwords(*boxes: Imap) -> dict[str, str]:

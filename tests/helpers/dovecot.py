@@ -21,9 +21,11 @@ What the server offers:
 - Mail put in with `doveadm save` (`deliver`) or as Maildir files
   (`deliver_many`), and doveadm for folders, expunge, flags and status, so a
   test changes the server's state the way another client would.
-- `stop()` / `start()` (or `with server.stopped():`) for a server that goes
-  away mid-sync and comes back on the same ports; `stop()` drops every client
-  connection, as a real restart does.
+- `stop()` / `start()` (or `with server.stopped():`, or `restart()`) for a
+  server that goes away mid-sync and comes back on the same ports; `stop()`
+  drops every client connection, as a real restart does.
+- `with server.passdb_failing(user):` a user database that fails temporarily
+  (logins answered `NO [UNAVAILABLE]`).
 
 Root (CI runs `make test` as root): Dovecot's own processes then run as
 `dovecot`/`dovenull` (the package's users; `nobody` where one is missing) and
@@ -488,6 +490,57 @@ class DovecotServer:
             yield
         finally:
             self.start()
+
+    def restart(self) -> None:
+        """Stop and start again (same ports): every client connection drops, as in
+        a server's upgrade or reboot, and new ones are served once this returns."""
+        self.stop()
+        self.start()
+
+    @contextmanager
+    def passdb_failing(self, user: str) -> Iterator[None]:
+        """Inside the block the user database cannot be read for `user`: its
+        passwd-file is made unreadable to Dovecot's auth process, which answers a
+        login `NO [UNAVAILABLE] Temporary authentication failure` (RFC 5530) and
+        disconnects, as when a server's LDAP or SQL user database is down.
+        Dovecot re-reads a passwd-file whose mtime (in seconds) changed: each
+        change moves it a second on."""
+        path = self.users_dir / user
+
+        def touch() -> None:
+            mtime = path.stat().st_mtime
+            os.utime(path, (mtime + 1, mtime + 1))
+
+        path.chmod(0)
+        touch()
+        wait_for(
+            lambda: not self._user_ok(user),
+            DOVECOT_START_TIMEOUT_S,
+            what=f"Dovecot failing the user lookup of {user}",
+            poll_s=DOVECOT_POLL_INTERVAL_S,
+            context=self.log_tail,
+        )
+        try:
+            yield
+        finally:
+            path.chmod(0o644)
+            touch()
+            wait_for(
+                lambda: self._user_ok(user),
+                DOVECOT_START_TIMEOUT_S,
+                what=f"Dovecot finding {user} again",
+                poll_s=DOVECOT_POLL_INTERVAL_S,
+                context=self.log_tail,
+            )
+
+    def _user_ok(self, name: str) -> bool:
+        done = subprocess.run(
+            [_binary("doveadm"), "-c", str(self.config_path), "user", name],
+            capture_output=True,
+            timeout=DOVEADM_TIMEOUT_S,
+            check=False,
+        )
+        return done.returncode == 0
 
     def close(self) -> None:
         """Stop the server and remove its files."""

@@ -12,7 +12,7 @@ from helpers.waiting import eventually
 from inboxd.adapters.imap.client import ImapConnection
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.cursor import load_cursor
-from inboxd.adapters.imap.errors import ImapAuthError, ImapUnavailable
+from inboxd.adapters.imap.errors import ImapAuthError, ImapCertificateError
 from inboxd.adapters.imap.source import ImapSource
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import MessageData
@@ -139,7 +139,8 @@ async def test_tls_and_starttls_verify_the_certificate(dovecot: DovecotServer, c
             security=security,
             ca_file=str(dovecot.ca_file),
         )
-        with pytest.raises(ImapUnavailable):
+        # a certificate that fails verification needs an operator (issue 22 #10)
+        with pytest.raises(ImapCertificateError, match="certificate"):
             await _run(ImapSource("acme", "imap", wrong), None)
 
 

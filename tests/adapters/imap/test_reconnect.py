@@ -1,0 +1,110 @@
+"""The IDLE watch's reconnect backoff (issue 22 #9): full jitter, reset after a session
+that lasted — driven with a fake clock, then against Dovecot restarted under a watch."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from helpers.dovecot import DovecotServer
+from helpers.waiting import eventually
+
+from inboxd.adapters.imap import reconnect
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.reconnect import IDLE_BACKOFF_MAX_S, IDLE_BACKOFF_MIN_S, IdleBackoff
+from inboxd.adapters.imap.source import ImapSource
+
+# Draws per step: enough that a jitter which is not full (always near the cap) or
+# not there at all (always the cap) shows.
+DRAWS = 200
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _delays(backoff: IdleBackoff, n: int) -> list[float]:
+    return [backoff.next_delay() for _ in range(n)]
+
+
+def test_failures_in_a_row_double_the_bound_up_to_the_cap_with_full_jitter() -> None:
+    for _ in range(DRAWS // 20):
+        delays = _delays(IdleBackoff(clock=_Clock()), 12)
+        for n, delay in enumerate(delays):
+            assert 0 <= delay <= min(IDLE_BACKOFF_MIN_S * 2**n, IDLE_BACKOFF_MAX_S)
+    firsts = [IdleBackoff(clock=_Clock()).next_delay() for _ in range(DRAWS)]
+    # full jitter: spread over [0, initial], not pinned at it
+    assert min(firsts) < IDLE_BACKOFF_MIN_S / 4 and max(firsts) > IDLE_BACKOFF_MIN_S * 3 / 4
+
+
+def test_a_session_that_lasted_resets_the_backoff_and_a_short_one_does_not() -> None:
+    clock = _Clock()
+    backoff = IdleBackoff(clock=clock, healthy_after_s=60)
+    _delays(backoff, 9)  # a server down for a while: the bound is at the 5 min cap
+    short = []
+    for _ in range(DRAWS):
+        backoff.connected()
+        clock.now += 59  # up, but not long enough to count as healthy
+        short.append(backoff.next_delay())
+    assert max(short) > 4 * IDLE_BACKOFF_MIN_S  # still backing off
+    lasted = []
+    for _ in range(DRAWS):
+        backoff.connected()
+        clock.now += 60  # a healthy session, then a drop
+        lasted.append(backoff.next_delay())
+    assert max(lasted) <= IDLE_BACKOFF_MIN_S
+
+
+# A session this long counts as healthy in the test below (60 s in production).
+HEALTHY_S = 0.5
+# Restarts in a row: the doubling without a reset would wait 1, 2, 4, 8, 16 s.
+RESTARTS = 5
+# Connect, log in, EXAMINE on a busy machine, on top of the backoff's bound: a
+# restart that is not over when the first try comes doubles it once (2 s).
+RECONNECT_SLACK_S = 3.0
+
+
+class _Secret:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def reveal(self) -> str:
+        return self.value
+
+
+@pytest.mark.slow
+async def test_the_watch_reconnects_at_once_after_each_healthy_session(
+    dovecot: DovecotServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reconnect, "IDLE_HEALTHY_SESSION_S", HEALTHY_S)
+    user = dovecot.new_user()
+    mailbox = ImapMailbox.from_settings(
+        {
+            "host": dovecot.host,
+            "port": dovecot.plain_port,
+            "security": "none",
+            "username": user.username,
+            "password": _Secret(user.password),
+        }
+    )
+    source = ImapSource("acme", "imap", mailbox)
+    rings: list[float] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.watch, lambda: rings.append(anyio.current_time()))
+        await eventually(lambda: len(rings), 30, what="the IDLE watch listening")
+        for restart in range(RESTARTS):
+            seen = len(rings)
+            await anyio.sleep(HEALTHY_S)  # the session lasts: the condition under test
+            await anyio.to_thread.run_sync(dovecot.restart)
+            back = anyio.current_time()
+            bound = 2 * IDLE_BACKOFF_MIN_S + RECONNECT_SLACK_S
+            await eventually(
+                lambda seen=seen: len(rings) > seen,
+                bound,
+                what=f"the watch listening again within {bound} s after restart {restart + 1}",
+            )
+        tg.cancel_scope.cancel()
+    assert rings[-1] - back <= bound
