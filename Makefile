@@ -15,6 +15,10 @@ ifeq ($(shell id -u),0)
 export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif
 CORPUS ?= $(CURDIR)/tests/corpus/mime
+# The demo tenant's API token (config.example.tenants/demo.toml api_token): the daemon
+# of `make run` listens on 127.0.0.1 only. `make run DEMO_TOKEN=…` for another.
+DEMO_TOKEN ?= demo-loopback-token
+export INBOXD_DEMO_TOKEN ?= $(DEMO_TOKEN)
 # `make test` and `make test-fast` run the suite on this many pytest-xdist worker
 # processes (TEST_WORKERS=0: all in pytest's own process). Most slow tests wait on a
 # subprocess daemon, so more workers than the 2 cores of a CI runner pay; see the

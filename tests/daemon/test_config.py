@@ -30,6 +30,7 @@ from inboxd.daemon.secrets import Secret, SecretError, is_secret_key, parse_secr
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.toml"
+DEMO_TOKEN = "demo-loopback-token"  # the Makefile's DEMO_TOKEN
 
 # Values that must never show up in any output, repr or message.
 LITERAL = "LITERAL-s3cr3t-hunter2"
@@ -74,7 +75,7 @@ def find(problems: list[ConfigProblem], file: Path, key: str) -> ConfigProblem:
 
 
 def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INBOXD_DEMO_TOKEN", raising=False)
+    monkeypatch.setenv("INBOXD_DEMO_TOKEN", DEMO_TOKEN)  # what `make run` exports
     main = load_main(EXAMPLE, check_secrets=True)
     tenants = load_tenants(main, check_secrets=True)
 
@@ -84,7 +85,7 @@ def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (main.listen_host, main.listen_port, main.log_level) == ("127.0.0.1", 8025, "info")
     assert main.database_dsn is None  # the embedded PostgreSQL
     demo = tenants.tenants["demo"]
-    assert demo.api_token is None  # commented out: the tenant's HTTP API is off
+    assert demo.api_token is not None and demo.api_token.reveal() == DEMO_TOKEN
     (mailbox,) = demo.mailboxes
     assert (mailbox.tenant_id, mailbox.mailbox_id, mailbox.provider) == ("demo", "local", "maildir")
     assert (mailbox.address, mailbox.sync_mode, mailbox.poll_interval_s) == (
@@ -98,18 +99,21 @@ def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 def test_example_passes_check_config_on_a_fresh_machine(tmp_path: Path) -> None:
-    result = run_cli(
-        "check-config", "config.example.toml", env=cli_env(tmp_path / "data"), cwd=REPO
-    )
+    env = cli_env(tmp_path / "data", INBOXD_DEMO_TOKEN=DEMO_TOKEN)  # as `make run` exports
+    result = run_cli("check-config", "config.example.toml", env=env, cwd=REPO)
 
     assert result.code == 0, result.stderr
     assert result.stdout == "config OK: 1 tenant, 1 mailbox\n"
     assert result.stderr == ""
+    # without it, one line says what is missing
+    bare = run_cli("check-config", "config.example.toml", env=cli_env(tmp_path), cwd=REPO)
+    assert bare.code == 2 and "api_token" in bare.stderr and "INBOXD_DEMO_TOKEN" in bare.stderr
 
 
 @pytest.mark.slow
 def test_check_config_json(tmp_path: Path) -> None:
-    result = run_cli("check-config", "--json", EXAMPLE, env=cli_env(tmp_path / "data"), cwd=REPO)
+    env = cli_env(tmp_path / "data", INBOXD_DEMO_TOKEN=DEMO_TOKEN)
+    result = run_cli("check-config", "--json", EXAMPLE, env=env, cwd=REPO)
 
     assert result.code == 0, result.stderr
     assert orjson.loads(result.stdout) == {
