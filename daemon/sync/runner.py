@@ -12,6 +12,9 @@ State machine of a runner:
 
 - ring() during a run sets `pending`: the run is followed by exactly one more
   (notifications for a busy mailbox are coalesced).
+- A ring while the mailbox is throttled (an earlier run failed) is kept for the
+  throttle's end: the runner rings itself then, so a push (IMAP IDLE, a webhook)
+  that came during the throttle is not lost until the next poll.
 - syncing: pages come from the Source; each goes through the bounded ingest
   queue; after its results, the Source settles it, and the cursor moves only
   past a clean page, with the lease's fencing token (a stale owner stops).
@@ -24,6 +27,7 @@ State machine of a runner:
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -92,6 +96,8 @@ class MailboxRunner:
         self._finished = False
         self._life = anyio.CancelScope()
         self._run_scope: anyio.CancelScope | None = None
+        # a ring skipped by a throttle: seconds until the runner rings itself
+        self._deferred_s = math.inf
         self._log = log.bind(tenant=source.tenant_id, mailbox=source.mailbox_id)
 
     def ring(self) -> None:
@@ -130,7 +136,11 @@ class MailboxRunner:
     async def _serve(self) -> None:
         """Runs, one per doorbell (coalesced), until the mailbox needs an operator."""
         while True:
-            await self._wake.wait()
+            with anyio.move_on_after(self._deferred_s):
+                await self._wake.wait()
+            if not self._wake.is_set():
+                self._pending = True  # the throttle that skipped a ring has ended
+            self._deferred_s = math.inf
             self._wake = anyio.Event()
             while self._pending:
                 self._pending = False
@@ -197,14 +207,15 @@ class MailboxRunner:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async with pool.acquire() as conn:
-            throttled_until = await conn.fetchval(
-                "SELECT throttle_until FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 "
-                "AND throttle_until > now()",
+            throttled_s = await conn.fetchval(
+                "SELECT extract(epoch FROM throttle_until - now())::float8 FROM mailboxes"
+                " WHERE tenant_id = $1 AND mailbox_id = $2 AND throttle_until > now()",
                 tenant,
                 mailbox,
             )
-            if throttled_until is not None:
-                self._log.debug("sync_skipped_throttled", until=str(throttled_until))
+            if throttled_s is not None:
+                self._log.debug("sync_skipped_throttled", for_s=throttled_s)
+                self._deferred_s = throttled_s  # this ring is run when the throttle ends
                 return
             presence = self.deps.presence
             token = await leases.acquire_lease(

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from harness import write_config
+from helpers import run_cli_async
 from helpers.dovecot import DovecotServer
 from test_imap_run import (
     LONG_POLL_S,
@@ -100,6 +101,45 @@ async def test_a_server_restarted_under_a_live_daemon_is_used_again_at_once(
             )
         assert await mailbox_row(db_dsn, "throttle_until") is None
         assert await mailbox_row(db_dsn, "last_error") is None
+    finally:
+        stop(daemon)
+
+
+# The first backoff step of a failed run (pipeline/scheduling.py BACKOFF_INITIAL_S).
+FIRST_THROTTLE_S = 30
+
+
+async def test_a_push_during_a_throttle_is_synced_when_it_ends(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    """Item 8: a run that failed while the server was down throttles the mailbox;
+    IDLE's rings during the throttle (the watch back, new mail) are run when it
+    ends, not left to the next poll."""
+    user = dovecot.new_user()
+    box = Imap("support", user, sync_mode="push", poll_interval_s=LONG_POLL_S)
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        await first_sync(db_dsn, daemon)
+        with dovecot.stopped():
+            now = await run_cli_async(
+                "sync", "now", "--mailbox", "support", "--tenant", "acme", "--dsn", db_dsn
+            )
+            assert now.code == 0, now.stderr
+            await daemon.eventually(
+                lambda: mailbox_row(db_dsn, "throttle_until"),
+                WAIT_S,
+                what="the run while the server is down failed and throttled",
+            )
+        uid = dovecot.deliver(user.username, "INBOX", corpus_messages(corpus, 1)[0])
+        want = external_ids(dovecot, user.username, "INBOX", [uid])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            FIRST_THROTTLE_S + PROMPT_S,
+            what="the mail IDLE announced during the throttle, synced when it ended",
+            until=lambda got: got == want,
+        )
     finally:
         stop(daemon)
 
