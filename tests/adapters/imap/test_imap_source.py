@@ -12,8 +12,8 @@ from helpers.waiting import eventually
 from inboxd.adapters.imap.client import ImapConnection
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.cursor import load_cursor
-from inboxd.adapters.imap.errors import ImapAuthError, ImapCertificateError
-from inboxd.adapters.imap.source import ImapSource
+from inboxd.adapters.imap.errors import ImapAuthError, ImapCertificateError, ImapLoginRefused
+from inboxd.adapters.imap.source import LOGIN_REFUSED_ATTEMPTS, ImapSource
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import MessageData
 
@@ -250,3 +250,38 @@ async def test_a_message_the_server_cannot_read_is_dead_and_does_not_pin_the_cur
         f"INBOX:{uidvalidity}:3": "MessageData",
     }
     assert load_cursor(cursor)["INBOX"].last_uid == 3
+
+
+async def test_a_login_refused_without_a_code_is_an_auth_error_only_when_it_lasts(
+    dovecot: DovecotServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RFC 5530 codes are optional: a bare NO may be a server's passing trouble. It
+    is retried; LOGIN_REFUSED_ATTEMPTS in a row make it a refused credential, and a
+    login that works in between starts the count again. (Dovecot always sends a
+    code, so the bare NO is played by ImapConnection.open here.)"""
+    user = dovecot.new_user()
+    source = ImapSource("acme", "imap", _mailbox(dovecot, user))
+    real_open = ImapConnection.open
+    refuse = True
+
+    async def open_or_refuse(mailbox: ImapMailbox) -> ImapConnection:
+        if refuse:
+            raise ImapLoginRefused(f"imap {mailbox.host} refused the login: Login failed.")
+        return await real_open(mailbox)
+
+    monkeypatch.setattr(ImapConnection, "open", open_or_refuse)
+    try:
+        for _ in range(LOGIN_REFUSED_ATTEMPTS - 1):
+            with pytest.raises(ImapLoginRefused):
+                await _run(source, None)
+        refuse = False
+        await _run(source, None)  # the server's trouble passed
+        await source.aclose()
+        refuse = True
+        for _ in range(LOGIN_REFUSED_ATTEMPTS - 1):
+            with pytest.raises(ImapLoginRefused):
+                await _run(source, None)
+        with pytest.raises(ImapAuthError, match=f"{LOGIN_REFUSED_ATTEMPTS} times in a row"):
+            await _run(source, None)
+    finally:
+        await source.aclose()
