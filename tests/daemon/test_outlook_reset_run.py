@@ -1,12 +1,13 @@
 """The Outlook door under `inboxd run`: mail that arrives while the cursor is stale.
 
 Issue 22, item 3 and the "every door, every backfill setting" property: the daemon
-is stopped, mail arrives (no notification reaches anyone), Graph forgets every
-delta state of the mailbox (410 resyncRequired on the stored deltaLinks), and the
-daemon starts again. For each `backfill` value the door accepts, the mail that came
-while it was down is stored after the reset, exactly once, with no body downloaded
-twice and nothing dead-lettered. With `backfill = "none"` the fresh round used to
-filter `receivedDateTime ge <the reset>` and lost it.
+is stopped (or runs, but Graph's notifications are lost), mail arrives, Graph
+forgets every delta state of the mailbox (410 resyncRequired on the stored
+deltaLinks), and the daemon starts again (or is asked to sync). For each
+`backfill` value the door accepts, the mail that came meanwhile is stored after
+the reset, exactly once, with no body downloaded twice and nothing dead-lettered.
+With `backfill = "none"` the fresh round used to filter `receivedDateTime ge <the
+reset>` and lost it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 FILTER_GRANULARITY_S = 1.0
 
 
+@pytest.mark.parametrize("stale", ["daemon_down", "pushes_lost"])
 @pytest.mark.parametrize("backfill", ["none", 30, "all"])
 async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_reset(
-    tmp_path, db_dsn, backfill
+    tmp_path, db_dsn, backfill, stale
 ) -> None:
     boxes = [Box("ops", OPS, backfill=backfill)]
     async with outlook_daemon(tmp_path, db_dsn, {}, boxes) as run:
@@ -54,7 +56,11 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
             later = arrived + timedelta(seconds=FILTER_GRANULARITY_S + 0.1)
             await eventually(lambda: datetime.now(UTC) > later, 10, what="a second passed")
 
-        await run.restart(while_down)
+        if stale == "daemon_down":
+            await run.restart(while_down)
+        else:  # the daemon runs, Graph's notifications never came: an operator's sync
+            await while_down()
+            await run.sync_now("ops")
         await run.eventually(
             lambda: _equals(run.events_count("mailbox.cursor_reset", "ops"), 2),
             "both folders reset",
