@@ -16,7 +16,7 @@
                                       ErrorItemNotFound → gone; a 404 about the
                                       mailbox (ErrorInvalidUser, …) or a 403 →
                                       OutlookAuthError for the whole page (nothing
-                                      dead); 401 → a fresh token, the batch again
+                                      dead); 401 → a fresh token, those ids again
     create/renew/delete_subscription  change-notification subscriptions (raw JSON:
                                       the SDK's Subscription model costs a 2.6 s
                                       import wall on first use, bench/README.md)
@@ -274,6 +274,11 @@ class GraphClient:
             status = part.get("status")
             if not isinstance(status, int):
                 continue
+            if status == 401:  # the token, not the message: a new one, these ids again
+                self.transport.tokens.forget()
+                if worst is None:
+                    worst = OutlookUnavailable(f"$batch {what}: Graph answered 401 inside")
+                continue
             refused = self._refused(f"$batch {what}", status, part)
             if refused is not None:
                 raise refused
@@ -293,14 +298,12 @@ class GraphClient:
         return again, worst
 
     def _refused(self, what: str, status: int, part: dict[str, Any]) -> Exception | None:
-        """The error for an inner answer that is about the mailbox or the token, not
-        the message, so no message of the batch may be settled by it: 404 with a code
-        other than ErrorItemNotFound or 403 → OutlookAuthError with Graph's code and
-        text (the mailbox needs attention); 401 → the token is dropped and the batch
-        sent again (Graph refused it: revoked early, continuous access evaluation)."""
-        if status == 401:
-            self.transport.tokens.forget()
-            return OutlookUnavailable(f"{what}: Graph answered 401 inside the batch")
+        """The error for an inner answer that is about the mailbox, not the message,
+        so no message of the batch may be settled by it: 404 with a code other than
+        ErrorItemNotFound, or 403 → OutlookAuthError with Graph's code and text (the
+        mailbox needs attention). (An inner 401 is about the token: the caller drops
+        it and asks for those ids again, revoked early or by continuous access
+        evaluation.)"""
         body = orjson.dumps(part.get("body"))
         code = graph_error_code(body) or ""
         if status == 403 or (status == 404 and code.lower() not in ITEM_GONE_CODES):

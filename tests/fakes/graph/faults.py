@@ -85,9 +85,11 @@ class Faults:
         *,
         times: int | None = 1,
         retry_after_s: int | None = 1,
+        code: str | None = None,
     ) -> None:
-        """Requests naming `message_id` (REST or immutable id) answer `status`, `times` times."""
-        self.by_message[message_id] = Fault(status, times, retry_after_s)
+        """Requests naming `message_id` (REST or immutable id) answer `status` (with
+        Graph's `code`, default the status's usual one), `times` times."""
+        self.by_message[message_id] = Fault(status, times, retry_after_s, code=code)
 
     def fail_next_requests(
         self,
