@@ -107,3 +107,48 @@ async def test_device_code_flow(
     late = await start()
     clock.now += 901
     assert (await poll(late["device_code"]))[1]["error"] == "expired_token"
+
+
+async def test_a_revoked_access_token_is_refused_before_its_expiry_and_a_new_one_works(
+    fake: FakeGraph, http: aiohttp.ClientSession
+) -> None:
+    first = fake.issue_refresh_token(ALICE)
+    status, body = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 200
+    refused = body["access_token"]
+    assert fake.revoke_access_tokens(ALICE) == 1  # continuous access evaluation, say
+    status, error = await get_json(http, me_inbox(fake), headers(refused))
+    assert status == 401 and error["error"]["code"] == "InvalidAuthenticationToken"
+    # inside $batch the inner answer carries the 401 (the batch itself is a 200)
+    inner = {
+        "id": "1",
+        "method": "GET",
+        "url": "/me/mailFolders/inbox",
+        "headers": {"Prefer": 'IdType="ImmutableId"'},
+    }
+    batch_url = f"{fake.graph_url}/$batch"
+    async with http.post(batch_url, json={"requests": [inner]}, headers=headers(refused)) as r:
+        assert r.status == 200
+        assert (await r.json())["responses"][0]["status"] == 401
+    # the grant is intact: a refresh gives a token Graph accepts
+    rotated = body["refresh_token"]
+    status, again = await token(
+        http, fake, {"grant_type": "refresh_token", "refresh_token": rotated}
+    )
+    assert status == 200
+    assert (await get_json(http, me_inbox(fake), headers(again["access_token"])))[0] == 200
+
+
+async def test_single_use_refresh_tokens_refuse_a_redeemed_one(
+    fake: FakeGraph, http: aiohttp.ClientSession
+) -> None:
+    fake.identity.single_use_refresh_tokens = True
+    first = fake.issue_refresh_token(ALICE)
+    status, body = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 200
+    status, error = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": first})
+    assert status == 400 and error["error"] == "invalid_grant"
+    assert error["error_codes"] == [70000] and fake.identity.refused_redeemed == 1
+    newest = body["refresh_token"]
+    status, _ = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": newest})
+    assert status == 200
