@@ -69,6 +69,38 @@ async def test_a_mailbox_level_404_in_a_batch_needs_attention_and_dead_letters_n
         assert run.fake.counters.max_downloads() == 1
 
 
+async def test_a_mailbox_level_404_looking_up_a_removal_marks_no_copy_deleted(
+    tmp_path, db_dsn
+) -> None:
+    async with outlook_daemon(tmp_path, db_dsn, {OPS: 2}) as run:
+        gone, _kept = sorted(
+            run.fake.mailbox(OPS).in_folder(run.fake.mailbox(OPS).folder("inbox").id),
+            key=lambda m: m.entered_seq,
+        )
+        run.fake.delete_message(gone.immutable_id)
+        # delta says @removed; where the copy went is asked by $batch, and Graph
+        # answers about the mailbox, not the message
+        run.fake.faults.fail_next_requests(
+            None, 404, kinds={"message.get"}, code="ErrorInvalidUser"
+        )
+        assert await run.fake.notify(OPS, "inbox", message_id=_kept.immutable_id) == [202]
+        await run.eventually(lambda: _state_is(run, "ops", "needs_attention"), "needs attention")
+        copy = await run.copy("ops", gone.immutable_id)
+        assert copy is not None and copy["removed_at"] is None
+        assert await run.events_count("message.removed", "ops") == 0
+
+        run.fake.faults.clear()
+        await run.fetchval(
+            "UPDATE mailboxes SET throttle_until = now() WHERE mailbox_id = $1", "ops"
+        )
+        run.daemon.signal(signal.SIGHUP)
+        await run.eventually(
+            lambda: _equals(run.events_count("message.removed", "ops"), 1), "the removal"
+        )
+        copy = await run.copy("ops", gone.immutable_id)
+        assert copy is not None and copy["removal_reason"] == "deleted"
+
+
 async def test_an_item_level_404_in_a_batch_is_a_message_deleted_before_fetch(
     tmp_path, db_dsn
 ) -> None:
