@@ -972,16 +972,17 @@ def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
             *(
                 f"{acme}: {key}: literal secrets are not allowed in config files: use a secret "
                 'reference, "env:NAME" or "file:/path" (the value is not shown)'
-                for key in (
-                    "api_token",
-                    "mailboxes[0].oauth2_token",
-                    "delivery_sources[0].webhook_secret",
-                )
+                for key in ("api_token", "mailboxes[0].oauth2_token")
             ),
-            f"inboxd: error: {config}: 4 configuration problems",
+            # both credentials are set: a mistake of its own, beside the literal
+            f"{acme}: mailboxes[0].password: set exactly one of password and oauth2_token",
+            f"{acme}: delivery_sources[0].webhook_secret: literal secrets are not allowed in "
+            'config files: use a secret reference, "env:NAME" or "file:/path" (the value is '
+            "not shown)",
+            f"inboxd: error: {config}: 5 configuration problems",
         ]
     assert orjson.loads(result.stdout)["status"] == "invalid"
-    assert len(orjson.loads(result.stdout)["problems"]) == 4
+    assert len(orjson.loads(result.stdout)["problems"]) == 5
 
 
 @pytest.mark.slow

@@ -50,7 +50,8 @@ async def test_a_dead_item_is_logged_with_its_reason_and_counted_in_status(
         [row] = status.json
         assert (row["dead_items"], row["attachments_pending"]) == (1, 0)
         table = await run_cli_async("status", "--dsn", db_dsn)
-        assert "DEAD" in table.stdout.splitlines()[0]
+        assert table.stdout.splitlines()[0].startswith("daemons: 1 running")
+        assert "DEAD" in table.stdout.splitlines()[1]
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0, daemon.log_tail()
