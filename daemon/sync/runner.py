@@ -119,6 +119,12 @@ class MailboxRunner:
         return self._finished
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # Every log line of this mailbox's tasks (its syncs, its door's watch, the door's
+        # own lines) carries tenant and mailbox: tasks started here copy this context.
+        with structlog.contextvars.bound_contextvars(tenant=self.key[0], mailbox=self.key[1]):
+            await self._run(task_status)
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
         try:
             with self._life:
                 async with anyio.create_task_group() as tg:

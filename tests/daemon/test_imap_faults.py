@@ -101,6 +101,10 @@ async def test_a_server_restarted_under_a_live_daemon_is_used_again_at_once(
             )
         assert await mailbox_row(db_dsn, "throttle_until") is None
         assert await mailbox_row(db_dsn, "last_error") is None
+        # every line the IDLE watch logged about its reconnects names the mailbox
+        reconnects = [e for e in daemon.events() if e.get("event") == "imap_idle_reconnect"]
+        assert reconnects, daemon.log_tail()
+        assert {(e.get("tenant"), e.get("mailbox")) for e in reconnects} == {("acme", "support")}
     finally:
         stop(daemon)
 
