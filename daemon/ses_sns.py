@@ -8,9 +8,19 @@ certificate host, signature over the canonical string, TopicArn allowlist) means
 a pointer someone wrote onto the queue in SNS's shape cannot make the daemon read
 a bucket of their choosing:
 
-    not JSON, not an object, no Signature / SigningCertURL / SignatureVersion
-                                  → nothing to verify (the pointer parser and
-                                    `[ses] buckets` judge the rest)
+    not JSON, not an object       → nothing to verify (the pointer parser says
+                                    what it is)
+    no envelope (raw message delivery, an S3 event sent straight to the queue)
+                                  → nothing to verify when `sns_topic_arns` is
+                                    empty (the queue's access policy and
+                                    `[ses] buckets` are the boundary); refused as
+                                    `sns_unverified` when it is set: listing
+                                    topics says every pointer comes through them
+    an envelope (`Type` Notification, what the pointer parser unwraps) or any
+    body with Signature / SigningCertURL / SignatureVersion
+                                  → verified in full: an envelope without its
+                                    signature fails (else a forger would simply
+                                    leave the signature out)
     verified, TopicArn in `sns_topic_arns` (or any topic when none is set)
                                   → its pointers are followed
     VerificationFailed            → SesPermanent("sns_unverified"): recorded dead
@@ -30,13 +40,13 @@ from __future__ import annotations
 import orjson
 
 from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
-from inboxd.adapters.esp.sns import verify_sns_message
+from inboxd.adapters.esp.sns import NOTIFICATION, verify_sns_message
 from inboxd.adapters.esp.sns_certificates import CertificateCache
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
 
 __all__ = ["SIGNATURE_KEYS", "SnsEnvelopeCheck"]
 
-# An envelope carrying any of these is verified in full (a missing one fails it).
+# A body carrying any of these is verified in full (a missing one fails it).
 SIGNATURE_KEYS = ("Signature", "SigningCertURL", "SignatureVersion")
 
 
@@ -58,7 +68,16 @@ class SnsEnvelopeCheck:
             document = orjson.loads(body)
         except orjson.JSONDecodeError:
             return  # not an envelope: the pointer parser says what it is
-        if not isinstance(document, dict) or not any(k in document for k in SIGNATURE_KEYS):
+        if not isinstance(document, dict):
+            return
+        enveloped = document.get("Type") == NOTIFICATION
+        if not enveloped and not any(k in document for k in SIGNATURE_KEYS):
+            if self._topic_arns:
+                raise SesPermanent(
+                    "sns_unverified",
+                    "SNS envelope not verified: the body is not an SNS envelope and "
+                    "[ses] sns_topic_arns is set (turn raw message delivery off)",
+                )
             return
         topics = self._topic_arns
         if not topics:

@@ -1,7 +1,8 @@
 """`inboxd run --config FILE`: the long-running daemon (daemon/supervisor.py).
 
 Start-up order: read and validate the whole configuration (any problem → every
-problem printed with file and key, exit 2, nothing started); resolve the DSN
+problem printed with file and key, exit 2, nothing started); the open-file limit
+raised to what the mailboxes need, or a warning (daemon/fd_limit.py); resolve the DSN
 (embedded PostgreSQL when none is configured); apply the schema (idempotent);
 log the database, data directory and every watched source (`daemon_starting`,
 `source_watched`); open the object store; then run the supervisor until
@@ -41,6 +42,7 @@ from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.config import ConfigError, MainConfig, load_main, load_tenants
 from inboxd.daemon.data_dir import data_dir_and_origin
 from inboxd.daemon.database import DsnChoice
+from inboxd.daemon.fd_limit import ensure_fd_limit
 from inboxd.daemon.logging import configure_logging
 from inboxd.daemon.metrics import Metrics
 from inboxd.daemon.supervisor import Daemon
@@ -130,6 +132,7 @@ async def run(args: argparse.Namespace) -> int:
     configure_logging(
         None, level=args.log_level if args.log_level != "warning" else main.log_level, final=True
     )
+    ensure_fd_limit(m for t in tenant_set.tenants.values() for m in t.mailboxes)
     was_running = await anyio.to_thread.run_sync(_embedded_running)
     choice = await resolve(args, main.raw)
     try:

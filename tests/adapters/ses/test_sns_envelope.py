@@ -160,3 +160,48 @@ async def test_a_pointer_to_a_bucket_not_listed_is_dead_and_not_read(
     assert await copies(pool) == [("acme", "support", "ses-1")]
     assert [reason for *_, reason in await dead(pool)] == ["bucket_not_allowed"]
     assert aws.queue_counts() == (0, 0)
+
+
+async def test_an_envelope_without_its_signature_reads_no_bucket(
+    moto_endpoint, aws, make_poller, make_mailbox, pool, corpus, fetch
+):
+    """A forger who leaves the signature out of SNS's envelope (issue 22: before,
+    "no Signature" meant "nothing to verify" and the pointer was followed)."""
+    await make_mailbox("acme", "support", provider="ses")
+    elsewhere = make_queue(moto_endpoint)
+    elsewhere.put("secret", corpus_file(corpus, ISSUE_82))
+    envelope = sns_envelope(ses_notification(elsewhere.bucket, "secret", "ses-forged", [SUPPORT]))
+    for key in ("Signature", "SigningCertURL", "SignatureVersion"):
+        envelope.pop(key)
+    aws.send(envelope)
+    async with make_poller(routes(), check_body=check(fetch)) as (poller, _):
+        await drain(poller)
+    assert await copies(pool) == [] and await dead(pool) == []
+    assert [r["reason"] for r in await unrouted(pool)] == ["sns_unverified"]
+    assert aws.queue_counts() == (0, 0)
+    assert fetch.calls == []
+
+
+async def test_raw_delivery_is_followed_unless_topics_are_listed(
+    moto_endpoint, aws, make_poller, make_mailbox, pool, corpus, fetch
+):
+    """Raw message delivery carries no signature: followed when no topic is listed
+    (the documented default), refused unread when `sns_topic_arns` says every pointer
+    comes through SNS, or a forger would write the bare notification instead."""
+    await make_mailbox("acme", "support", provider="ses")
+    aws.put("in/m", corpus_file(corpus, ISSUE_82))
+    aws.send(ses_notification(aws.bucket, "in/m", "ses-1", [SUPPORT]))
+    async with make_poller(routes(), check_body=check(fetch)) as (poller, _):
+        await drain(poller)
+    assert await copies(pool) == [("acme", "support", "ses-1")]
+
+    elsewhere = make_queue(moto_endpoint)
+    elsewhere.put("secret", corpus_file(corpus, ISSUE_82))
+    aws.send(ses_notification(elsewhere.bucket, "secret", "ses-forged", [SUPPORT]))
+    topics = frozenset({TOPIC_ARN})
+    async with make_poller(routes(), check_body=check(fetch, topics)) as (poller, _):
+        await drain(poller)
+    assert await copies(pool) == [("acme", "support", "ses-1")]
+    [record] = await unrouted(pool)
+    assert record["reason"] == "sns_unverified" and "sns_topic_arns" in record["detail"]
+    assert aws.queue_counts() == (0, 0)
