@@ -9,7 +9,10 @@
                  database: token_store.py) before it is used, and read back before
                  the first refresh: it wins over the configured one as long as the
                  configuration names the same token it was stored for (a new
-                 `inboxd connect outlook` wins over the store)
+                 `inboxd connect outlook` wins over the store). A refresh token
+                 refused (invalid_grant) makes the store be read again: another
+                 replica may have redeemed ours and stored its successor, which
+                 is then presented once before the mailbox needs attention
 
 `GraphTokens.token()` answers the cached token until TOKEN_REFRESH_MARGIN_S before
 its expiry, then fetches one (single-flight: concurrent callers wait for the same
@@ -39,6 +42,7 @@ import aiohttp
 import anyio
 import jwt
 import orjson
+import structlog
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from kiota_abstractions.authentication import AccessTokenProvider, AllowedHostsValidator
@@ -54,6 +58,8 @@ from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookAuthError, OutlookUnavailable
 
 __all__ = ["GraphTokens", "RefreshTokenStore"]
+
+log = structlog.get_logger(__name__)
 
 #: Refresh this long before the token's expiry (Entra access tokens live 60-90 min).
 TOKEN_REFRESH_MARGIN_S = 300.0
@@ -77,6 +83,10 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class _RefreshTokenRefused(OutlookAuthError):
+    """invalid_grant to a refresh token: the store may hold a newer one."""
 
 
 class RefreshTokenStore(Protocol):
@@ -176,8 +186,31 @@ class GraphTokens(AccessTokenProvider):
             retry=retry_if_exception_type(OutlookUnavailable),
             reraise=True,
         )
-        result: tuple[str, float] = await retrying(self._request_once)
+        try:
+            result: tuple[str, float] = await retrying(self._request_once)
+        except _RefreshTokenRefused:
+            if not await self._reread_store():
+                raise
+            # another replica (or a run this process lost track of) redeemed the
+            # token we held and stored its successor: present that one instead
+            result = await retrying(self._request_once)
         return result
+
+    async def _reread_store(self) -> bool:
+        """After invalid_grant to the refresh token we presented: True when the store
+        holds another one (a replica refreshing the same mailbox redeemed ours and
+        stored the token Entra rotated it into; single-use refresh tokens make the
+        loser's refused), now the one to present."""
+        if self._store is None or self._configured_sha256 is None:
+            return False
+        assert self._mailbox.refresh_token is not None
+        presented = self._refresh_token or self._mailbox.refresh_token.reveal().strip()
+        stored = await self._store.load(self._configured_sha256)
+        if not stored or stored == presented:
+            return False
+        self._refresh_token = stored
+        log.info("graph_refresh_token_reread")
+        return True
 
     async def _request_once(self) -> tuple[str, float]:
         form = self._form()
@@ -203,6 +236,8 @@ class GraphTokens(AccessTokenProvider):
         codes = answer.get("error_codes")
         code = f" (AADSTS{codes[0]})" if isinstance(codes, list) and codes else ""
         if status in (400, 401, 403) and error in PERMANENT_ERRORS:
+            if error == "invalid_grant" and form["grant_type"] == "refresh_token":
+                raise _RefreshTokenRefused(f"token endpoint refused the credentials: {error}{code}")
             raise OutlookAuthError(f"token endpoint refused the credentials: {error}{code}")
         raise OutlookUnavailable(f"token endpoint answered {status}: {error}{code}")
 
