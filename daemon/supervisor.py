@@ -93,6 +93,10 @@ class Daemon:
         self.main = main
         self.tenants = dict(tenants)
         self.stopping = False
+        # Set once every configured mailbox has its runner and `sync now` is listened
+        # for: /readyz says 503 before, so no load balancer or operator believes a
+        # daemon that would drop a doorbell.
+        self.fleet_ready = False
         self.pool = pool
         self.dsn = dsn
         self.store = store
@@ -207,6 +211,7 @@ class Daemon:
                     lambda: [(t, p.id) for t, c in self.tenants.items() for p in c.processors],
                 )
                 tg.start_soon(systemd.run_watchdog, self._ready)
+                self.fleet_ready = True
                 systemd.notify("READY=1")
                 self._log.info("daemon_ready", port=port, mailboxes=len(self.fleet.runners))
                 if self._on_ready is not None:
@@ -323,7 +328,7 @@ class Daemon:
         )
 
     async def _ready(self) -> bool:
-        if self.stopping:
+        if self.stopping or not self.fleet_ready:
             return False
         try:
             with anyio.fail_after(READY_PROBE_TIMEOUT_S):

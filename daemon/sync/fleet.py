@@ -35,6 +35,10 @@ from inboxd.pipeline.errors import DATABASE_ERRORS, NotConnected, describe
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, str]
+# Mailboxes started at once when the fleet starts: each start is a few awaits (its
+# runner's task, a row write when it cannot run), so the bound keeps a large fleet
+# from asking the pool for hundreds of connections in the same instant.
+MAILBOX_STARTS_AT_ONCE = 32
 # A removed mailbox's provider clean-up (users.stop) gets this long during a reload.
 FORGET_DEADLINE_S = 10.0
 # Sync modes the scanner considers: poll on poll_interval_s, auto when push has been
@@ -74,8 +78,11 @@ class MailboxFleet:
                 self._tg = tg
                 if self.deps.presence is not None:  # before any lease is taken
                     await tg.start(self.deps.presence.run)
-                for mailbox in mailboxes:
-                    await self._start(mailbox)
+                # Side by side: one after another took 11-19 s at 1,000 mailboxes.
+                limiter = anyio.CapacityLimiter(MAILBOX_STARTS_AT_ONCE)
+                async with anyio.create_task_group() as starting:
+                    for mailbox in mailboxes:
+                        starting.start_soon(self._start_limited, mailbox, limiter)
                 tg.start_soon(
                     run_poll_scanner,
                     self.deps.pool,
@@ -124,6 +131,10 @@ class MailboxFleet:
         for key, mailbox in wanted.items():
             if key not in self.runners:
                 await self._start(mailbox)
+
+    async def _start_limited(self, mailbox: MailboxConfig, limiter: anyio.CapacityLimiter) -> None:
+        async with limiter:
+            await self._start(mailbox)
 
     async def _start(self, mailbox: MailboxConfig) -> None:
         assert self._tg is not None

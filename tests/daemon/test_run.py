@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -445,3 +446,40 @@ def test_bad_delivery_source_exits_2_naming_the_key(tmp_path) -> None:
     )
     assert result.code == 2
     assert "acme.toml: delivery_sources[0].recipients" in result.stderr
+
+
+READY_MAILBOXES = 300
+
+
+async def test_readyz_says_ready_only_once_every_mailbox_is_registered(tmp_path, db_dsn) -> None:
+    """A load balancer or an operator reading /readyz 200 may ring any mailbox: every
+    configured one has its runner by then (its cursor-lag series is there)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mailboxes = [f"box{i}" for i in range(READY_MAILBOXES)]
+    config = write_config(tmp_path, tenants={"acme": mailboxes}, port=port)
+    daemon = DaemonProcess(config, db_dsn, tmp_path / "daemon.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+            async def ready() -> bool:
+                try:
+                    async with http.get(f"{base}/readyz") as answer:
+                        return answer.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False  # not listening yet
+
+            await daemon.eventually(ready, 120, what="/readyz 200")
+            async with http.get(f"{base}/metrics") as answer:
+                text = await answer.text()
+        registered = {
+            line.split('mailbox="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("inboxd_cursor_lag_seconds{")
+        }
+        assert registered == set(mailboxes), f"{len(registered)} of {len(mailboxes)}"
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
