@@ -100,6 +100,12 @@ class MailboxRunner:
         self._deferred_s = math.inf
         self._log = log.bind(tenant=source.tenant_id, mailbox=source.mailbox_id)
 
+    @property
+    def busy(self) -> bool:
+        """A sync runs, or one is asked for: a poll now would only queue another run
+        right after it (the poll scanner skips busy mailboxes)."""
+        return self._running or self._pending
+
     def ring(self) -> None:
         """Ask for a sync run; coalesced with any run already asked for or running."""
         self._pending = True
