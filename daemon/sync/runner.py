@@ -315,9 +315,14 @@ class MailboxRunner:
             self._log_dead_items(page, results)
             await self.source.settle(page, results)
             if not page_is_clean(results):
+                failed = [r for r in results if r.outcome.value == "retriable_failure"]
+                # the first failure's own words (an object store's OS error and path, a
+                # database error) are what the operator acts on, in the last error
+                why = next((r.detail for r in failed if r.detail), None)
                 raise PageNotClean(
-                    f"{sum(1 for r in results if r.outcome.value == 'retriable_failure')} "
-                    "items failed retriably; the page will be read again"
+                    f"{len(failed)} items failed retriably"
+                    + (f" ({why})" if why else "")
+                    + "; the page will be read again"
                 )
             async with pool.acquire() as conn:
                 await _record_changes(conn, tenant, mailbox, page)

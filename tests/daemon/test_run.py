@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import os
+import shutil
 import signal
 import socket
 import time
@@ -345,8 +346,6 @@ async def test_second_signal_exits_at_once_without_acknowledging_unstored_mail(
 async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_runs(
     tmp_path, db_dsn
 ) -> None:
-    import shutil
-
     config = write_config(tmp_path, tenants={"acme": ["gone", "fine"]})
     gone, fine = maildir(tmp_path, "acme", "gone"), maildir(tmp_path, "acme", "fine")
     daemon = start(tmp_path, config, db_dsn)
@@ -480,6 +479,31 @@ async def test_readyz_says_ready_only_once_every_mailbox_is_registered(tmp_path,
             if line.startswith("inboxd_cursor_lag_seconds{")
         }
         assert registered == set(mailboxes), f"{len(registered)} of {len(mailboxes)}"
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+
+
+async def test_a_store_failure_at_run_time_names_the_os_error_and_path(tmp_path, db_dsn) -> None:
+    """The object store breaks under a running daemon: the mailbox's last error says
+    what the OS said and where, not only that a page failed."""
+    config = write_config(tmp_path)
+    box = maildir(tmp_path, "acme", "inbox")
+    daemon = start(tmp_path, config, db_dsn)
+    try:
+        objects = tmp_path / "objects"
+        if objects.exists():
+            shutil.rmtree(objects)
+        objects.write_text("a file where the store's directory was")
+        # larger than the database tier (64 KiB): its raw bytes go to the directory
+        big = generated_messages(1, tag="big")[0] + b"x" * 100_000 + b"\r\n"
+        deliver(box, [big])
+        error = await daemon.eventually(
+            lambda: count(db_dsn, "SELECT last_error FROM mailboxes WHERE mailbox_id = 'inbox'"),
+            30,
+            what="the store failure in the mailbox's last error",
+        )
+        assert "Not a directory" in error and str(objects) in error, error
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
