@@ -42,7 +42,8 @@ any failure or once the server closed it, closed by `aclose` when the runner
 stops). A login refused without a response code is retried; LOGIN_REFUSED_ATTEMPTS
 in a row make it an ImapAuthError. `watch` keeps a second connection in IDLE
 (RFC 2177) on the first folder and rings the doorbell on new mail and expunges;
-after a drop it reconnects with the backoff of adapters/imap/reconnect.py.
+after a drop it reconnects with the backoff of adapters/imap/reconnect.py, after a
+refused login every IDLE_REFUSED_RETRY_S (it never gives up while its runner lives).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ EXPUNGE_SCAN_INTERVAL_S = 3600.0
 # IDLE is ended and re-issued after this long: servers may drop an IDLE after 30
 # minutes of inactivity (RFC 2177), so 25 leaves room for a slow round trip.
 IDLE_RENEW_S = 25 * 60
+# The IDLE watch tries again this long after a refused login or certificate (the
+# sync run decides whether the mailbox needs attention; see `watch`).
+IDLE_REFUSED_RETRY_S = 300.0
 # A login answered NO without a response code this many times in a row (runs are
 # 30 s, 60 s … apart: about a minute and a half) is a refused credential; fewer
 # may be a server's passing trouble that does not say so (RFC 5530 codes are optional).
@@ -168,8 +172,15 @@ class ImapSource:
             try:
                 await self._idle_once(folder, ring, backoff)
                 return  # the server has no IDLE: polling only
-            except (ImapAuthError, ImapCertificateError):
-                return  # the sync run reports it (needs_attention)
+            except (ImapAuthError, ImapCertificateError) as exc:
+                # Never return for good: the sync run is what reports a credential
+                # (needs_attention stops this runner, and this watch with it), and
+                # its pooled connection may never meet the refusal — a watch that
+                # gave up left the mailbox "idle" without IDLE until a reload, its
+                # new mail waiting for the poll (issue 22 #10). Retried slowly: a
+                # wrong password tried often can lock the account.
+                delay = IDLE_REFUSED_RETRY_S
+                log.warning("imap_idle_refused", error=str(exc), retry_s=delay)
             except (ImapUnavailable, ImapProtocolError) as exc:
                 delay = backoff.next_delay()
                 log.info("imap_idle_reconnect", error=str(exc), retry_s=round(delay, 3))

@@ -8,11 +8,12 @@ import pytest
 from helpers.dovecot import DovecotServer
 from helpers.waiting import eventually
 
-from inboxd.adapters.imap import reconnect
+from inboxd.adapters.imap import reconnect, source
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.reconnect import IDLE_BACKOFF_MAX_S, IDLE_BACKOFF_MIN_S, IdleBackoff
 from inboxd.adapters.imap.source import ImapSource
 
+ISSUE_82 = "django-mailbox/email_issue_82.eml"
 # Draws per step: enough that a jitter which is not full (always near the cap) or
 # not there at all (always the cap) shows.
 DRAWS = 200
@@ -108,3 +109,46 @@ async def test_the_watch_reconnects_at_once_after_each_healthy_session(
             )
         tg.cancel_scope.cancel()
     assert rings[-1] - back <= bound
+
+
+@pytest.mark.slow
+async def test_the_watch_outlives_a_refused_login_while_the_sync_connection_holds(
+    dovecot: DovecotServer, corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The IDLE connection is dropped and its new login refused ([AUTHENTICATIONFAILED])
+    while the sync's pooled connection, logged in before, may stay up and keep the
+    mailbox healthy (the watch alone here): the watch used to return for good, so mail
+    after the server accepted the login again waited for the next poll (an hour in
+    push mode). It tries again."""
+    monkeypatch.setattr(source, "IDLE_REFUSED_RETRY_S", 0.5, raising=False)
+    user = dovecot.new_user()
+    mailbox = ImapMailbox.from_settings(
+        {
+            "host": dovecot.host,
+            "port": dovecot.plain_port,
+            "security": "none",
+            "username": user.username,
+            "password": _Secret(user.password),
+        }
+    )
+    watcher = ImapSource("acme", "imap", mailbox)
+    rings: list[float] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher.watch, lambda: rings.append(anyio.current_time()))
+        await eventually(lambda: len(rings), 30, what="the IDLE watch listening")
+        refused = len(rings)
+        await anyio.to_thread.run_sync(dovecot.add_user, user.username, "rotated-elsewhere")
+        await anyio.to_thread.run_sync(dovecot.restart)  # the IDLE connection drops
+        await eventually(
+            lambda: (
+                "auth failed" in dovecot.log_tail() or "Authentication failed" in dovecot.log_tail()
+            ),
+            30,
+            what="the watch's login refused",
+        )
+        await anyio.to_thread.run_sync(dovecot.add_user, user.username, user.password)
+        await eventually(lambda: len(rings) > refused, 30, what="the watch listening again")
+        listening = len(rings)
+        dovecot.deliver(user.username, "INBOX", (corpus / "mime" / ISSUE_82).read_bytes())
+        await eventually(lambda: len(rings) > listening, 30, what="a ring for the new mail")
+        tg.cancel_scope.cancel()
