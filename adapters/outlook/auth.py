@@ -57,7 +57,7 @@ from tenacity import (
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookAuthError, OutlookUnavailable
 
-__all__ = ["GraphTokens", "RefreshTokenStore"]
+__all__ = ["GraphTokens", "RefreshTokenStore", "client_authentication"]
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,7 @@ TOKEN_REFRESH_MARGIN_S = 300.0
 TOKEN_ATTEMPTS = 4
 TOKEN_BACKOFF_S = 1.0
 TOKEN_TIMEOUT_S = 30.0
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 #: Lifetime of a certificate's client assertion (Entra accepts up to 10 minutes).
 ASSERTION_LIFETIME_S = 600
 #: Entra errors that no retry fixes (OAuth 2.0 RFC 6749 §5.2 and Entra's additions).
@@ -263,40 +264,50 @@ class GraphTokens(AccessTokenProvider):
             }
         else:
             form["grant_type"] = "client_credentials"
-        if self._settings.client_secret is not None:
-            form["client_secret"] = self._settings.client_secret.reveal().strip()
-        elif self._settings.certificate is not None:
-            form |= {
-                "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
-                "client_assertion": self._assertion(),
-            }
-        return form
+        return form | client_authentication(self._settings)
 
-    def _assertion(self) -> str:
-        """A client assertion signed with the certificate's key (Entra "certificate
-        credentials": RS256, x5t#S256 header, aud = the token endpoint)."""
-        assert self._settings.certificate is not None
-        pem = self._settings.certificate.reveal().encode()
-        try:
-            key = serialization.load_pem_private_key(pem, password=None)
-            cert = x509.load_pem_x509_certificate(pem)
-        except ValueError as exc:
-            raise OutlookAuthError(
-                "certificate: expected a PEM with the private key and the certificate"
-            ) from exc
-        thumbprint = base64.urlsafe_b64encode(cert.fingerprint(hashes.SHA256())).rstrip(b"=")
-        now = int(time.time())
-        claims = {
-            "aud": self._settings.token_url,
-            "iss": self._settings.client_id,
-            "sub": self._settings.client_id,
-            "jti": str(uuid.uuid4()),
-            "nbf": now,
-            "iat": now,
-            "exp": now + ASSERTION_LIFETIME_S,
+
+def client_authentication(settings: OutlookSettings) -> dict[str, str]:
+    """The form fields that authenticate the app at the token endpoint, for every
+    grant (client credentials, refresh token, device code): its client_secret, or
+    a client assertion signed with its certificate (a new one each call: it lives
+    ASSERTION_LIFETIME_S); none for a public client. OutlookAuthError when the
+    certificate cannot be read."""
+    if settings.client_secret is not None:
+        return {"client_secret": settings.client_secret.reveal().strip()}
+    if settings.certificate is not None:
+        return {
+            "client_assertion_type": CLIENT_ASSERTION_TYPE,
+            "client_assertion": _assertion(settings),
         }
-        headers = {"x5t#S256": thumbprint.decode()}
-        return jwt.encode(claims, key, algorithm="RS256", headers=headers)  # type: ignore[arg-type]
+    return {}
+
+
+def _assertion(settings: OutlookSettings) -> str:
+    """A client assertion signed with the certificate's key (Entra "certificate
+    credentials": RS256, x5t#S256 header, aud = the token endpoint)."""
+    assert settings.certificate is not None
+    pem = settings.certificate.reveal().encode()
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise OutlookAuthError(
+            "certificate: expected a PEM with the private key and the certificate"
+        ) from exc
+    thumbprint = base64.urlsafe_b64encode(cert.fingerprint(hashes.SHA256())).rstrip(b"=")
+    now = int(time.time())
+    claims = {
+        "aud": settings.token_url,
+        "iss": settings.client_id,
+        "sub": settings.client_id,
+        "jti": str(uuid.uuid4()),
+        "nbf": now,
+        "iat": now,
+        "exp": now + ASSERTION_LIFETIME_S,
+    }
+    headers = {"x5t#S256": thumbprint.decode()}
+    return jwt.encode(claims, key, algorithm="RS256", headers=headers)  # type: ignore[arg-type]
 
 
 def _json(body: bytes) -> dict[str, Any]:

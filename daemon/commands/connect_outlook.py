@@ -9,8 +9,10 @@ flow"), for an operator at a terminal without a browser on the same machine:
     2. print `message` (the page to open, the code to enter) on stderr
     3. wait `interval` s, then POST …/oauth2/v2.0/token with grant_type
        urn:ietf:params:oauth:grant-type:device_code, client_id, device_code (and
-       client_secret when [outlook] has one: Entra requires the app's credential
-       from a confidential client), and read the answer:
+       the app's credential when [outlook] has one: its client_secret, or a client
+       assertion signed with its certificate, made anew for each poll since one
+       lives 10 minutes and the code 15; Entra requires the credential from a
+       confidential client: AADSTS7000218 without it), and read the answer:
          authorization_pending    → wait, poll again
          slow_down                → interval += 5 s for good (RFC 8628 §3.5), poll again
          200 with a refresh token → done
@@ -52,7 +54,9 @@ from tenacity import (
     wait_random,
 )
 
+from inboxd.adapters.outlook.auth import client_authentication
 from inboxd.adapters.outlook.config import OutlookSettings
+from inboxd.adapters.outlook.errors import OutlookAuthError
 from inboxd.daemon.commands.common import EXIT_USAGE, CommandError
 
 __all__ = ["ENV_TEST_POLL_SCALE", "device_flow", "poll_scale"]
@@ -89,7 +93,7 @@ _FAILURES = {
     "bad_verification_code": "the identity platform does not know this device code",
     "invalid_grant": "the identity platform refused the device code (used or revoked)",
     "invalid_client": "the app's credential was refused: check [outlook] client_secret "
-    "(without one, the app registration must allow public client flows)",
+    "or certificate (without either, the app registration must allow public client flows)",
     "unauthorized_client": "the app registration does not allow this flow "
     "(Authentication → Allow public client flows) or is not in this directory",
 }
@@ -136,6 +140,7 @@ async def device_flow(
     CommandError when the sign-in is declined, the code expires, or the identity
     platform refuses the app; cancellation (Ctrl-C) ends the wait at once.
     `wait_scale` is poll_scale's test-only factor."""
+    _credential(settings)  # a certificate that cannot sign: before anyone signs in
     code = await _request_code(session, settings)
     print(code.message, file=sys.stderr, flush=True)
     form = {
@@ -143,13 +148,11 @@ async def device_flow(
         "client_id": settings.client_id,
         "device_code": code.device_code,
     }
-    if settings.client_secret is not None:
-        form["client_secret"] = settings.client_secret.reveal().strip()
     interval_s = code.interval_s
     with anyio.move_on_after(code.expires_in_s):
         while True:
             await anyio.sleep(interval_s * wait_scale)
-            status, answer = await _poll(session, settings.token_url, form)
+            status, answer = await _poll(session, settings.token_url, form | _credential(settings))
             refresh = answer.get("refresh_token")
             if status == 200:
                 if not isinstance(refresh, str) or not refresh.strip():
@@ -170,6 +173,15 @@ async def device_flow(
     raise CommandError(
         f"nobody signed in within {code.expires_in_s:g} s, the code has expired: run connect again"
     )
+
+
+def _credential(settings: OutlookSettings) -> dict[str, str]:
+    """The app's credential fields of a token request (adapters/outlook/auth.py);
+    CommandError when [outlook] certificate cannot sign."""
+    try:
+        return client_authentication(settings)
+    except OutlookAuthError as exc:
+        raise CommandError(f"[outlook] {exc}: nothing written", EXIT_USAGE) from exc
 
 
 async def _request_code(session: aiohttp.ClientSession, settings: OutlookSettings) -> _DeviceCode:

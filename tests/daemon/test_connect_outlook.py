@@ -25,12 +25,16 @@ import anyio
 import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
+from cryptography.hazmat.primitives import serialization
 from fakes.graph import DEVICE_CODE_GRANT, FakeGraph
 from fakes.graph.errors import Answer
 from helpers import cli_argv, cli_env, eventually, run_cli_async
+from helpers.keys import make_certificate, rsa_key
 
 from inboxd.adapters.outlook.auth import GraphTokens
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+from inboxd.daemon.commands.common import EXIT_USAGE, CommandError
+from inboxd.daemon.commands.connect_outlook import device_flow
 from inboxd.daemon.secrets import Secret
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -49,14 +53,21 @@ async def fake() -> AsyncIterator[FakeGraph]:
         yield server
 
 
-def write_config(tmp: Path, fake: FakeGraph, *, table: bool = True, line: str = "") -> Path:
+def write_config(
+    tmp: Path,
+    fake: FakeGraph,
+    *,
+    table: bool = True,
+    line: str = "",
+    credential: str = 'client_secret = "env:ACME_GRAPH_SECRET"',
+) -> Path:
     """The main config; its tenant file is tmp/tenants/acme.toml."""
     (tmp / "tenants").mkdir(exist_ok=True)
     outlook = f"""
 [outlook]
 directory_id = "{fake.directory_id}"
 client_id = "{fake.client_id}"
-client_secret = "env:ACME_GRAPH_SECRET"
+{credential}
 graph_url = "{fake.graph_url}"
 authority_url = "{fake.authority_url}"
 """
@@ -310,4 +321,81 @@ async def test_an_unusable_outlook_table_is_a_config_error(
     tenant_file.write_text(text)
     bad = await run_cli_async(*argv, env=env_for(tmp_path, fake))
     assert bad.code == 2 and f"{tenant_file}: outlook.client_id: expected" in bad.stderr
+    assert seen.device_code_forms == []
+
+
+def certificate_pem(tmp: Path, *, with_key: bool = True) -> tuple[Path, bytes]:
+    """A PEM file as [outlook] certificate takes it (the unencrypted private key and
+    a self-signed certificate), and the certificate alone (what the app registers)."""
+    key = rsa_key()
+    cert = make_certificate(key, common_name="inboxd")
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    pem = tmp / "graph.pem"
+    pem.write_bytes((private if with_key else b"") + cert)
+    return pem, cert
+
+
+def certificate_settings(fake: FakeGraph, pem: Path) -> OutlookSettings:
+    return OutlookSettings.from_settings(
+        {
+            "directory_id": fake.directory_id, "client_id": fake.client_id,
+            "certificate": Secret(f"file:{pem}"), "graph_url": fake.graph_url,
+            "authority_url": fake.authority_url,
+        }
+    )  # fmt: skip
+
+
+async def test_a_certificate_tenant_signs_in_with_a_client_assertion(
+    tmp_path: Path,
+    fake: FakeGraph,
+    seen: Seen,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """[outlook] certificate, and an app registration that does not allow public
+    client flows (a confidential client): every poll authenticates the app with a
+    client assertion signed by the certificate (Entra refuses a confidential
+    client's device code grant without one, AADSTS7000218), and the refresh token
+    it answers then refreshes with the certificate too."""
+    pem, cert = certificate_pem(tmp_path)
+    fake.identity.certificates = [cert]
+    fake.identity.public_client_flows = False
+    settings = certificate_settings(fake, pem)
+
+    async def approve() -> None:
+        await polls_answered(seen, "authorization_pending", 2)
+        (code,) = fake.identity.device_codes.values()
+        fake.approve_device_code(code.user_code, ALICE)
+
+    async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+        tg.start_soon(approve)
+        token = await device_flow(settings, http, wait_scale=POLL_SCALE)
+
+    assert seen.poll_errors[-1] == "" and "invalid_client" not in seen.poll_errors
+    assert all("client_secret" not in form for form in seen.poll_forms)
+    assert all(form.get("client_assertion") for form in seen.poll_forms)
+    # a new assertion for each poll: one lives 10 minutes, the code 15
+    assert len({form["client_assertion"] for form in seen.poll_forms}) == len(seen.poll_forms)
+    assert fake.identity.refresh_tokens[token].user == ALICE
+    printed = capsys.readouterr()
+    assert token not in printed.out + printed.err
+
+    mailbox = OutlookMailbox(ALICE, refresh_token=Secret("env:ACME_ALICE_TOKEN"))
+    monkeypatch.setenv("ACME_ALICE_TOKEN", token)
+    async with aiohttp.ClientSession() as http:
+        assert fake.user_of_token(await GraphTokens(settings, mailbox, http).token()) == ALICE
+
+
+async def test_a_certificate_that_cannot_sign_fails_before_anyone_is_asked_to_sign_in(
+    tmp_path: Path, fake: FakeGraph, seen: Seen
+) -> None:
+    pem, _ = certificate_pem(tmp_path, with_key=False)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(CommandError, match=r"certificate.*nothing written") as caught:
+            await device_flow(certificate_settings(fake, pem), http, wait_scale=POLL_SCALE)
+    assert caught.value.exit_code == EXIT_USAGE
     assert seen.device_code_forms == []

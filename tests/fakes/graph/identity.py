@@ -28,16 +28,33 @@ refresh token or the client credentials still get a new one.
 With `single_use_refresh_tokens` on, a refresh token is refused once it was
 redeemed (400 invalid_grant AADSTS70000), as Entra does for rotated tokens it
 chooses to invalidate: a client must keep the newest one it was given.
+
+Client credentials ("Microsoft identity platform application authentication
+certificate credentials"): a `client_secret`, or `client_assertion_type`
+urn:ietf:params:oauth:client-assertion-type:jwt-bearer with `client_assertion`, a
+JWT signed RS256 by the key of a certificate registered on the app
+(`certificates`: PEM), its header's `x5t#S256` the certificate's SHA-256
+thumbprint (base64url), aud the token endpoint (`token_url`), iss = sub = the
+client id, exp in the future: else 401 invalid_client AADSTS700027. With
+`public_client_flows` off (a confidential client: Authentication → Allow public
+client flows = No), refresh and device code grants without either are refused:
+401 invalid_client AADSTS7000218 ("The request body must contain the following
+parameter: 'client_assertion' or 'client_secret'").
 """
 
 from __future__ import annotations
 
+import base64
 import secrets
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from .errors import Answer, json_answer
 
@@ -47,6 +64,7 @@ DEVICE_POLL_INTERVAL_S = 5
 GRAPH_DEFAULT_SCOPE = "https://graph.microsoft.com/.default"
 DELEGATED_SCOPE = "https://graph.microsoft.com/Mail.Read offline_access"
 DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 VERIFICATION_URI = "https://microsoft.com/devicelogin"
 
 
@@ -97,6 +115,10 @@ class Identity:
     device_codes: dict[str, DeviceCode] = field(default_factory=dict)  # by device_code
     single_use_refresh_tokens: bool = False
     refused_redeemed: int = 0  # refresh requests refused for a redeemed token
+    token_url: str = ""  # a client assertion's audience (set by the server)
+    certificates: list[bytes] = field(default_factory=list)  # PEM, registered on the app
+    public_client_flows: bool = True
+    assertions_accepted: int = 0
 
     def issue_access_token(self, user: str | None, refresh_token: str | None = None) -> str:
         token = "fake-at." + secrets.token_urlsafe(32)
@@ -207,8 +229,18 @@ class Identity:
                 f"Application with identifier '{form.get('client_id')}' was not found "
                 "in the directory.",
             )
+        if form.get("client_assertion") is not None or form.get("client_assertion_type"):
+            return self._assertion(form)
         secret = form.get("client_secret")
-        if (secret_required or secret is not None) and secret != self.client_secret:
+        if secret is None and secret_required:
+            return entra_error(
+                401,
+                "invalid_client",
+                7000218,
+                "The request body must contain the following parameter: 'client_assertion' "
+                "or 'client_secret'.",
+            )
+        if secret is not None and secret != self.client_secret:
             return entra_error(
                 401,
                 "invalid_client",
@@ -217,6 +249,45 @@ class Identity:
                 "is the client secret value, not the client secret ID.",
             )
         return None
+
+    def _assertion(self, form: dict[str, str]) -> Answer | None:
+        """A certificate's client assertion (module docstring); None when it holds."""
+        refused = entra_error(
+            401,
+            "invalid_client",
+            700027,
+            "The certificate with identifier used to sign the client assertion is not "
+            "registered on application, or the assertion is not valid.",
+        )
+        if form.get("client_assertion_type") != CLIENT_ASSERTION_TYPE:
+            return refused
+        assertion = form.get("client_assertion", "")
+        try:
+            header = jwt.get_unverified_header(assertion)
+        except jwt.PyJWTError:
+            return refused
+        for pem in self.certificates:
+            cert = x509.load_pem_x509_certificate(pem)
+            digest = cert.fingerprint(hashes.SHA256())
+            thumbprint = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+            if header.get("x5t#S256") != thumbprint:
+                continue
+            try:
+                claims = jwt.decode(
+                    assertion,
+                    cert.public_key(),  # type: ignore[arg-type]
+                    algorithms=["RS256"],
+                    audience=self.token_url,
+                    issuer=self.client_id,
+                    options={"require": ["exp", "aud", "iss", "sub", "jti"]},
+                )
+            except jwt.PyJWTError:
+                return refused
+            if claims.get("sub") != self.client_id:
+                return refused
+            self.assertions_accepted += 1
+            return None
+        return refused
 
     def _client_credentials(self, form: dict[str, str]) -> Answer:
         if (problem := self._client(form, secret_required=True)) is not None:
@@ -240,7 +311,8 @@ class Identity:
         )
 
     def _refresh(self, form: dict[str, str]) -> Answer:
-        if (problem := self._client(form, secret_required=False)) is not None:
+        confidential = not self.public_client_flows
+        if (problem := self._client(form, secret_required=confidential)) is not None:
             return problem
         grant = self.refresh_tokens.get(form.get("refresh_token", ""))
         if grant is None or grant.revoked:
@@ -271,6 +343,9 @@ class Identity:
         return self._user_tokens(grant.user, grant.scope, grant.family)
 
     def _device_code_grant(self, form: dict[str, str]) -> Answer:
+        confidential = not self.public_client_flows
+        if (problem := self._client(form, secret_required=confidential)) is not None:
+            return problem
         code = self.device_codes.get(form.get("device_code", ""))
         if code is None or code.redeemed:
             return entra_error(400, "invalid_grant", 70000, "The provided device code is invalid.")

@@ -98,6 +98,7 @@ class FakeGraph:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self.identity.token_url = self.token_url  # a client assertion's audience
         self.subscriptions.http = aiohttp.ClientSession()
         return self
 
