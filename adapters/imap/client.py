@@ -155,7 +155,12 @@ class ImapConnection:
             raise ImapUnavailable(f"imap {self.mailbox.host}: the server does not offer STARTTLS")
         protocol = self._client.protocol
         command = aioimaplib.Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
-        answer = await self._call(protocol.execute(command), "STARTTLS")
+        # the protocol-level calls carry no timeout of their own (only aioimaplib's
+        # IMAP4 methods do): without one, a server silent after its greeting held
+        # the run for COMMAND_DEADLINE_S, an hour
+        answer = await self._call(
+            asyncio.wait_for(protocol.execute(command), COMMAND_TIMEOUT_S), "STARTTLS"
+        )
         if answer.result != "OK":
             raise ImapUnavailable(f"imap {self.mailbox.host}: STARTTLS refused")
         loop = asyncio.get_running_loop()
@@ -165,7 +170,7 @@ class ImapConnection:
             ),
             CONNECT_TIMEOUT_S,
         )
-        await self._call(protocol.capability(), "CAPABILITY")
+        await self._call(asyncio.wait_for(protocol.capability(), COMMAND_TIMEOUT_S), "CAPABILITY")
 
     async def _login(self) -> None:
         m = self.mailbox

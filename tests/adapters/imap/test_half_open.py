@@ -1,0 +1,111 @@
+"""A server that stops answering without closing the connection (a crashed host, a
+NAT or firewall that dropped the flow: no FIN, no RST): every command the IMAP door
+sends is bounded, so a run fails and is retried instead of holding its mailbox.
+
+Dovecot is reached through a relay that can go silent: it keeps both sockets open
+and stops passing bytes on, which a loopback connection cannot do by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+from helpers.dovecot import DovecotServer
+
+from inboxd.adapters.imap import client
+from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.errors import ImapUnavailable
+from inboxd.adapters.imap.source import ImapSource
+
+pytestmark = pytest.mark.slow
+
+# The command timeout in these tests (60 s in production): the door's bound on a
+# silent server, which the test then waits a generous multiple of.
+SILENCE_S = 1.0
+# A run against a silent server must fail within this (the hang was an hour).
+FAIL_WITHIN_S = 30.0
+
+
+class _Secret:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def reveal(self) -> str:
+        return self.value
+
+
+class SilentRelay:
+    """A TCP relay to a local port. Once the client sends `mute_at` (a command's
+    name), what it sends is dropped from that command on: the server never hears it,
+    so never answers, and nothing is ever closed by the relay."""
+
+    def __init__(self, target_port: int, *, mute_at: bytes) -> None:
+        self.target_port = target_port
+        self.mute_at = mute_at
+        self.client_muted = False
+        self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, from_client: bool
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                if from_client and self.mute_at in data:
+                    self.client_muted = True
+                if from_client and self.client_muted:
+                    continue  # swallowed: no answer will come, no FIN either
+                writer.write(data)
+                await writer.drain()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+        await asyncio.gather(
+            self._pump(reader, up_writer, from_client=True),
+            self._pump(up_reader, writer, from_client=False),
+        )
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[SilentRelay]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield self
+        finally:
+            for writer in self._writers:
+                writer.close()
+            server.close()
+
+
+async def test_a_server_silent_after_its_greeting_fails_the_run_in_bounded_time(
+    dovecot: DovecotServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STARTTLS and the CAPABILITY after it were sent without a timeout: a server
+    that greeted and then went silent held the sync run (and its mailbox's lease)
+    for COMMAND_DEADLINE_S, an hour."""
+    monkeypatch.setattr(client, "COMMAND_TIMEOUT_S", SILENCE_S)
+    user = dovecot.new_user()
+    # the greeting and CAPABILITY come through; STARTTLS goes nowhere
+    async with SilentRelay(dovecot.plain_port, mute_at=b"STARTTLS").running() as relay:
+        mailbox = ImapMailbox.from_settings(
+            {
+                "host": dovecot.cert_hostname,
+                "port": relay.port,
+                "security": "starttls",
+                "ca_file": str(dovecot.ca_file),
+                "username": user.username,
+                "password": _Secret(user.password),
+            }
+        )
+        source = ImapSource("acme", "imap", mailbox)
+        try:
+            with anyio.fail_after(FAIL_WITHIN_S), pytest.raises(ImapUnavailable, match="STARTTLS"):
+                async for _ in source.pages(None):
+                    pass
+        finally:
+            await source.aclose()
