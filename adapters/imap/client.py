@@ -25,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,18 @@ COMMAND_TIMEOUT_S = 60.0
 # Whole-command bound on top of that: a UID FETCH of a window of 100 messages at
 # the 40 MB SES/Exchange size limit each is 4 GB; at 2 MB/s that is ~35 min.
 COMMAND_DEADLINE_S = 3600.0
+# TCP keepalive on every connection (Linux's socket options, tcp(7)): a probe after
+# KEEPALIVE_IDLE_S of silence, every KEEPALIVE_INTERVAL_S, the peer declared dead
+# after KEEPALIVE_PROBES unanswered (about 2 min). An IDLE connection is silent for
+# up to IDLE_RENEW_S (25 min): without probes a server that vanished without a FIN
+# (a crashed host, a NAT or load balancer that dropped the flow — Azure's default
+# idle timeout is 4 min, AWS NAT's 350 s) went unnoticed that long, and the new
+# mail it announced meanwhile waited for the renewal. The probes also keep such
+# flows alive. TCP_USER_TIMEOUT bounds a write (DONE) that is never acknowledged.
+KEEPALIVE_IDLE_S = 60
+KEEPALIVE_INTERVAL_S = 15
+KEEPALIVE_PROBES = 4
+USER_TIMEOUT_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
 # LOGOUT at close is a courtesy; never allowed to hold a shutdown.
 LOGOUT_TIMEOUT_S = 3.0
 
@@ -126,6 +139,7 @@ class ImapConnection:
                 client = aioimaplib.IMAP4(mailbox.host, mailbox.port, timeout=COMMAND_TIMEOUT_S)
             await asyncio.wait_for(client.wait_hello_from_server(), CONNECT_TIMEOUT_S)
             connection = cls(mailbox, client)
+            _keep_alive(client.protocol.transport)
             if mailbox.security == "starttls":
                 assert context is not None
                 await connection._starttls(context)
@@ -344,6 +358,24 @@ class ImapConnection:
         except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
             await self.close()
             raise ImapUnavailable(f"imap {self.mailbox.host}: {what}: {_describe(exc)}") from exc
+
+
+def _keep_alive(transport: Any) -> None:
+    """Turn on TCP keepalive for the connection's socket (see KEEPALIVE_IDLE_S);
+    the Linux-only options are set where the platform has them."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+        ("TCP_USER_TIMEOUT", USER_TIMEOUT_S * 1000),  # milliseconds
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _tls_context(mailbox: ImapMailbox) -> ssl.SSLContext:

@@ -1,6 +1,8 @@
 """A server that stops answering without closing the connection (a crashed host, a
 NAT or firewall that dropped the flow: no FIN, no RST): every command the IMAP door
-sends is bounded, so a run fails and is retried instead of holding its mailbox.
+sends is bounded, so a run fails and is retried instead of holding its mailbox, and
+every connection probes its peer (TCP keepalive), so an IDLE does not wait for its
+renewal to notice.
 
 Dovecot is reached through a relay that can go silent: it keeps both sockets open
 and stops passing bytes on, which a loopback connection cannot do by itself.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import anyio
@@ -17,6 +20,7 @@ import pytest
 from helpers.dovecot import DovecotServer
 
 from inboxd.adapters.imap import client
+from inboxd.adapters.imap.client import ImapConnection
 from inboxd.adapters.imap.config import ImapMailbox
 from inboxd.adapters.imap.errors import ImapUnavailable
 from inboxd.adapters.imap.source import ImapSource
@@ -109,3 +113,34 @@ async def test_a_server_silent_after_its_greeting_fails_the_run_in_bounded_time(
                     pass
         finally:
             await source.aclose()
+
+
+@pytest.mark.parametrize("security", ["none", "starttls", "tls"])
+async def test_every_connection_probes_a_silent_peer(dovecot: DovecotServer, security: str) -> None:
+    """A peer gone without a FIN cannot be made on loopback (a relay's kernel answers
+    the probes), so this checks the probes themselves: without them an IDLE
+    connection to a vanished server, or behind a NAT that dropped its flow, went
+    unnoticed until its renewal 25 min later and the mail it announced waited."""
+    user = dovecot.new_user()
+    settings: dict[str, object] = {
+        "host": dovecot.cert_hostname,
+        "port": dovecot.tls_port if security == "tls" else dovecot.plain_port,
+        "security": security,
+        "ca_file": str(dovecot.ca_file),
+        "username": user.username,
+        "password": _Secret(user.password),
+    }
+    if security == "none":
+        settings.update(host=dovecot.host)
+        del settings["ca_file"]
+    connection = await ImapConnection.open(ImapMailbox.from_settings(settings))
+    try:
+        sock = connection._client.protocol.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        idle_s = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        interval_s = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        probes = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        # a dead peer is noticed within a few minutes, not at the 25 min renewal
+        assert idle_s + interval_s * probes <= 5 * 60
+    finally:
+        await connection.close()
