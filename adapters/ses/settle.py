@@ -3,7 +3,8 @@
 Per message (the poller, poller.py, receives and deletes):
 
     received more than max_receive_count times → poison: dead (unless every pointer
-    │   is stored already: its deletes were lost, a duplicate)
+    │   is stored already: its deletes were lost, a duplicate); an envelope still
+    │   unverifiable then is poison recorded unrouted, saying why
     ├─ body → pointers (pointers.py); invalid → dead
     ├─ an SNS envelope carrying a signature is verified (`CheckBody`, the daemon's
     │   daemon/ses_sns.py): forged or foreign → dead, its pointers never followed;
@@ -131,7 +132,7 @@ class BatchSettler:
                 await self._dead(work, None, exc.reason, exc.detail)
                 continue
             if message.receive_count > self.settings.max_receive_count:
-                await self._poison(work)  # reads no object: safe before the check
+                await self._poisoned(work)  # reads no object
                 continue
             if not await self._checked(work):
                 continue
@@ -272,19 +273,41 @@ class BatchSettler:
 
     # --- permanent failures ----------------------------------------------------------------
 
-    async def _poison(self, work: Work) -> None:
+    async def _poisoned(self, work: Work) -> None:
+        """A message received more than max_receive_count times. Its envelope is
+        checked first: a forged one is `sns_unverified` like any other; one that still
+        cannot be verified (SNS's certificate host unreachable all along: an egress
+        firewall, a VPC without a route to it) is poison whose record says so, kept
+        unrouted — an unverified pointer does not choose the mailbox it lands in."""
+        unverified: str | None = None
+        if self._check_body is not None:
+            try:
+                await self._check_body(work.message.body)
+            except SesPermanent as exc:
+                await self._dead(work, None, exc.reason, exc.detail)
+                return
+            except SesTransient as exc:
+                unverified = str(exc)
+        await self._poison(work, unverified)
+
+    async def _poison(self, work: Work, unverified: str | None = None) -> None:
         message = work.message
         detail = (
             f"received {message.receive_count} times (max_receive_count "
             f"{self.settings.max_receive_count}) without being stored"
         )
+        if unverified is not None:
+            detail += f"; this time: {unverified}"
         pointers = [p for p in work.pointers if not await self._stored_already(work, p)]
         if work.failed or not pointers:
             return  # stored already (its deletes were lost): a duplicate, not poison
         self._events.counted("poison")
         for pointer in pointers:
             where = f"s3://{pointer.bucket}/{pointer.key} "
-            await self._dead(work, pointer, "poison", where + detail)
+            if unverified is not None:
+                await self._unrouted(work, pointer, "poison", where + detail, pointer.recipients)
+            else:
+                await self._dead(work, pointer, "poison", where + detail)
 
     async def _dead(self, work: Work, pointer: Pointer | None, reason: str, detail: str) -> None:
         """Record a permanent failure where an operator sees it, or leave the message

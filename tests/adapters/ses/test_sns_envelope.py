@@ -205,3 +205,30 @@ async def test_raw_delivery_is_followed_unless_topics_are_listed(
     [record] = await unrouted(pool)
     assert record["reason"] == "sns_unverified" and "sns_topic_arns" in record["detail"]
     assert aws.queue_counts() == (0, 0)
+
+
+async def test_an_envelope_unverifiable_past_the_receive_budget_is_poison_saying_why(
+    aws, make_poller, make_mailbox, pool, corpus, fetch
+):
+    """SNS's certificate host unreachable for longer than max_receive_count deliveries
+    (an egress firewall, a VPC without a route to it): the poison record said only
+    "received N times without being stored", and landed in the mailbox the unverified
+    pointer named. It says why, and is kept unrouted with its body."""
+    await make_mailbox("acme", "support", provider="ses")
+    aws.put("in/m", corpus_file(corpus, ISSUE_82))
+    aws.send(signed(ses_notification(aws.bucket, "in/m", "ses-1", [SUPPORT])))
+    fetch.fail = True
+    assert aws.receive_and_release() == 1
+    async with make_poller(routes(), check_body=check(fetch), max_receive_count=1) as (
+        poller,
+        events,
+    ):
+        await drain(poller)
+    assert await copies(pool) == [] and await dead(pool) == []
+    [record] = await unrouted(pool)
+    assert record["reason"] == "poison"
+    assert "received 2 times" in record["detail"]
+    assert "SNS envelope not verified yet" in record["detail"]
+    assert record["body"]  # kept, to send again once the certificate can be fetched
+    assert events.counts.get("poison") == 1
+    assert aws.queue_counts() == (0, 0)
