@@ -14,7 +14,8 @@ server's text kept, credentials never), with a temporary code (RFC 5530
 [UNAVAILABLE], [SERVERBUG], [LIMIT], [INUSE]) → ImapUnavailable, without a code →
 ImapLoginRefused; a certificate that fails verification → ImapCertificateError;
 a dropped connection, BYE or a timeout → ImapUnavailable; EXAMINE of a folder
-the server does not have → ImapFolderMissing; another answer we cannot use →
+the server does not have → ImapFolderMissing, of one it will not open →
+ImapFolderRefused; another answer we cannot use →
 ImapProtocolError. A connection the server closed counts as closed at once
 (aioimaplib's connection-lost callback): nothing reuses it.
 """
@@ -37,6 +38,7 @@ from inboxd.adapters.imap.errors import (
     ImapAuthError,
     ImapCertificateError,
     ImapFolderMissing,
+    ImapFolderRefused,
     ImapLoginRefused,
     ImapProtocolError,
     ImapUnavailable,
@@ -84,6 +86,9 @@ CREDENTIAL_REFUSED_CODES = frozenset({"AUTHENTICATIONFAILED", "AUTHORIZATIONFAIL
 # RFC 5530 §3: the server cannot log anyone in now (its user database is down, a
 # bug, too many connections, the mailbox in use): the same login works later.
 LOGIN_TEMPORARY_CODES = frozenset({"UNAVAILABLE", "SERVERBUG", "LIMIT", "INUSE"})
+# RFC 5530 §3: a folder the server cannot open now but will (its storage down, too
+# many sessions, the folder locked by another): never a reason for attention.
+FOLDER_TEMPORARY_CODES = frozenset({"UNAVAILABLE", "LIMIT", "INUSE"})
 # RFC 5530 §3: EXAMINE of a folder that does not exist.
 NONEXISTENT_CODE = "NONEXISTENT"
 # A VANISHED range wider than this is a server listing UIDs it never had (RFC 7162
@@ -225,9 +230,12 @@ class ImapConnection:
             self.selected = None  # a failed EXAMINE leaves no folder selected (RFC 3501 §6.3.1)
             text = _text(answer.lines[-1:])
             refused = f"imap {self.mailbox.host}: EXAMINE {folder!r}: {text}"
-            if _response_code(text) == NONEXISTENT_CODE or not await self._exists(folder):
+            code = _response_code(text)
+            if code == NONEXISTENT_CODE or not await self._exists(folder):
                 raise ImapFolderMissing(refused, folder)
-            raise ImapProtocolError(refused)
+            # one folder the server will not open (no rights; Dovecot answers a
+            # folder it cannot read with [SERVERBUG]) must not hold back the others
+            raise ImapFolderRefused(refused, folder, temporary=code in FOLDER_TEMPORARY_CODES)
         codes: dict[bytes, int] = {}
         exists = 0
         vanished: list[int] = []

@@ -22,6 +22,9 @@
                                                 to SELECT or SEARCH: retried, logged
     ImapFolderMissing (ImapProtocolError)       EXAMINE of a folder the server does not
                                                 have: the other folders sync (source.py)
+    ImapFolderRefused (ImapProtocolError)       EXAMINE of a folder that exists answered
+                                                NO (no rights, [SERVERBUG], [INUSE] ...):
+                                                the other folders sync too
 
 Messages name the host, folder and command, never a password or a token.
 """
@@ -35,6 +38,7 @@ __all__ = [
     "ImapCertificateError",
     "ImapConfigError",
     "ImapFolderMissing",
+    "ImapFolderRefused",
     "ImapLoginRefused",
     "ImapProtocolError",
     "ImapUnavailable",
@@ -71,3 +75,14 @@ class ImapFolderMissing(ImapProtocolError):
     def __init__(self, message: str, folder: str) -> None:
         super().__init__(message)
         self.folder = folder
+
+
+class ImapFolderRefused(ImapProtocolError):
+    """A configured folder the server has but will not open (EXAMINE answered NO);
+    `temporary` when its response code says so (RFC 5530 [UNAVAILABLE], [LIMIT],
+    [INUSE]): then it never puts the mailbox in needs_attention."""
+
+    def __init__(self, message: str, folder: str, *, temporary: bool) -> None:
+        super().__init__(message)
+        self.folder = folder
+        self.temporary = temporary

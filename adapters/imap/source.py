@@ -3,9 +3,11 @@
 One sync run, per folder (in the configured order):
 
     EXAMINE folder (read-only) → UIDVALIDITY, UIDNEXT, HIGHESTMODSEQ
-      ├─ the folder does not exist (EXAMINE NO, ImapFolderMissing) → skipped: the
-      │   other folders sync; `degraded()` names it for the runner (last_error, and
-      │   needs_attention once missing FOLDER_MISSING_RUNS runs in a row)
+      ├─ the folder does not exist (EXAMINE NO, ImapFolderMissing), or the server
+      │   will not open it (another NO: ImapFolderRefused) → skipped: the other
+      │   folders sync; `degraded()` names it for the runner (last_error, and
+      │   needs_attention once so FOLDER_MISSING_RUNS runs in a row, unless the
+      │   refusal's code says it is temporary)
       ├─ the cursor knows the folder with another UIDVALIDITY, or the server forgot
       │   where it was (HIGHESTMODSEQ below the cursor's, NOMODSEQ after a modseq,
       │   UIDNEXT not above the cursor's last UID: a restored or rebuilt server) →
@@ -69,6 +71,7 @@ from inboxd.adapters.imap.errors import (
     ImapAuthError,
     ImapCertificateError,
     ImapFolderMissing,
+    ImapFolderRefused,
     ImapLoginRefused,
     ImapProtocolError,
     ImapUnavailable,
@@ -153,6 +156,7 @@ class ImapSource:
         self._refused = 0  # logins answered a code-less NO in a row
         self._missing: dict[str, int] = {}  # folder → runs in a row it was missing
         self._missing_now: dict[str, str] = {}  # folder → the last run's error
+        self._passing: set[str] = set()  # of those, refused with a temporary code
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
@@ -214,24 +218,35 @@ class ImapSource:
         if not self._missing_now:
             return None
         text = "; ".join(self._missing_now.values())
-        lasting = max(self._missing[name] for name in self._missing_now) >= FOLDER_MISSING_RUNS
-        return f"folder missing on the server (skipped, the others synced): {text}", lasting
+        lasting = any(
+            self._missing[name] >= FOLDER_MISSING_RUNS
+            for name in self._missing_now
+            if name not in self._passing
+        )
+        return (
+            f"folder missing or refused on the server (skipped, the others synced): {text}",
+            lasting,
+        )
 
     async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
         positions = load_cursor(cursor)
         self._retired = load_retired(cursor)
         self._reread = load_reread(cursor)
         self._missing_now = {}
+        self._passing = set()
         try:
             for folder in self.mailbox.folders:
                 try:
                     async for page in self._folder_pages(folder, positions):
                         yield page
-                except ImapFolderMissing as exc:
-                    # one folder gone must not hold back the others (issue 22 #11)
+                except (ImapFolderMissing, ImapFolderRefused) as exc:
+                    # one folder gone or refused must not hold back the others (issue
+                    # 22 #11): a failed run's throttle delayed them, IDLE's rings too
                     self._missing[folder.name] = self._missing.get(folder.name, 0) + 1
                     self._missing_now[folder.name] = str(exc)
-                    log.warning("imap_folder_missing", folder=folder.name, error=str(exc))
+                    if isinstance(exc, ImapFolderRefused) and exc.temporary:
+                        self._passing.add(folder.name)
+                    log.warning("imap_folder_skipped", folder=folder.name, error=str(exc))
                     continue
                 self._missing.pop(folder.name, None)
         except ImapUnavailable:

@@ -303,6 +303,64 @@ async def test_a_missing_folder_does_not_hold_back_the_others(
         stop(daemon)
 
 
+async def test_a_folder_the_server_refuses_does_not_hold_back_the_others(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    """A folder that exists but that the server will not open (its files unreadable:
+    Dovecot answers EXAMINE `NO [SERVERBUG]`; an ACL answers [NOPERM]) failed the
+    whole run, so INBOX mail waited out a throttle growing to an hour, IDLE's rings
+    with it. INBOX keeps syncing; the status names the folder; it syncs once readable."""
+    user = dovecot.new_user()
+    dovecot.create_folder(user.username, "Archive")
+    mail = corpus_messages(corpus, 5)
+    inbox = [dovecot.deliver(user.username, "INBOX", mail[0])]
+    box = Imap("support", user, folders=("INBOX", "Archive"))
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    archive = dovecot.home(user.username) / "Maildir" / ".Archive"
+    readable = archive.stat().st_mode & 0o7777
+    try:
+        want = external_ids(dovecot, user.username, "INBOX", inbox)
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="INBOX synced",
+            until=lambda got: got == want,
+        )
+        archive.chmod(0)  # the mail processes run as another user: they cannot read it
+        for raw in mail[1:3]:
+            uid = dovecot.deliver(user.username, "INBOX", raw)
+            want |= external_ids(dovecot, user.username, "INBOX", [uid])
+            await daemon.eventually(
+                lambda: copies(db_dsn, "acme", "support"),
+                PROMPT_S,
+                what="INBOX mail while Archive is refused",
+                until=lambda got, want=want: got == want,
+            )
+        await daemon.eventually(
+            lambda: mailbox_row(db_dsn, "last_error"),
+            WAIT_S,
+            what="the refused folder named in the status",
+            until=lambda error: error is not None and "Archive" in error,
+        )
+        assert await mailbox_row(db_dsn, "throttle_until") is None
+        archive.chmod(readable)
+        archived = [dovecot.deliver(user.username, "Archive", mail[3])]
+        want |= external_ids(dovecot, user.username, "Archive", archived)
+        uid = dovecot.deliver(user.username, "INBOX", mail[4])  # a ring: a run
+        want |= external_ids(dovecot, user.username, "INBOX", [uid])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="Archive synced once readable",
+            until=lambda got: got == want,
+        )
+    finally:
+        archive.chmod(readable)
+        stop(daemon)
+
+
 async def test_an_expunge_while_idling_is_recorded_without_a_poll(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
 ) -> None:
