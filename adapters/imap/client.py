@@ -12,7 +12,8 @@ its errors are translated (adapters/imap/errors.py): a login refused with
 [AUTHENTICATIONFAILED]/[AUTHORIZATIONFAILED]/[EXPIRED] → ImapAuthError (the
 server's text kept, credentials never), with a temporary code (RFC 5530
 [UNAVAILABLE], [SERVERBUG], [LIMIT], [INUSE]) → ImapUnavailable, without a code →
-ImapLoginRefused; a certificate that fails verification → ImapCertificateError;
+ImapLoginRefused; a certificate that fails verification → ImapCertificateError,
+a TLS handshake answered in clear (the STARTTLS port) → ImapNotTls;
 a dropped connection, BYE or a timeout → ImapUnavailable; EXAMINE of a folder
 the server does not have → ImapFolderMissing, of one it will not open →
 ImapFolderRefused; another answer we cannot use →
@@ -40,6 +41,7 @@ from inboxd.adapters.imap.errors import (
     ImapFolderMissing,
     ImapFolderRefused,
     ImapLoginRefused,
+    ImapNotTls,
     ImapProtocolError,
     ImapUnavailable,
 )
@@ -86,6 +88,9 @@ CREDENTIAL_REFUSED_CODES = frozenset({"AUTHENTICATIONFAILED", "AUTHORIZATIONFAIL
 # RFC 5530 §3: the server cannot log anyone in now (its user database is down, a
 # bug, too many connections, the mailbox in use): the same login works later.
 LOGIN_TEMPORARY_CODES = frozenset({"UNAVAILABLE", "SERVERBUG", "LIMIT", "INUSE"})
+# OpenSSL's reasons for a handshake answered by something that is not TLS (an IMAP
+# greeting on the plain port): the setting is wrong, not the server down.
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST"})
 # RFC 5530 §3: a folder the server cannot open now but will (its storage down, too
 # many sessions, the folder locked by another): never a reason for attention.
 FOLDER_TEMPORARY_CODES = frozenset({"UNAVAILABLE", "LIMIT", "INUSE"})
@@ -154,7 +159,17 @@ class ImapConnection:
                 f"imap connect {where}: the server's certificate failed verification: "
                 f"{exc.verify_message or _describe(exc)}"
             ) from exc
-        except (OSError, TimeoutError, ssl.SSLError, aioimaplib.AioImapException) as exc:
+        except ssl.SSLError as exc:
+            if mailbox.security == "tls" and exc.reason in _NOT_TLS_REASONS:
+                # a plaintext greeting where a TLS record was due: retried for ever,
+                # the failure only showed in last_error while the mailbox never synced
+                raise ImapNotTls(
+                    f"imap connect {where}: the server does not speak TLS on this port "
+                    f'({exc.reason}): is it the STARTTLS port? (security = "starttls", '
+                    "or the implicit-TLS port, usually 993)"
+                ) from exc
+            raise ImapUnavailable(f"imap connect {where}: {_describe(exc)}") from exc
+        except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
             raise ImapUnavailable(f"imap connect {where}: {_describe(exc)}") from exc
         await connection._login()
         await connection._enable_qresync()

@@ -11,6 +11,10 @@
     ImapCertificateError (AttentionError)       the server's certificate failed
                                                 verification: an operator's problem
                                                 (CA, host name), not an outage
+    ImapNotTls (AttentionError)                 `security = "tls"` and the server
+                                                answered the handshake in clear (the
+                                                STARTTLS or plain port): the port or
+                                                the setting is wrong
     ImapUnavailable (RetriableError)            connect, timeout, BYE, a dropped
                                                 connection, a login answered NO
                                                 [UNAVAILABLE]/[SERVERBUG]/[LIMIT]/[INUSE]
@@ -40,6 +44,7 @@ __all__ = [
     "ImapFolderMissing",
     "ImapFolderRefused",
     "ImapLoginRefused",
+    "ImapNotTls",
     "ImapProtocolError",
     "ImapUnavailable",
 ]
@@ -55,6 +60,10 @@ class ImapAuthError(AuthError):
 
 class ImapCertificateError(AttentionError):
     """The server's certificate failed verification: a person must act."""
+
+
+class ImapNotTls(AttentionError):
+    """The port does not speak TLS at once: an operator's setting, not an outage."""
 
 
 class ImapUnavailable(RetriableError):

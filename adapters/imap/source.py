@@ -73,6 +73,7 @@ from inboxd.adapters.imap.errors import (
     ImapFolderMissing,
     ImapFolderRefused,
     ImapLoginRefused,
+    ImapNotTls,
     ImapProtocolError,
     ImapUnavailable,
 )
@@ -176,7 +177,7 @@ class ImapSource:
             try:
                 await self._idle_once(folder, ring, backoff)
                 return  # the server has no IDLE: polling only
-            except (ImapAuthError, ImapCertificateError) as exc:
+            except (ImapAuthError, ImapCertificateError, ImapNotTls) as exc:
                 # Never return for good: the sync run is what reports a credential
                 # (needs_attention stops this runner, and this watch with it), and
                 # its pooled connection may never meet the refusal — a watch that

@@ -232,6 +232,35 @@ async def test_an_untrusted_certificate_needs_attention_with_the_reason(
         stop(daemon)
 
 
+async def test_tls_to_the_plain_port_needs_attention_with_the_reason(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer
+) -> None:
+    """`security = "tls"` against the STARTTLS port (143 for 993): the handshake meets
+    an IMAP greeting in clear. A setting to fix, never a server that will come back:
+    it was retried for ever, the mailbox never syncing and never needing attention."""
+    user = dovecot.new_user()
+    tls = (
+        f'host = "{dovecot.cert_hostname}"\nport = {dovecot.plain_port}\nsecurity = "tls"\n'
+        f'ca_file = "{dovecot.ca_file}"'
+    )
+    box = Imap("support", user, extra=tls)
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        await daemon.eventually(
+            lambda: sync_state(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="the mailbox needs attention",
+            until=lambda state: state == "needs_attention",
+        )
+        status = await status_json(tmp_path, db_dsn)
+        error = status[("acme", "support")]["last_error"] or ""
+        assert "does not speak TLS" in error and "starttls" in error, error
+    finally:
+        stop(daemon)
+
+
 async def test_a_missing_folder_does_not_hold_back_the_others(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
 ) -> None:
