@@ -192,11 +192,10 @@ class GmailSource:
     async def forget(self) -> None:
         """The mailbox was removed from the configuration: users.stop, so Gmail stops
         publishing its changes (Gmail push guide). Errors propagate to the caller."""
-        if self.settings.topic is None:
+        if self._watch is None:  # no topic: nothing publishes
             return
-        await self._ensure_client().stop()
-        if self._watch is not None:
-            self._watch.expires_at = None
+        # after any renewal under way, and no renewal after it (watch.py)
+        await self._watch.stop(self._ensure_client())
 
     async def aclose(self) -> None:
         """Close the HTTP session (the runner calls this when it ends)."""

@@ -23,6 +23,8 @@ after the previous watch lapsed (Gmail refused renewals for days) rings the
 mailbox: changes made meanwhile were published to no one, a sync picks them up.
 
 Renewing never touches the cursor: users.watch's historyId is not used.
+`stop` (the mailbox was removed) waits for a users.watch under way, calls
+users.stop and ends the schedule: no renewal reaches Gmail after the stop.
 In poll mode nothing runs the schedule, and a sync renews a watch that is due
 (`renew_if_due`), as before.
 """
@@ -104,25 +106,41 @@ class WatchKeeper:
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
         self._scheduled = False
+        # users.watch and users.stop one at a time, and none after the stop: a
+        # renewal on its way must not reach Gmail after users.stop (it would publish
+        # a removed mailbox's changes for 7 more days)
+        self._calls = anyio.Lock()
+        self._stopped = False
 
     async def run(self, client: Callable[[], GmailClient], ring: Callable[[], None]) -> None:
         """Renew now, then on the schedule, until cancelled; never raises otherwise.
         `client` gives the source's client (made lazily); `ring` asks for a sync."""
         self._scheduled = True
         try:
-            while True:
+            while not self._stopped:
                 lapsed = await self._renew_until_done(client)
+                if self._stopped:
+                    break
                 if lapsed:
                     ring()
                 await anyio.sleep(self.next_wait_s(time.time()))
+            await anyio.sleep_forever()  # stopped: nothing to keep until cancelled
         finally:
             self._scheduled = False
+
+    async def stop(self, client: GmailClient) -> None:
+        """users.stop, after any users.watch already under way, and no users.watch
+        from this keeper ever after (the mailbox was removed). Errors propagate."""
+        async with self._calls:
+            self._stopped = True
+            self.expires_at = None
+            await client.stop()
 
     async def renew_if_due(self, client: GmailClient) -> None:
         """Inside a sync, when no schedule runs: users.watch if none was made or less
         than WATCH_RENEW_BEFORE_S is left. A failure is logged; the sync goes on (a
         403 for a topic without Gmail's publish right, a 429): polling still syncs."""
-        if self._scheduled:
+        if self._scheduled or self._stopped:
             return
         if self.expires_at is not None and self.expires_at - time.time() > WATCH_RENEW_BEFORE_S:
             return
@@ -171,6 +189,12 @@ class WatchKeeper:
         return previous is not None and previous <= time.time()
 
     async def _renew(self, client: GmailClient) -> None:
+        async with self._calls:
+            if self._stopped:
+                return
+            await self._watch(client)
+
+    async def _watch(self, client: GmailClient) -> None:
         watch = await client.watch(self.topic, self.label_ids)
         self.expires_at = watch.expiration.timestamp()
         log.info("gmail_watch_renewed", mailbox=self.mailbox_id, expires_at=str(watch.expiration))

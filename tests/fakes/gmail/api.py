@@ -66,6 +66,10 @@ class GmailApi:
             "users.stop": self._stop,
         }
 
+    def method_of(self, call: Call) -> str | None:
+        """The API method `call` is (e.g. "users.watch"), None for an unknown route."""
+        return next((r[2] for r in ROUTES if r[0] == call.verb and r[1].match(call.path)), None)
+
     def dispatch(self, call: Call) -> Answer:
         route = next(
             ((m, r[2]) for r in ROUTES if r[0] == call.verb and (m := r[1].match(call.path))),

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import anyio
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -61,6 +62,10 @@ class FakeGmail:
         self.mailboxes: dict[str, Mailbox] = {}
         self.counters = Counters()
         self.faults = Faults()
+        # method → gate: such a call waits on arrival until the gate opens (a request
+        # still on its way, e.g. behind a slow network), then runs (hold())
+        self._holds: dict[str, anyio.Event] = {}
+        self.held: dict[str, int] = {}  # method → calls that waited at a gate
         self.quota = Quota(quota_units_per_s, quota_burst_s, clock)
         self.oauth = OAuthState(
             clock=clock,
@@ -211,9 +216,20 @@ class FakeGmail:
     def _count_certs(self) -> None:
         self.counters.cert_fetches += 1
 
+    def hold(self, method: str) -> anyio.Event:
+        """From now on calls of `method` (e.g. "users.watch") wait on arrival, before
+        Gmail sees them, until the returned event is set; `held[method]` counts them."""
+        gate = self._holds[method] = anyio.Event()
+        return gate
+
     async def _api(self, request: web.Request) -> web.Response:
         body = await request.read()
         call = Call(request.method, request.path, request.query, request.headers, body)
+        method = self.api.method_of(call)
+        gate = self._holds.get(method or "")
+        if method is not None and gate is not None:
+            self.held[method] = self.held.get(method, 0) + 1
+            await gate.wait()
         return _to_response(self.api.dispatch(call))
 
     async def _batch(self, request: web.Request) -> web.Response:
