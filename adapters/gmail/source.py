@@ -189,6 +189,16 @@ class GmailSource:
             return
         await self._watch.run(self._ensure_client, ring)
 
+    def degraded(self) -> tuple[str, bool] | None:
+        """After a run that completed: users.watch failing (the runner puts it in the
+        status; needs_attention when Gmail refuses the watch itself or it lapsed).
+        Mail still arrives, but only by polling: in push mode the daily safety sync."""
+        failing = self._watch.failing() if self._watch is not None else None
+        if failing is None:
+            return None
+        error, attention = failing
+        return f"users.watch failing, no pushes (mail waits for polling): {error}", attention
+
     async def forget(self) -> None:
         """The mailbox was removed from the configuration: users.stop, so Gmail stops
         publishing its changes (Gmail push guide). Errors propagate to the caller."""

@@ -12,7 +12,8 @@ mode the runner runs `WatchKeeper.run` for the mailbox's whole life
       ▲          │ failed (any error)                                                 │
       │          ▼                                                                    │
       │      "gmail_watch_failed" once, tenacity backoff with jitter, call again      │
-      │      until it succeeds ("gmail_watch_recovered" once)                         │
+      │      until it succeeds ("gmail_watch_recovered" once); the failure and the    │
+      │      recovery each ring a sync, which records `failing()` in the status       │
       └───────────────────────────────────────────────────────────────────────────────┘
 
 The next renewal comes WATCH_RENEW_PERIOD_S after the last one, or at half of the
@@ -49,7 +50,7 @@ from tenacity import (
 
 from inboxd.adapters.gmail.client import GmailClient
 from inboxd.adapters.gmail.errors import GmailAuthError, GmailRequestRejected, GmailRetriable
-from inboxd.pipeline.errors import describe
+from inboxd.pipeline.errors import Family, describe, family_of
 
 __all__ = [
     "WATCH_RENEW_BEFORE_S",
@@ -111,6 +112,7 @@ class WatchKeeper:
         # a removed mailbox's changes for 7 more days)
         self._calls = anyio.Lock()
         self._stopped = False
+        self._failure: tuple[str, bool] | None = None  # (error, permanent) while failing
 
     async def run(self, client: Callable[[], GmailClient], ring: Callable[[], None]) -> None:
         """Renew now, then on the schedule, until cancelled; never raises otherwise.
@@ -118,7 +120,7 @@ class WatchKeeper:
         self._scheduled = True
         try:
             while not self._stopped:
-                lapsed = await self._renew_until_done(client)
+                lapsed = await self._renew_until_done(client, ring)
                 if self._stopped:
                     break
                 if lapsed:
@@ -157,9 +159,23 @@ class WatchKeeper:
         wait_s *= 1 - random.uniform(0, WATCH_RENEW_JITTER)  # noqa: S311 - spread, not secrecy
         return max(wait_s, WATCH_RENEW_MIN_WAIT_S)
 
-    async def _renew_until_done(self, client: Callable[[], GmailClient]) -> bool:
+    def failing(self) -> tuple[str, bool] | None:
+        """While renewals fail: what Gmail answered, and whether an operator must act
+        (Gmail refused the watch itself: a topic without Gmail's publish right, a
+        malformed or missing topic, credentials; or the last watch has lapsed)."""
+        if self._failure is None:
+            return None
+        error, permanent = self._failure
+        lapsed = self.expires_at is not None and self.expires_at <= time.time()
+        return error, permanent or lapsed
+
+    async def _renew_until_done(
+        self, client: Callable[[], GmailClient], ring: Callable[[], None]
+    ) -> bool:
         """users.watch and its record, retried with backoff until both succeed; True
-        when the previous watch had lapsed by then."""
+        when the previous watch had lapsed by then. The first failure of a streak and
+        the recovery ring the mailbox, so a sync puts them in its status (the
+        source's degraded())."""
         failed = 0
 
         def note(state: RetryCallState) -> None:
@@ -167,11 +183,16 @@ class WatchKeeper:
             failed += 1
             if failed == 1:
                 exc = state.outcome.exception() if state.outcome else None
-                log.warning(
-                    "gmail_watch_failed",
-                    mailbox=self.mailbox_id,
-                    error=describe(exc)[:200] if exc else "",
+                error = describe(exc)[:200] if exc else ""
+                log.warning("gmail_watch_failed", mailbox=self.mailbox_id, error=error)
+                # Gmail refused the watch itself (credentials, a topic without its
+                # publish right, a malformed or missing topic): no retry mends it
+                permanent = exc is not None and family_of(exc) in (
+                    Family.ATTENTION,
+                    Family.PERMANENT,
                 )
+                self._failure = (error, permanent)
+                ring()
 
         retrying = AsyncRetrying(
             stop=stop_never,
@@ -186,6 +207,8 @@ class WatchKeeper:
         await retrying(self._renew, client())
         if failed:
             log.info("gmail_watch_recovered", mailbox=self.mailbox_id, retries=failed)
+            self._failure = None
+            ring()
         return previous is not None and previous <= time.time()
 
     async def _renew(self, client: GmailClient) -> None:

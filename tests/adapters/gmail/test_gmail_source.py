@@ -7,7 +7,7 @@ often Gmail was asked for each body.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,9 +84,12 @@ async def rig(
     sync_mode: str = "auto",
     watch_renew_period_s: float | None = None,
     backfill: Backfill = "all",
+    gmail_setup: Callable[[FakeGmail], None] | None = None,
 ) -> AsyncIterator[Rig]:
     await make_mailbox(T, M, provider="gmail", address=USER)
     async with FakeGmail([USER], quota_units_per_s=units_per_s) as fake:
+        if gmail_setup is not None:
+            gmail_setup(fake)
         settings = GmailSettings(
             client_id=fake.client_id,
             client_secret=Ref(fake.client_secret),
@@ -376,3 +379,44 @@ async def test_a_watch_gmail_refuses_does_not_stop_the_sync(pool, store, make_ma
         r.fake.mailbox(USER).add_files(corpus_files(2))
         await r.sync(2)  # synced all the same; the watch is tried again next run
         assert await r.cursor() is not None
+
+
+async def test_a_topic_gmail_may_not_publish_to_needs_attention_and_mail_still_syncs(
+    pool, store, make_mailbox
+) -> None:
+    """users.watch refused (the topic lacks Gmail's publish right): no push will
+    ever come, so the status says so (needs_attention with Gmail's text) instead of
+    a log line nobody reads; polling still stores mail, and once the right is
+    granted the next renewal clears it."""
+    topic = "projects/acme-project/topics/gmail"
+    files = corpus_files(2)
+    async with rig(
+        pool, store, make_mailbox, topic=topic, watch_renew_period_s=0.2, gmail_setup=no_topics
+    ) as r:
+
+        async def state() -> tuple[str, str | None]:
+            """The state, and the last error while no later sync succeeded (status)."""
+            row = await pool.fetchrow(
+                "SELECT sync_state, last_error, last_error_at < last_success_at AS old"
+                " FROM mailboxes WHERE mailbox_id = $1",
+                M,
+            )
+            return row["sync_state"], None if row["old"] else row["last_error"]
+
+        await eventually(
+            state, DEADLINE_S, what="needs_attention", until=lambda s: s[0] == "needs_attention"
+        )
+        _, error = await state()
+        assert error is not None and "users.watch" in error and "not authorized" in error
+        # polling goes on: mail is stored all the same
+        r.fake.mailbox(USER).add_files(files[:1])
+        await r.sync(1)
+        assert (await state())[0] == "needs_attention"
+
+        r.fake.publishable_topics = {topic}  # the operator grants the right
+        await eventually(state, DEADLINE_S, what="idle again", until=lambda s: s == ("idle", None))
+        assert r.fake.mailbox(USER).watch is not None
+
+
+def no_topics(fake: FakeGmail) -> None:
+    fake.publishable_topics = set()

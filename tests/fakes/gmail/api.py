@@ -199,6 +199,17 @@ class GmailApi:
         topic = request.get("topicName") if isinstance(request, dict) else None
         if not isinstance(topic, str) or not re.fullmatch(r"projects/[^/]+/topics/[^/]+", topic):
             raise BadRequest("Invalid topicName does not match projects/*/topics/*")
+        allowed = self.fake.publishable_topics
+        if allowed is not None and topic not in allowed:
+            # push guide, "Grant publish rights on your topic": without them users.watch
+            # is refused ("Error sending test message to Cloud PubSub ...: User not
+            # authorized to perform this action.")
+            return google_error(
+                403,
+                f"Error sending test message to Cloud PubSub {topic} : User not authorized "
+                "to perform this action.",
+                reason="forbidden",
+            )
         behavior = str(request.get("labelFilterBehavior", "include")).lower()
         if behavior not in ("include", "exclude"):
             raise BadRequest(f"Invalid labelFilterBehavior: {behavior!r}")

@@ -58,6 +58,9 @@ class FakeGmail:
     ) -> None:
         self.seed = seed
         self.watch_ttl_ms = WATCH_TTL_MS  # tests shorten it to see renewals
+        # topics that grant gmail-api-push@system.gserviceaccount.com publish rights;
+        # None: every well-formed topic (users.watch answers 403 for the others)
+        self.publishable_topics: set[str] | None = None
         self.history_retention = history_retention
         self.mailboxes: dict[str, Mailbox] = {}
         self.counters = Counters()
