@@ -73,6 +73,20 @@ def _with_db(dsn: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+@pytest.fixture
+async def empty_db(server_dsn: str) -> AsyncIterator[str]:
+    """DSN of a fresh database without the schema (a newcomer's first run, a wheel's
+    first migrate, an older release's schema to upgrade), dropped afterwards."""
+    name = f"inboxd_empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield _with_db(server_dsn, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 @pytest.fixture(scope="session")
 async def template_db(server_dsn: str) -> AsyncIterator[str]:
     name = f"inboxd_tmpl_{os.getpid()}"

@@ -13,10 +13,8 @@ import re
 import shutil
 import signal
 import tempfile
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
@@ -546,19 +544,6 @@ async def test_files_that_change_under_the_import(
 
 
 # --- migrate ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def empty_db(server_dsn: str) -> AsyncIterator[str]:
-    """DSN of a database without the schema (a newcomer's first run)."""
-    name = f"inboxd_empty_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def test_migrate_twice(inboxd, empty_db: str) -> None:

@@ -14,12 +14,8 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,19 +27,6 @@ BUILD_TIMEOUT_S = 300.0
 COMMAND_TIMEOUT_S = 120.0
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def empty_db(server_dsn: str) -> AsyncIterator[str]:
-    """DSN of a database without the schema."""
-    name = f"inboxd_wheel_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def _run(*argv: str | Path, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,6 @@ it: LISTEN on the doorbell channel from a separate connection.
 from __future__ import annotations
 
 import re
-import uuid
 from pathlib import Path
 
 import anyio
@@ -183,22 +182,15 @@ async def test_status_marks_what_no_configuration_names_and_stale_errors(
     assert {r["configured"] for r in plain.json} == {None}
 
 
-async def test_status_errors(inboxd, db_dsn, server_dsn) -> None:
+async def test_status_errors(inboxd, empty_db) -> None:
     bad = await inboxd("status", "--tenant", "Not Valid")
     assert bad.code == 2 and "invalid tenant id" in bad.error_lines[-1]
     down = await inboxd("status", dsn="postgresql://postgres@127.0.0.1:1/x")
     assert down.code == 1 and down.error_lines[-1].startswith("inboxd: error:")
     # a database of its own without the schema (the server's `postgres` database
     # may hold anything by now)
-    name = f"inboxd_empty_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        no_schema = await inboxd("status", dsn=db_dsn.rsplit("/", 1)[0] + f"/{name}")
-        assert no_schema.code == 1 and "inboxd migrate" in no_schema.error_lines[-1]
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    no_schema = await inboxd("status", dsn=empty_db)
+    assert no_schema.code == 1 and "inboxd migrate" in no_schema.error_lines[-1]
 
 
 # --- sync cancel -------------------------------------------------------------------------

@@ -10,10 +10,7 @@ becomes the next fixture (docs/upgrading.md).
 from __future__ import annotations
 
 import hashlib
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -30,28 +27,20 @@ MESSAGES = 20
 
 
 @pytest.fixture
-async def previous_release_db(server_dsn: str) -> AsyncIterator[str]:
+async def previous_release_db(empty_db: str) -> str:
     """A database as release 0.1.0's `inboxd migrate` left it."""
-    name = f"inboxd_upgrade_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server_dsn)
+    text = PREVIOUS.read_text(encoding="utf-8")
+    conn = await asyncpg.connect(empty_db)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        dsn = urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-        text = PREVIOUS.read_text(encoding="utf-8")
-        conn = await asyncpg.connect(dsn)
-        try:
-            async with conn.transaction():
-                await conn.execute(text)
-                await conn.execute(
-                    "INSERT INTO inboxd_schema_version (schema_sha256) VALUES ($1)",
-                    hashlib.sha256(text.encode()).hexdigest(),
-                )
-        finally:
-            await conn.close()
-        yield dsn
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        async with conn.transaction():
+            await conn.execute(text)
+            await conn.execute(
+                "INSERT INTO inboxd_schema_version (schema_sha256) VALUES ($1)",
+                hashlib.sha256(text.encode()).hexdigest(),
+            )
     finally:
-        await admin.close()
+        await conn.close()
+    return empty_db
 
 
 async def test_a_previous_release_database_upgrades_and_takes_mail(
