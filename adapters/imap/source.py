@@ -186,6 +186,9 @@ class ImapSource:
                 # wrong password tried often can lock the account.
                 delay = IDLE_REFUSED_RETRY_S
                 log.warning("imap_idle_refused", error=str(exc), retry_s=delay)
+                # and a run, to find out now: in push mode the next poll may be a
+                # day away, the mailbox "idle" while its mail waited
+                ring()
             except (ImapUnavailable, ImapProtocolError) as exc:
                 delay = backoff.next_delay()
                 log.info("imap_idle_reconnect", error=str(exc), retry_s=round(delay, 3))

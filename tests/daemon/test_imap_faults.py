@@ -9,6 +9,7 @@ sync_state, last_error and throttle, events.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,64 @@ async def test_a_temporary_login_failure_is_retried_and_never_needs_attention(
             db_dsn, "SELECT kind FROM events WHERE kind = 'mailbox.needs_attention'"
         )
         assert events == []
+    finally:
+        stop(daemon)
+
+
+async def test_a_password_rotated_then_fixed_syncs_again_after_sighup(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    """The server's password changed under the daemon ([AUTHENTICATIONFAILED] at the
+    next login: needs attention, the runner stopped); once the operator fixed it, a
+    SIGHUP with the same configuration starts the mailbox again: it leaves
+    needs_attention and the mail that waited is stored."""
+    user = dovecot.new_user()
+    mail = corpus_messages(corpus, 3)
+    first = [dovecot.deliver(user.username, "INBOX", mail[0])]
+    box = Imap("support", user, sync_mode="push", poll_interval_s=LONG_POLL_S)
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        want = external_ids(dovecot, user.username, "INBOX", first)
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="INBOX synced",
+            until=lambda got: got == want,
+        )
+        dovecot.add_user(user.username, "rotated-elsewhere")
+        dovecot.restart()  # every connection drops: the next logins are refused
+        waited = dovecot.deliver(user.username, "INBOX", mail[1])
+        await daemon.eventually(
+            lambda: sync_state(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="needs attention for the refused password",
+            until=lambda state: state == "needs_attention",
+        )
+        dovecot.add_user(user.username, user.password)  # the operator puts it back
+        daemon.signal(signal.SIGHUP)
+        want |= external_ids(dovecot, user.username, "INBOX", [waited])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="the mail that waited, after the reload",
+            until=lambda got: got == want,
+        )
+        await daemon.eventually(
+            lambda: sync_state(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="the mailbox out of needs_attention",
+            until=lambda state: state == "idle",
+        )
+        uid = dovecot.deliver(user.username, "INBOX", mail[2])  # IDLE is back too
+        want |= external_ids(dovecot, user.username, "INBOX", [uid])
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            PROMPT_S,
+            what="new mail through IDLE after the reload",
+            until=lambda got: got == want,
+        )
     finally:
         stop(daemon)
 
