@@ -192,6 +192,12 @@ class ImapSource:
             except (ImapUnavailable, ImapProtocolError) as exc:
                 delay = backoff.next_delay()
                 log.info("imap_idle_reconnect", error=str(exc), retry_s=round(delay, 3))
+                if isinstance(exc, ImapLoginRefused | ImapProtocolError):
+                    # the server answers but will not let us IDLE (a login refused
+                    # without a code, the folder gone or refused): a run reports it
+                    # (the refusals counted, the folder in the status) instead of
+                    # waiting for the poll; a server that is down is left alone
+                    ring()
             await anyio.sleep(delay)
 
     async def _idle_once(self, folder: str, ring: Callable[[], None], backoff: IdleBackoff) -> None:

@@ -449,6 +449,48 @@ async def test_a_folder_the_server_refuses_does_not_hold_back_the_others(
         stop(daemon)
 
 
+async def test_the_idle_folder_gone_in_push_mode_is_reported_without_a_poll(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    """Push mode, the first folder (the one IDLE watches) deleted: the watch could not
+    IDLE and rang nothing, so no run happened until the poll (a day away), the status
+    said nothing and the other folders' mail waited. The watch's failure rings: the
+    run reports the folder and syncs the rest."""
+    user = dovecot.new_user()
+    dovecot.create_folder(user.username, "Support")
+    mail = corpus_messages(corpus, 2)
+    box = Imap(
+        "support",
+        user,
+        folders=("Support", "INBOX"),
+        sync_mode="push",
+        poll_interval_s=LONG_POLL_S,
+    )
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        await first_sync(db_dsn, daemon)
+        dovecot.delete_folder(user.username, "Support")
+        dovecot.restart()  # the IDLE connection drops; its folder is gone when it is back
+        uid = dovecot.deliver(user.username, "INBOX", mail[0])
+        want = external_ids(dovecot, user.username, "INBOX", [uid])
+        await daemon.eventually(
+            lambda: mailbox_row(db_dsn, "last_error"),
+            WAIT_S,
+            what="the missing IDLE folder named in the status",
+            until=lambda error: error is not None and "Support" in error,
+        )
+        await daemon.eventually(
+            lambda: copies(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="INBOX mail without a poll",
+            until=lambda got: got == want,
+        )
+    finally:
+        stop(daemon)
+
+
 async def test_an_expunge_while_idling_is_recorded_without_a_poll(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
 ) -> None:
