@@ -4,9 +4,16 @@ polling errors, and Entra's error bodies (error, AADSTS code in error_codes)."""
 
 from __future__ import annotations
 
+import base64
+import time
+import uuid
 from typing import Any
 
 import aiohttp
+import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from helpers.keys import make_certificate, rsa_key
 
 from fakes.graph import DEVICE_CODE_GRANT, GRAPH_DEFAULT_SCOPE, FakeGraph
 from fakes.graph.testkit import ALICE, BOB, ManualClock, get_json, headers
@@ -151,4 +158,49 @@ async def test_single_use_refresh_tokens_refuse_a_redeemed_one(
     assert error["error_codes"] == [70000] and fake.identity.refused_redeemed == 1
     newest = body["refresh_token"]
     status, _ = await token(http, fake, {"grant_type": "refresh_token", "refresh_token": newest})
+    assert status == 200
+
+
+def signed_assertion(fake: FakeGraph, key: Any, cert: bytes, **claims: object) -> str:
+    """A certificate client assertion as the identity platform documents it."""
+    x509_cert = x509.load_pem_x509_certificate(cert)
+    digest = x509_cert.fingerprint(hashes.SHA256())
+    now = int(time.time())
+    body: dict[str, object] = {
+        "aud": fake.token_url, "iss": fake.client_id, "sub": fake.client_id,
+        "jti": str(uuid.uuid4()), "nbf": now, "iat": now, "exp": now + 600,
+    }  # fmt: skip
+    body.update(claims)
+    thumbprint = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return jwt.encode(body, key, algorithm="RS256", headers={"x5t#S256": thumbprint})
+
+
+async def test_a_confidential_client_authenticates_with_a_secret_or_a_certificate(
+    fake: FakeGraph, http: aiohttp.ClientSession
+) -> None:
+    key, other = rsa_key(), rsa_key()
+    cert, unregistered = make_certificate(key, "app"), make_certificate(other, "app")
+    fake.identity.certificates = [cert]
+    fake.identity.public_client_flows = False
+    refresh = fake.issue_refresh_token(ALICE)
+    grant = {"grant_type": "refresh_token", "refresh_token": refresh}
+    # no credential: Entra's AADSTS7000218
+    status, error = await token(http, fake, grant)
+    assert status == 401 and error["error_codes"] == [7000218]
+    assertion_type = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
+    def with_assertion(assertion: str) -> dict[str, str]:
+        return grant | {"client_assertion_type": assertion_type, "client_assertion": assertion}
+
+    for refused in (
+        signed_assertion(fake, other, unregistered),  # a certificate the app does not know
+        signed_assertion(fake, key, cert, aud="https://elsewhere.example/token"),
+        signed_assertion(fake, key, cert, exp=int(time.time()) - 60),
+        signed_assertion(fake, key, cert, sub="someone-else"),
+    ):
+        status, error = await token(http, fake, with_assertion(refused))
+        assert status == 401 and error["error_codes"] == [700027]
+    status, body = await token(http, fake, with_assertion(signed_assertion(fake, key, cert)))
+    assert status == 200 and fake.user_of_token(body["access_token"]) == ALICE
+    status, body = await token(http, fake, grant | {"client_secret": fake.client_secret})
     assert status == 200
