@@ -130,6 +130,12 @@ class OutlookSource:
                 yield page
         except DeltaExpired as exc:
             restart = start.without(exc.folder, self._bounds.get(exc.folder))
+            # a folder whose first round started in this run goes back to its start,
+            # but keeps that round's bound: started again later, its bound would be
+            # later, and mail stamped in between that no round reported yet lost
+            for folder, since in self._bounds.items():
+                if folder != exc.folder and restart.folders[folder].since is None:
+                    restart = restart.bounded(folder, since)
             raise CursorExpired(str(exc), restart_from=restart.encode()) from exc
 
     async def settle(self, page: Page, results: list[ItemResult]) -> None:

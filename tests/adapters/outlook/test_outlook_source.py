@@ -17,11 +17,14 @@ from pathlib import Path
 
 import anyio
 import asyncpg
+import orjson
+import pytest
 from aiohttp import web
 from fakes.graph import FakeGraph
 from helpers import eventually
 
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+from inboxd.adapters.outlook.cursor import DeltaCursor
 from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.adapters.settings import Backfill
 from inboxd.daemon.metrics import Metrics
@@ -29,6 +32,7 @@ from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import copies, graph_subscriptions
+from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.ingest import IngestStage
 from inboxd.pipeline.objectstore import ObjectStore
 
@@ -347,3 +351,50 @@ async def test_backfill_none_stores_mail_exchange_stamps_before_our_clock_said_n
         deliver(files[1])
         await r.sync(2)
         r.check_contract()
+
+
+async def test_a_reset_keeps_the_bound_of_a_folder_whose_first_round_ran_in_that_run(
+    pool, make_mailbox
+) -> None:
+    """A newly configured folder (inbox) starts its first round, bound by the
+    backfill window as of that moment; in the same run another folder's state
+    expires (410). The reset's cursor keeps inbox's bound: a first round started
+    again later would have a later one, and mail stamped in between that no round
+    had reported yet would never be."""
+    await make_mailbox(T, M, provider="outlook", address=USER)
+    async with FakeGraph([USER]) as fake:
+        settings = OutlookSettings(
+            directory_id=fake.directory_id,
+            client_id=fake.client_id,
+            client_secret=Ref(fake.client_secret),
+            graph_url=fake.graph_url,
+            authority_url=fake.authority_url,
+        )
+        mailbox = OutlookMailbox(address=USER, folders=("inbox", "sentitems"), backfill=30)
+
+        async def known(ids: list[str]) -> set[str]:
+            return set()
+
+        source = OutlookSource(T, M, settings, mailbox, known, pool)
+        try:
+            cursor: str | None = None
+            async for page in source.pages(None):
+                cursor = page.cursor_after or cursor
+            assert cursor is not None
+            # inbox newly configured: the stored cursor knows only sentitems
+            data = orjson.loads(cursor)
+            del data["folders"]["inbox"]
+            fake.mailbox(USER).expire_delta_tokens("sentitems")
+            inbox_bound: str | None = None
+            with pytest.raises(CursorExpired) as caught:
+                async for page in source.pages(orjson.dumps(data).decode()):
+                    assert page.cursor_after is not None
+                    position = DeltaCursor.decode(page.cursor_after, ["inbox"]).folders["inbox"]
+                    inbox_bound = position.since
+            assert inbox_bound is not None and inbox_bound != "all"
+            restart = DeltaCursor.decode(caught.value.restart_from, ["inbox", "sentitems"])
+            assert restart.folders["inbox"].since == inbox_bound
+            assert restart.folders["inbox"].first  # still its first round: a backfill
+            assert restart.folders["sentitems"].link is None  # the expired one restarts
+        finally:
+            await source.aclose()
