@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+import anyio
+from helpers import eventually
 
 from fakes.gmail import FakeGmail
 from fakes.gmail.testkit import (
@@ -312,6 +314,44 @@ async def test_watch_and_stop(fake: FakeGmail, http: aiohttp.ClientSession) -> N
         assert r.status == 200 and await r.json() == {}
     assert box.watch is None
     assert fake.counters.units[ALICE] == 150
+
+
+async def test_watch_on_a_topic_without_gmails_publish_right_is_403(
+    fake: FakeGmail, http: aiohttp.ClientSession
+) -> None:
+    token = fake.issue_access_token(ALICE)
+    fake.publishable_topics = {"projects/p/topics/granted"}
+    url = f"{fake.api_url}/users/me/watch"
+    body = {"topicName": "projects/p/topics/gmail"}
+    async with http.post(url, json=body, headers=bearer(token)) as r:
+        assert r.status == 403
+        error = (await r.json())["error"]
+    assert "not authorized" in error["message"] and fake.mailbox(ALICE).watch is None
+    body = {"topicName": "projects/p/topics/granted"}
+    async with http.post(url, json=body, headers=bearer(token)) as r:
+        assert r.status == 200
+    assert fake.mailbox(ALICE).watch is not None
+
+
+async def test_a_held_call_reaches_gmail_only_when_released(
+    fake: FakeGmail, http: aiohttp.ClientSession
+) -> None:
+    token = fake.issue_access_token(ALICE)
+    gate = fake.hold("users.watch")
+    statuses: list[int] = []
+
+    async def watch() -> None:
+        body = {"topicName": "projects/p/topics/gmail"}
+        url = f"{fake.api_url}/users/me/watch"
+        async with http.post(url, json=body, headers=bearer(token)) as r:
+            statuses.append(r.status)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        await eventually(lambda: fake.held.get("users.watch"), 30.0, what="the held call")
+        assert fake.mailbox(ALICE).watch is None  # not seen by Gmail yet
+        gate.set()
+    assert statuses == [200] and fake.mailbox(ALICE).watch is not None
 
 
 async def test_a_live_watch_publishes_watched_changes_and_a_lapsed_one_nothing(
