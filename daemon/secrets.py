@@ -55,6 +55,8 @@ SECRET_KEY_NAMES = frozenset(
         "api_key",
         "private_key",
         "signing_key",
+        # an app's certificate and private key, PEM ([outlook] certificate)
+        "certificate",
     }
 )
 SECRET_KEY_SUFFIXES = ("_secret", "_password", "_token", "_credentials")

@@ -1188,3 +1188,21 @@ def test_a_literal_imap_password_is_one_problem(tmp_path: Path) -> None:
     assert [(p.key, p.message.split(":")[0]) for p in problems] == [
         ("mailboxes[0].password", "literal secrets are not allowed in config files")
     ]
+
+
+def test_an_outlook_certificate_is_a_secret_reference(tmp_path: Path) -> None:
+    """`[outlook] certificate = "file:…"` as the guides and the example write it (it
+    was refused: "use a secret reference"), and a literal PEM is refused as a secret."""
+    pem = tmp_path / "app.pem"
+    pem.write_text("-----BEGIN PRIVATE KEY-----\n")
+    table = (
+        'id = "acme"\n[outlook]\ndirectory_id = "0c9e5a3b-6f2d-4c1e-9b7a-2d4f8e1a3c5b"\n'
+        'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\ncertificate = "{}"\n'
+        '[[mailboxes]]\nid = "o"\nprovider = "outlook"\naddress = "o@acme.example"\n'
+    )
+    config = write_config(tmp_path, "", acme=table.format(f"file:{pem}"))
+    assert check_config(config) == []
+    config = write_config(tmp_path, "", acme=table.format("-----BEGIN PRIVATE KEY-----"))
+    [problem] = check_config(config)
+    assert problem.key == "outlook.certificate"
+    assert problem.message.startswith("literal secrets are not allowed")
