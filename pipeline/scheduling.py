@@ -129,7 +129,11 @@ async def record_partial_success(
         await c.execute(
             "UPDATE mailboxes SET last_success_at = now(), throttle_backoff_s = 0,"
             " throttle_until = NULL, last_error = $3, last_error_at = now(),"
-            " sync_state = CASE WHEN $4 THEN 'needs_attention' ELSE 'idle' END"
+            " sync_state = CASE WHEN $4 THEN 'needs_attention'"
+            # the same problem still there: a restarted process, whose door counts
+            # again from its first run, does not clear it (nor announce it again)
+            "  WHEN sync_state = 'needs_attention' AND last_error = $3 THEN sync_state"
+            "  ELSE 'idle' END"
             " WHERE tenant_id = $1 AND mailbox_id = $2",
             tenant_id,
             mailbox_id,

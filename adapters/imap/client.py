@@ -250,7 +250,9 @@ class ImapConnection:
                 raise ImapFolderMissing(refused, folder)
             # one folder the server will not open (no rights; Dovecot answers a
             # folder it cannot read with [SERVERBUG]) must not hold back the others
-            raise ImapFolderRefused(refused, folder, temporary=code in FOLDER_TEMPORARY_CODES)
+            raise ImapFolderRefused(
+                refused, folder, temporary=code in FOLDER_TEMPORARY_CODES, code=code
+            )
         codes: dict[bytes, int] = {}
         exists = 0
         vanished: list[int] = []

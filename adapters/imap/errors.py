@@ -91,7 +91,10 @@ class ImapFolderRefused(ImapProtocolError):
     `temporary` when its response code says so (RFC 5530 [UNAVAILABLE], [LIMIT],
     [INUSE]): then it never puts the mailbox in needs_attention."""
 
-    def __init__(self, message: str, folder: str, *, temporary: bool) -> None:
+    def __init__(
+        self, message: str, folder: str, *, temporary: bool, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.folder = folder
         self.temporary = temporary
+        self.code = code  # the NO's response code, when it had one

@@ -253,9 +253,16 @@ class ImapSource:
                     # one folder gone or refused must not hold back the others (issue
                     # 22 #11): a failed run's throttle delayed them, IDLE's rings too
                     self._missing[folder.name] = self._missing.get(folder.name, 0) + 1
-                    self._missing_now[folder.name] = str(exc)
-                    if isinstance(exc, ImapFolderRefused) and exc.temporary:
-                        self._passing.add(folder.name)
+                    # the status names the folder and why in words that stay the
+                    # same from run to run (the server's text, with its timings, is
+                    # in the log line): an unchanged problem is recognised as such
+                    if isinstance(exc, ImapFolderRefused):
+                        code = f" [{exc.code}]" if exc.code else ""
+                        self._missing_now[folder.name] = f"{folder.name!r} refused{code}"
+                        if exc.temporary:
+                            self._passing.add(folder.name)
+                    else:
+                        self._missing_now[folder.name] = f"{folder.name!r} missing"
                     log.warning("imap_folder_skipped", folder=folder.name, error=str(exc))
                     continue
                 self._missing.pop(folder.name, None)

@@ -391,6 +391,49 @@ async def test_a_missing_folder_does_not_hold_back_the_others(
         stop(daemon)
 
 
+async def test_a_folder_that_stays_missing_stays_needing_attention_across_a_restart(
+    tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
+) -> None:
+    """A folder missing from the first sync on puts the mailbox in needs_attention
+    after FOLDER_MISSING_RUNS runs, a count each process starts again: a restarted
+    daemon set it back to idle at its first run, then announced it again (a second
+    mailbox.needs_attention event per restart, alerts flapping)."""
+    user = dovecot.new_user()
+    mail = corpus_messages(corpus, 3)
+    box = Imap("support", user, folders=("INBOX", "Archive"))
+    config = write_config(tmp_path, tenants={"acme": []})
+    imap_tenant(tmp_path, "acme", dovecot, [box])
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        await daemon.eventually(
+            lambda: sync_state(db_dsn, "acme", "support"),
+            WAIT_S,
+            what="needs attention for Archive",
+            until=lambda state: state == "needs_attention",
+        )
+    finally:
+        stop(daemon)
+    daemon = start(tmp_path, config, db_dsn, passwords(box))
+    try:
+        want: set[str] = set()
+        for raw in mail:  # three runs at least of the new process
+            uid = dovecot.deliver(user.username, "INBOX", raw)
+            want |= external_ids(dovecot, user.username, "INBOX", [uid])
+            await daemon.eventually(
+                lambda: copies(db_dsn, "acme", "support"),
+                WAIT_S,
+                what="INBOX mail after the restart",
+                until=lambda got, want=want: got == want,
+            )
+        assert await sync_state(db_dsn, "acme", "support") == "needs_attention"
+        events = await fetch(
+            db_dsn, "SELECT payload FROM events WHERE kind = 'mailbox.needs_attention'"
+        )
+        assert len(events) == 1, events
+    finally:
+        stop(daemon)
+
+
 async def test_a_folder_the_server_refuses_does_not_hold_back_the_others(
     tmp_path: Path, db_dsn: str, dovecot: DovecotServer, corpus: Path
 ) -> None:
