@@ -11,9 +11,13 @@ TopicArn can cause:
     otherwise                             → one fetch per URL however many ask
                                             (single flight), then cached
 
-A fetch failure is VerificationUnavailable (the route answers 503 and SNS retries);
-a response that is not exactly one PEM X.509 certificate with an RSA key is
-VerificationFailed.
+A fetch failure is VerificationUnavailable (the route answers 503 and SNS retries),
+and so is a response that is not exactly one PEM X.509 certificate with an RSA key:
+the URL was checked to be an SNS host over verified HTTPS, so what answered in its
+place is something between us and AWS (a filtering proxy's page, a captive portal),
+not the sender — treating it as a forgery turned genuine mail into `sns_unverified`
+records for as long as the proxy stood there. Both are remembered for
+CERT_FAILURE_TTL_S, so a broken path is not asked again for every message.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import anyio
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
-from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
+from inboxd.adapters.esp.base import VerificationUnavailable
 
 __all__ = [
     "CERT_CACHE_MAX_ENTRIES",
@@ -154,7 +158,12 @@ class CertificateCache:
                 cached = self._lookup(url)
                 if cached is not None:
                     return cached
-                key = load_public_key(await self._fetch_once(url))
+                served = await self._fetch_once(url)
+                try:
+                    key = load_public_key(served)
+                except VerificationUnavailable:
+                    self._remember_failure(url)
+                    raise
                 self._store(url, key)
                 return key
         finally:
@@ -173,13 +182,16 @@ class CertificateCache:
         try:
             return await self._fetch(url)
         except VerificationUnavailable:
-            self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
-            self._failed.move_to_end(url)
-            while len(self._failed) > self._max_entries:
-                self._failed.popitem(last=False)
+            self._remember_failure(url)
             raise
         finally:
             self._fetching -= 1
+
+    def _remember_failure(self, url: str) -> None:
+        self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
+        self._failed.move_to_end(url)
+        while len(self._failed) > self._max_entries:
+            self._failed.popitem(last=False)
 
     def _lookup(self, url: str) -> RSAPublicKey | None:
         entry = self._keys.get(url)
@@ -203,18 +215,19 @@ def load_public_key(pem: bytes) -> RSAPublicKey:
     """The RSA public key of a response that is exactly one PEM certificate.
 
     Surrounding text is refused rather than skipped (as the AWS Ruby SDK's
-    verifier does): a certificate URL serves a bare PEM. Raises VerificationFailed.
+    verifier does): a certificate URL serves a bare PEM. Raises VerificationUnavailable
+    (module docstring: what answers in the SNS host's place is not the sender).
     """
     text = pem.strip()
     if not (text.startswith(_PEM_BEGIN) and text.endswith(_PEM_END)):
-        raise VerificationFailed("sns: certificate is not a PEM certificate")
+        raise VerificationUnavailable("sns: certificate is not a PEM certificate")
     if text.count(_PEM_BEGIN) != 1:
-        raise VerificationFailed("sns: certificate response holds several certificates")
+        raise VerificationUnavailable("sns: certificate response holds several certificates")
     try:
         certificate = x509.load_pem_x509_certificate(text)
     except ValueError as exc:
-        raise VerificationFailed("sns: certificate does not parse") from exc
+        raise VerificationUnavailable("sns: certificate does not parse") from exc
     key = certificate.public_key()
     if not isinstance(key, RSAPublicKey):
-        raise VerificationFailed("sns: certificate key is not RSA")
+        raise VerificationUnavailable("sns: certificate key is not RSA")
     return key

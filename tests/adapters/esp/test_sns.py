@@ -698,19 +698,27 @@ async def test_fetches_at_once_are_capped(
     ],
     ids=["empty", "html", "bad-pem", "wrapped", "two-certificates"],
 )
-async def test_response_that_is_not_one_certificate_fails(
+async def test_response_that_is_not_one_certificate_is_unavailable(
     served: bytes, signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
+    """The SNS host's place was taken by something between us and AWS (a filtering
+    proxy's page): the sender is not to blame, so SNS or SQS delivers again later
+    (503 / left on the queue) instead of the mail being judged forged."""
     fetch.pems[CERT_URL] = served
-    with pytest.raises(VerificationFailed, match="certificate"):
+    with pytest.raises(VerificationUnavailable, match="certificate"):
         await verify(body(sign_sns(notification(), signing_key)), cache)
+    # remembered for CERT_FAILURE_TTL_S: the next message asks nobody
+    calls = len(fetch.calls)
+    with pytest.raises(VerificationUnavailable, match="failed recently"):
+        await verify(body(sign_sns(notification(), signing_key)), cache)
+    assert len(fetch.calls) == calls
 
 
-async def test_certificate_with_non_rsa_key_fails(
+async def test_certificate_with_non_rsa_key_is_unavailable(
     signing_key: rsa.RSAPrivateKey, fetch: FakeFetch, cache: CertificateCache
 ) -> None:
     fetch.pems[CERT_URL] = make_certificate(ec.generate_private_key(ec.SECP256R1()))
-    with pytest.raises(VerificationFailed, match="RSA"):
+    with pytest.raises(VerificationUnavailable, match="RSA"):
         await verify(body(sign_sns(notification(), signing_key)), cache)
 
 
