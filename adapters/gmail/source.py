@@ -153,6 +153,9 @@ class GmailSource:
             )
         # GmailClient's retry tunables (attempts, backoff), for tests and benchmarks
         self._client_options = dict(client_options or {})
+        # The account's primary address (getProfile), read once per process: Gmail's
+        # pushes name it, so an alias in `address` gets none of them
+        self._primary: str | None = None
 
     # --- the contract ----------------------------------------------------------------------
 
@@ -164,6 +167,8 @@ class GmailSource:
             async for page in self._full_sync(client, reset=cursor == RELIST_CURSOR):
                 yield page
             return
+        if self._watch is not None and self._primary is None:  # 1 quota unit per process
+            self._primary = (await client.get_profile()).email_address
         try:
             async for page in overlapped_pages(
                 self._history_downloads(client, cursor), self._finish
@@ -194,10 +199,19 @@ class GmailSource:
         status; needs_attention when Gmail refuses the watch itself or it lapsed).
         Mail still arrives, but only by polling: in push mode the daily safety sync."""
         failing = self._watch.failing() if self._watch is not None else None
-        if failing is None:
-            return None
-        error, attention = failing
-        return f"users.watch failing, no pushes (mail waits for polling): {error}", attention
+        if failing is not None:
+            error, attention = failing
+            return f"users.watch failing, no pushes (mail waits for polling): {error}", attention
+        primary = self._primary
+        if primary and primary.strip().lower() != self.mailbox.address.strip().lower():
+            # Gmail's push names the primary address; the push route matches `address`
+            return (
+                f"address {self.mailbox.address} is an alias of {primary}: Gmail's pushes "
+                f'name {primary} and are ignored (mail waits for polling); set address = "'
+                f'{primary}"',
+                False,
+            )
+        return None
 
     async def forget(self) -> None:
         """The mailbox was removed from the configuration: users.stop, so Gmail stops
@@ -218,6 +232,7 @@ class GmailSource:
 
     async def _full_sync(self, client: GmailClient, *, reset: bool) -> AsyncGenerator[Page, None]:
         profile = await client.get_profile()
+        self._primary = profile.email_address
         async for page in overlapped_pages(
             self._list_downloads(client, profile, reset=reset), self._finish
         ):

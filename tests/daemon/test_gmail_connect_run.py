@@ -62,3 +62,31 @@ async def test_a_mailbox_waits_as_needs_connect_until_a_reload_brings_its_token(
 
 async def _is(state, wanted: str) -> bool:
     return (await state())[0] == wanted
+
+
+async def test_an_alias_in_address_is_named_in_the_status(tmp_path, db_dsn) -> None:
+    """Gmail's pushes name the account's primary address; with an alias in `address`
+    every push is ignored and mail waits for polling — the status says so, and which
+    address to write."""
+    async with GatedGmail() as fake:
+        fake.add_user(SUPPORT)
+        signer = GoogleSigner()
+        fake.set_certs(signer.certs())
+        token = tmp_path / "support.refresh-token"
+        token.write_text(fake.issue_refresh_token(SUPPORT) + "\n")
+        alias = "helpdesk@" + SUPPORT.split("@")[1]
+        text = tenant_file(fake, {SUPPORT: token}).replace(
+            f'address = "{SUPPORT}"', f'address = "{alias}"'
+        )
+        assert alias in text
+        write_config(tmp_path)
+        (tmp_path / "tenants" / "acme.toml").write_text(text)
+        async with daemon_life(tmp_path, db_dsn, fake, signer, "alias") as run:
+            error = await run.eventually(
+                lambda: run.fetchval(
+                    "SELECT last_error FROM mailboxes WHERE mailbox_id = 'support'"
+                ),
+                "the alias named in the last error",
+            )
+            assert f"address {alias} is an alias of {SUPPORT}" in error, error
+            assert f'set address = "{SUPPORT}"' in error
