@@ -74,34 +74,32 @@ sets it unconditionally: it then stops the next run at its first check.)
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import TypeAlias
 
-import asyncpg
-
+from inboxd.pipeline.mailbox_rows import (
+    HELD,
+    Executor,
+    MailboxNotFound,
+    connection,
+    one_line,
+    positive_seconds,
+    require_owner,
+)
 from inboxd.pipeline.outbox import EventBuffer
 
-# Explicit alias: asyncpg ships no types, and mypy reads an untyped union as a variable.
-Executor: TypeAlias = asyncpg.Connection | asyncpg.Pool
+# Executor, MailboxNotFound and one_line are imported from here by other modules
+# (their home is mailbox_rows.py).
+__all__ = [
+    "CURSOR_RESET_EVENT",
+    "Executor",
+    "MailboxNotFound",
+    "one_line",
+]
 
-# mailboxes.last_error is shown in `inboxd status` and /metrics labels: one short line.
-ERROR_MAX_CHARS = 300
 # The outbox event written by reset_cursor.
 CURSOR_RESET_EVENT = "mailbox.cursor_reset"
-
-
-class MailboxNotFound(LookupError):
-    """No mailbox row with that (tenant_id, mailbox_id)."""
-
-    def __init__(self, tenant_id: str, mailbox_id: str) -> None:
-        super().__init__(f"no mailbox {mailbox_id!r} in tenant {tenant_id!r}")
-        self.tenant_id = tenant_id
-        self.mailbox_id = mailbox_id
 
 
 def new_owner_id(name: str = "inboxd") -> str:
@@ -157,22 +155,19 @@ UPDATE mailboxes SET lease_owner = NULL, lease_expires_at = NULL, cancel_request
  WHERE tenant_id = $1 AND mailbox_id = $2 AND lease_owner = $3 AND lease_token = $4
 """
 
-# The fencing condition shared by every write a lease holder makes (here, and
-# scheduling.set_sync_state with a token).
-_HELD = "lease_token = $3 AND lease_owner IS NOT NULL AND lease_expires_at > now()"
 
 _COMMIT_CURSOR = f"""
 UPDATE mailboxes
    SET cursor = $4,
        cursor_updated_at = CASE WHEN cursor IS DISTINCT FROM $4 THEN now()
                                 ELSE cursor_updated_at END
- WHERE tenant_id = $1 AND mailbox_id = $2 AND {_HELD}
+ WHERE tenant_id = $1 AND mailbox_id = $2 AND {HELD}
 RETURNING true
 """
 
 _RESET_CURSOR = f"""
 UPDATE mailboxes SET cursor = $4, cursor_updated_at = now()
- WHERE tenant_id = $1 AND mailbox_id = $2 AND {_HELD}
+ WHERE tenant_id = $1 AND mailbox_id = $2 AND {HELD}
 RETURNING true
 """
 
@@ -197,9 +192,9 @@ async def acquire_lease(
     holds it. Raises MailboxNotFound when the mailbox does not exist,
     ValueError for a bad owner or ttl_s.
     """
-    _require_owner(owner)
+    require_owner(owner)
     row = await conn.fetchrow(
-        _ACQUIRE, tenant_id, mailbox_id, owner, _positive("ttl_s", ttl_s), session_key
+        _ACQUIRE, tenant_id, mailbox_id, owner, positive_seconds("ttl_s", ttl_s), session_key
     )
     token: int | None = row[0]
     exists: bool = row[1]
@@ -223,9 +218,9 @@ async def renew_lease(
     may try `acquire_lease` again later (it then gets a new token and resumes
     from the cursor in the database). Renew well before expiry (every ttl_s/3).
     """
-    _require_owner(owner)
+    require_owner(owner)
     renewed = await conn.fetchval(
-        _RENEW, tenant_id, mailbox_id, owner, token, _positive("ttl_s", ttl_s)
+        _RENEW, tenant_id, mailbox_id, owner, token, positive_seconds("ttl_s", ttl_s)
     )
     return bool(renewed)
 
@@ -286,7 +281,7 @@ async def reset_cursor(
     outbox event with payload {"reason": reason} (one line, truncated), whose
     NOTIFY goes out at commit. Nothing is written when the lease is not held.
     """
-    async with _connection(conn) as c, c.transaction():
+    async with connection(conn) as c, c.transaction():
         if not await c.fetchval(_RESET_CURSOR, tenant_id, mailbox_id, token, restart_from):
             return False
         events = EventBuffer()
@@ -362,36 +357,3 @@ async def take_cancel(conn: Executor, tenant_id: str, mailbox_id: str) -> bool:
             mailbox_id,
         )
     )
-
-
-# --- helpers -----------------------------------------------------------------------------
-
-# Also used by scheduling.py, which works on the same row under the same rules.
-
-
-def one_line(text: str, limit: int = ERROR_MAX_CHARS) -> str:
-    """`text` with whitespace runs (newlines included) collapsed and NULs dropped (a
-    PostgreSQL text column refuses U+0000), cut to `limit` chars."""
-    flat = " ".join(str(text).replace("\x00", "").split()) or "unknown error"
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-@asynccontextmanager
-async def _connection(conn: Executor) -> AsyncIterator[asyncpg.Connection]:
-    """A connection for a multi-statement transaction: `conn` itself, or one from the pool."""
-    if isinstance(conn, asyncpg.Pool):
-        async with conn.acquire() as acquired:
-            yield acquired
-    else:
-        yield conn
-
-
-def _require_owner(owner: str) -> None:
-    if not owner:
-        raise ValueError("lease owner must be a non-empty string")
-
-
-def _positive(name: str, value: float) -> float:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)

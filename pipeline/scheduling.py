@@ -40,14 +40,14 @@ from inboxd.pipeline.doorbell import ring
 
 # Private helpers of leases on purpose: the fence and argument checks of the one
 # row both modules write, kept in one place (leases does not import this module).
-from inboxd.pipeline.leases import (
-    _HELD,
+from inboxd.pipeline.mailbox_rows import (
+    HELD,
     Executor,
     MailboxNotFound,
-    _connection,
-    _positive,
-    _require_owner,
+    connection,
     one_line,
+    positive_seconds,
+    require_owner,
 )
 from inboxd.pipeline.outbox import EventBuffer
 from inboxd.pipeline.tenancy import validate_id
@@ -118,7 +118,7 @@ async def record_partial_success(
     nothing is retried sooner — but `problem` becomes last_error, and with
     `attention` the state is needs_attention (a `mailbox.needs_attention` event when
     newly so) while the runner keeps syncing what it can. Raises MailboxNotFound."""
-    async with _connection(conn) as c, c.transaction():
+    async with connection(conn) as c, c.transaction():
         before = await c.fetchval(
             "SELECT sync_state FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 FOR UPDATE",
             tenant_id,
@@ -184,7 +184,7 @@ async def record_failure(
     """
     if retry_after_s is not None:
         retry_after_s = _non_negative("retry_after_s", retry_after_s)
-    async with _connection(conn) as c, c.transaction():
+    async with connection(conn) as c, c.transaction():
         before = await c.fetchval(
             "SELECT sync_state FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2 FOR UPDATE",
             tenant_id,
@@ -235,7 +235,7 @@ async def set_sync_state(
     else:
         done = await conn.fetchval(
             f"UPDATE mailboxes SET sync_state = $4 WHERE tenant_id = $1 AND mailbox_id = $2 "
-            f"AND {_HELD} RETURNING true",
+            f"AND {HELD} RETURNING true",
             tenant_id,
             mailbox_id,
             token,
@@ -320,7 +320,7 @@ async def claim_due(
     a lease: the caller rings its doorbell for each mailbox, and its sync run
     still acquires the lease.
     """
-    _require_owner(owner)
+    require_owner(owner)
     cooldown_s = _non_negative("cooldown_s", cooldown_s)
     push_quiet_after_s = _non_negative("push_quiet_after_s", push_quiet_after_s)
     if limit < 1:
@@ -364,7 +364,7 @@ class MailboxRow:
                 f"mailbox {self.mailbox_id!r}: sync_mode {self.sync_mode!r} "
                 f"is not one of {sorted(SYNC_MODES)}"
             )
-        _positive("poll_interval_s", self.poll_interval_s)
+        positive_seconds("poll_interval_s", self.poll_interval_s)
 
 
 _UPSERT_TENANTS = """
@@ -409,7 +409,7 @@ async def upsert_configured_mailboxes(conn: Executor, rows: Sequence[MailboxRow]
         [r.sync_mode for r in ordered],
         [float(r.poll_interval_s) for r in ordered],
     )
-    async with _connection(conn) as c, c.transaction():
+    async with connection(conn) as c, c.transaction():
         await c.execute(_UPSERT_TENANTS, columns[0])
         status = await c.execute(_UPSERT_MAILBOXES, *columns)
     return int(status.rsplit(" ", 1)[-1])
