@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # in a shell (without this variable) reaches the server `make run` started.
 export INBOXD_DATA_DIR ?= $(CURDIR)/var
 # initdb refuses to run as root; the embedded server then runs as this existing
-# unprivileged user (never created by inboxd). See daemon/pg_run_as.py.
+# unprivileged user (never created by inboxd). See daemon/embedded_pg/run_as.py.
 ifeq ($(shell id -u),0)
 export INBOXD_EMBEDDED_PG_USER ?= nobody
 endif

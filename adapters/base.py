@@ -3,7 +3,7 @@
 A *source* syncs one mailbox. It yields *pages*: a list of MessageData (or
 DeadItem for what it could not turn into one) plus the cursor position that
 is reached once the whole page is stored. The ingest stage
-(`inboxd.pipeline.ingest.IngestStage.ingest`) answers one ItemResult per item:
+(`inboxd.pipeline.ingest.stage.IngestStage.ingest`) answers one ItemResult per item:
 
     new | merged | duplicate | conflict      settled: stored or already stored
     permanent_failure                          settled: recorded in dead_items

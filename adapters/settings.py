@@ -3,7 +3,7 @@
 Every reader takes the door's config error class (a ValueError subclass, e.g.
 GmailConfigError) and raises it with a message that starts with the key and never
 quotes a value: the daemon turns "key: message" into a problem at file.key
-(daemon/tenant_config.py), and a value may be a credential written inline.
+(daemon/config/tenant.py), and a value may be a credential written inline.
 
 Secrets arrive as reference objects (the daemon builds them from `env:` / `file:`
 strings) and are revealed only when a token is requested; adapters do not import

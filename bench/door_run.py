@@ -49,7 +49,7 @@ from daemon_backfill import (
 )
 
 from inboxd.pipeline.doorbell import ring
-from inboxd.pipeline.leases import CURSOR_RESET_EVENT
+from inboxd.pipeline.mailbox.leases import CURSOR_RESET_EVENT
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

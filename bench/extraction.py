@@ -52,16 +52,16 @@ from daemon_backfill import generate  # bench/ is sys.path[0]
 
 from inboxd.adapters.extraction import matches_fields, parse_processor
 from inboxd.daemon.commands.extract_backfill import BACKFILL_BATCH_SIZE
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.extraction.stage import ExtractionStage
-from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.tenant_config import TenantConfig
-from inboxd.pipeline.extraction_backfill import BackfillScope, backfill_batch
-from inboxd.pipeline.extraction_inbox import HandOff
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.extraction.backfill import BackfillScope, backfill_batch
+from inboxd.pipeline.extraction.inbox import HandOff
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
-from inboxd.pipeline.parsing import parse_in_workers
+from inboxd.pipeline.mime.workers import parse_in_workers
+from inboxd.pipeline.objectstore.database_tier import DEFAULT_MAX_BYTES, DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 

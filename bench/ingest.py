@@ -90,12 +90,12 @@ import orjson
 
 from inboxd.adapters.objectstore import open_object_store
 from inboxd.pipeline.identity import content_fingerprint, normalise_message_id, normalise_subject
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import Address, DeadItem, MessageData
-from inboxd.pipeline.mime import html_to_text, parse_raw
-from inboxd.pipeline.objectstore import ObjectStore
-from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime.parse import html_to_text, parse_raw
+from inboxd.pipeline.objectstore.database_tier import DEFAULT_MAX_BYTES, DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 

@@ -218,12 +218,12 @@ async def serve(args: argparse.Namespace) -> None:
     from inboxd.daemon.commands.run import tune_gc
     from inboxd.daemon.http import HttpState, TokenTable, serve_http
     from inboxd.daemon.logging import configure_logging
-    from inboxd.daemon.metrics import Metrics
+    from inboxd.daemon.metrics.registry import Metrics
     from inboxd.daemon.webhooks import Webhooks
     from inboxd.daemon.webhooks.esp import DeliveryHook, EspHooks, HookTable
     from inboxd.daemon.webhooks.ratelimit import RateLimiter
     from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
-    from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+    from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 
     configure_logging(True, level="warning", final=True)  # as `inboxd run` does
 

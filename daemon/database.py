@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import anyio
 import asyncpg
 
-from inboxd.daemon.secrets import Secret, SecretError
+from inboxd.daemon.config.secrets import Secret, SecretError
 from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault
 
 DsnOrigin = Literal["cli", "env", "config", "embedded"]
@@ -167,7 +167,7 @@ def resolve_dsn(
 
     Raises `DsnError` for an unusable value (missing env variable, unreadable file,
     literal password in the config file, wrong type) and
-    `pg_errors.EmbeddedPostgresError` when the embedded server cannot be started.
+    `errors.EmbeddedPostgresError` when the embedded server cannot be started.
     """
     if cli_dsn is not None and cli_dsn.strip():
         return DsnChoice(_dereference(cli_dsn.strip(), "--dsn", environ), "cli")
@@ -197,7 +197,7 @@ def resolve_dsn(
             f"forbids an embedded one; {ENV_EMBEDDED}=allow asks for it explicitly"
         )
     if embedded is None:
-        from .embedded_pg import ensure_embedded
+        from inboxd.daemon.embedded_pg.server import ensure_embedded
 
         return DsnChoice(ensure_embedded(environ=environ).dsn, "embedded")
     return DsnChoice(embedded(), "embedded")
@@ -331,7 +331,7 @@ def _config_dsn(config: Mapping[str, Any] | None) -> str | None:
 
 
 def _dereference(value: str, where: str, environ: Mapping[str, str]) -> str:
-    """A DSN given directly, or read through an env:/file: reference (daemon.secrets)."""
+    """A DSN given directly, or read through an env:/file: reference (daemon.config.secrets)."""
     if not value.startswith(("env:", "file:")):
         return value
     try:

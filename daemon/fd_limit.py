@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from inboxd.daemon.tenant_config import MailboxConfig
+from inboxd.daemon.config.tenant import MailboxConfig
 
 log = structlog.get_logger(__name__)
 

@@ -22,14 +22,14 @@ import structlog
 from anyio.abc import TaskStatus
 
 from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.config.tenant import TenantConfig
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.ses_sns import SnsEnvelopeCheck
 from inboxd.daemon.sync.queue import IngestQueue
-from inboxd.daemon.tenant_config import TenantConfig
-from inboxd.pipeline import scheduling
 from inboxd.pipeline.copies import known_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.ingest.stage import IngestBatch
+from inboxd.pipeline.mailbox import scheduling
 from inboxd.pipeline.outcomes import ItemResult, page_is_clean
 from inboxd.pipeline.queue_doors import record_unrouted, write_totals
 

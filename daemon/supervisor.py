@@ -16,9 +16,9 @@ Task tree (every task belongs to one of these groups; nothing is detached):
                              ├─ extraction          inbox feeder + one runner per
                              │                      processor (daemon/extraction/)
                              ├─ attachment sweep    re-derives failed attachments
-                             │                      (pipeline/attachment_sweep.py)
-                             ├─ attention gauge     (daemon/attention_metric.py)
-                             ├─ extraction gauges   (daemon/extraction_metric.py)
+                             │                      (pipeline/reprocess/attachments.py)
+                             ├─ attention gauge     (daemon/metrics/attention.py)
+                             ├─ extraction gauges   (daemon/metrics/extraction.py)
                              └─ watchdog            sd_notify WATCHDOG=1
 
 Shutdown (first SIGTERM/SIGINT): the fleet is cancelled — runners stop
@@ -42,18 +42,18 @@ import asyncpg
 import structlog
 
 from inboxd.daemon import systemd
-from inboxd.daemon.attention_metric import refresh_attention
-from inboxd.daemon.config import MainConfig, load_tenants
+from inboxd.daemon.config.main import MainConfig, load_tenants
+from inboxd.daemon.config.tenant import QUEUE_PROVIDERS, MailboxConfig, TenantConfig
 from inboxd.daemon.extraction.stage import ExtractionStage
-from inboxd.daemon.extraction_metric import refresh_extraction_backlog
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.attention import refresh_attention
+from inboxd.daemon.metrics.extraction import refresh_extraction_backlog
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.ses_door import SesDoor
 from inboxd.daemon.sync.fleet import MailboxFleet
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import RunnerDeps
-from inboxd.daemon.tenant_config import QUEUE_PROVIDERS, MailboxConfig, TenantConfig
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
@@ -61,13 +61,13 @@ from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable
 from inboxd.daemon.webhooks.gmail_config import build_gmail_push
 from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push
-from inboxd.pipeline import scheduling
-from inboxd.pipeline.attachment_sweep import AttachmentSweeper
 from inboxd.pipeline.delivery.intake import DeliveryIntake
 from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.ingest.stage import IngestStage
+from inboxd.pipeline.mailbox import scheduling
+from inboxd.pipeline.objectstore.store import ObjectStore
+from inboxd.pipeline.reprocess.attachments import AttachmentSweeper
 from inboxd.pipeline.tenancy import ensure_tenants
 
 log = structlog.get_logger(__name__)

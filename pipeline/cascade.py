@@ -35,7 +35,7 @@ import asyncpg
 
 from inboxd.pipeline.identity import normalise_body
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import html_to_text
+from inboxd.pipeline.mime.parse import html_to_text
 from inboxd.pipeline.outcomes import Outcome
 
 # Tier 3 window (docs/architecture.md §3): clocks of two relays rarely differ by more.

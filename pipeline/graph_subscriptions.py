@@ -36,7 +36,7 @@ from datetime import datetime
 
 import asyncpg
 
-from inboxd.pipeline.leases import one_line
+from inboxd.pipeline.mailbox.leases import one_line
 from inboxd.pipeline.tenancy import validate_id
 
 __all__ = [

@@ -1,7 +1,7 @@
 """MessageData: the one shape every door normalises mail into (docs/architecture.md §3).
 
 A door (Gmail, Graph, SES, IMAP, Maildir, import) builds these; the ingest stage
-(`pipeline.ingest`) is the only thing that turns them into rows. Nothing here
+(`pipeline.ingest.stage`) is the only thing that turns them into rows. Nothing here
 touches the network or the database.
 """
 

@@ -21,7 +21,7 @@ from datetime import datetime
 
 import asyncpg
 
-from inboxd.pipeline.rows import clean
+from inboxd.pipeline.ingest.rows import clean
 
 __all__ = ["PollerRow", "queue_summary", "record_unrouted", "write_totals"]
 

@@ -37,7 +37,7 @@ done
 
 status=0
 # The symlink tree is the only place the inboxd.* names exist, so mypy must run there.
-# sed turns "inboxd/pipeline/rows.py:12:" back into "pipeline/rows.py:12:".
+# sed turns "inboxd/pipeline/rows.py:12:" back into "pipeline/ingest/rows.py:12:".
 (
     cd "$tree"
     "$python" -m mypy \

@@ -23,8 +23,8 @@ import anyio
 import asyncpg
 import pytest
 
-from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.ingest.stage import IngestStage
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.schema import apply_schema
 from inboxd.pipeline.tenancy import ensure_mailbox
 
@@ -53,7 +53,7 @@ def server_dsn() -> Iterator[str]:
     if _answers("127.0.0.1", 5432):
         yield LOCAL_PG
         return
-    from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
+    from inboxd.daemon.embedded_pg.server import ensure_embedded, stop_embedded
 
     env = dict(os.environ)
     data_dir = tempfile.mkdtemp(prefix="inboxd-test-pg-")

@@ -5,7 +5,7 @@ Two backends share one contract (`ExtractionBackend.extract(message) -> dict`):
 http.py). Each call is one attempt: it returns a result valid against the
 processor's schema (schema.py), or raises ExtractionRetryable (the claim
 protocol's fail_retryable, with the server's Retry-After) or ExtractionTerminal
-(fail_terminal: needs_review with the reason); pipeline/extraction_claims.py.
+(fail_terminal: needs_review with the reason); pipeline/extraction/claims.py.
 config.py parses a tenant file's `[[processors]]` table and its mail filter.
 """
 

@@ -13,7 +13,7 @@ A processor declares, beside its schema, one rule per result field
 Rules (exactly one of the four keys per rule):
 
 * ``header = "Name"``: the first occurrence of that header in the raw MIME,
-  RFC 2047 decoded (pipeline/mime_headers.py); without raw bytes, the parsed
+  RFC 2047 decoded (pipeline/mime/headers.py); without raw bytes, the parsed
   field for Subject, From, To, Cc, Reply-To, Message-ID and In-Reply-To.
 * ``regex = "…(?P<value>…)…", in = "text" | "html_text" | "attachments" |
   "attachment_names" | "subject"``: a search over the plain-text body, the
@@ -70,12 +70,12 @@ import regex
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
 from inboxd.adapters.extraction.schema import JSON_INT_MAX, JSON_INT_MIN, ResultSchema
-from inboxd.pipeline.charsets import decode_bytes
-from inboxd.pipeline.extraction_messages import Reads
-from inboxd.pipeline.leases import one_line
+from inboxd.pipeline.extraction.messages import Reads
+from inboxd.pipeline.mailbox.leases import one_line
 from inboxd.pipeline.message import Address, MessageData
-from inboxd.pipeline.mime import html_to_text
-from inboxd.pipeline.mime_headers import header_text, param_8bit, raw_header
+from inboxd.pipeline.mime.charsets import decode_bytes
+from inboxd.pipeline.mime.headers import header_text, param_8bit, raw_header
+from inboxd.pipeline.mime.parse import html_to_text
 
 REGEX_SOURCES = ("text", "html_text", "attachments", "attachment_names", "subject")
 ATTACHMENT_PARTS = ("names", "types", "count")
@@ -195,7 +195,7 @@ def _choice(value: object, allowed: tuple[str, ...], key: str) -> str:
 class BuiltinBackend:
     """Rules plus the schema: `await extract(message)` is the validated result.
 
-    `reads`: what of a stored message the rules need (pipeline/extraction_messages.py):
+    `reads`: what of a stored message the rules need (pipeline/extraction/messages.py):
     attachment bytes only for a regex over attachments, the raw header block only
     for header rules, else the fields ingest stored."""
 
@@ -344,7 +344,7 @@ class _Reader:
 def attachment_texts(message: MessageData) -> list[str]:
     """Text of every text/* attachment whose bytes are at hand, in message order:
     decoded with the charset its content type names, else UTF-8, else
-    windows-1252 (pipeline/charsets.py: never raises); text/html as its visible text."""
+    windows-1252 (pipeline/mime/charsets.py: never raises); text/html as its visible text."""
     texts: list[str] = []
     for attachment in message.attachments:
         content_type = attachment.content_type.lower()

@@ -26,7 +26,7 @@ Choices:
   mail that reached a Gmail mailbox first and then `billing` is mail of
   `billing`, so `matches_fields` checks every mailbox the message has a copy in.
 * **`schema_version` is an integer ≥ 1**: it is part of the job's unique key
-  (pipeline/extraction_claims.py), so it must compare exactly; bump it to
+  (pipeline/extraction/claims.py), so it must compare exactly; bump it to
   extract again.
 * **The token is stored as its reference** (`env:NAME` or `file:/path`), never
   resolved here: the daemon reveals it when it builds the backend.
@@ -50,7 +50,7 @@ from yarl import URL
 from inboxd.adapters.extraction.builtin import Rule, parse_rules
 from inboxd.adapters.extraction.errors import ProcessorConfigError
 from inboxd.adapters.extraction.schema import ResultSchema, compile_schema, load_schema
-from inboxd.pipeline.extraction_inbox import FilterFields
+from inboxd.pipeline.extraction.inbox import FilterFields
 from inboxd.pipeline.message import MessageData
 
 BACKENDS = ("builtin", "http")
@@ -248,7 +248,7 @@ def matches(processor: ProcessorConfig, message: MessageData, mailbox_id: str) -
 
 def matches_fields(processor: ProcessorConfig, fields: FilterFields) -> bool:
     """`matches` for a stored message, by what the database holds of it
-    (pipeline/extraction_inbox.py `load_filter_fields`); `mailboxes` takes it
+    (pipeline/extraction/inbox.py `load_filter_fields`); `mailboxes` takes it
     when any mailbox it has a copy in is listed (module docstring)."""
     return _matches(
         processor,

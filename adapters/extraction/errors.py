@@ -13,7 +13,7 @@
     ProcessorConfigError (ConfigError)         a [[processors]] table is wrong; names the key
 
 A backend raises exactly one of the first two per failed call, with `reason` a
-short single line (pipeline/extraction_claims.py stores it as the job's reason);
+short single line (pipeline/extraction/claims.py stores it as the job's reason);
 a backend never retries by itself (one call = one attempt).
 """
 

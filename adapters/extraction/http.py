@@ -12,7 +12,7 @@ by that id), else the whole schema. The token arrives resolved (the daemon
 reveals `env:`/`file:` references); it is never logged or put into a reason.
 
 What an answer means (one call = one attempt: no retry here, the claim
-protocol's backoff retries; pipeline/extraction_claims.py)::
+protocol's backoff retries; pipeline/extraction/claims.py)::
 
     2xx, a JSON object valid against the schema   → the result
     2xx, a JSON object the schema rejects          → ExtractionTerminal
@@ -56,13 +56,13 @@ from inboxd.adapters.extraction.errors import (
 )
 from inboxd.adapters.extraction.schema import ResultSchema
 from inboxd.adapters.retry_after import retry_after_s
-from inboxd.pipeline.extraction_claims import RETRY_AFTER_MAX_S
-from inboxd.pipeline.extraction_messages import Reads
-from inboxd.pipeline.leases import one_line
+from inboxd.pipeline.extraction.claims import RETRY_AFTER_MAX_S
+from inboxd.pipeline.extraction.messages import Reads
+from inboxd.pipeline.mailbox.leases import one_line
 from inboxd.pipeline.message import MessageData
 
 #: Wait after a 401/403 before the job is claimed again, seconds: the claim protocol's
-#: longest backoff step (pipeline/extraction_claims.py RETRY_MAX_S), long enough for
+#: longest backoff step (pipeline/extraction/claims.py RETRY_MAX_S), long enough for
 #: an operator to fix the token, short enough to resume soon after.
 UNAUTHORIZED_RETRY_AFTER_S = 600.0
 #: Largest answer read, bytes: a result is a row's JSON (a few KB); an error page can

@@ -39,14 +39,14 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from inboxd.adapters.extraction.errors import ExtractionTerminal, ProcessorConfigError
-from inboxd.pipeline.leases import one_line
+from inboxd.pipeline.mailbox.leases import one_line
 
 if TYPE_CHECKING:  # not re-exported by referencing; only the type of resolver_with_root
     from referencing._core import Resolver
 
 #: Dialect of a schema without `$schema` (the newest jsonschema 4.x implements).
 DEFAULT_DIALECT: type[jsonschema.protocols.Validator] = jsonschema.Draft202012Validator
-#: Longest failure reason kept, characters (pipeline/leases.py ERROR_MAX_CHARS is the
+#: Longest failure reason kept, characters (pipeline/mailbox/leases.py ERROR_MAX_CHARS is the
 #: limit of the row the reason lands in; a result's value can be long).
 REASON_MAX_CHARS = 300
 #: Largest schema file read, bytes: a schema is a page of JSON, not a data set.

@@ -3,7 +3,7 @@
     pages()   read up to IMPORT_PAGE_SIZE raw messages (or IMPORT_PAGE_MAX_BYTES)
               and hash each as it is read, in a worker thread → ask `known` once
               which of those sha256s the mailbox stores → parse the others off the
-              loop (pipeline.parsing.parse_in_workers, its limiter) → Page; the
+              loop (pipeline.mime.workers.parse_in_workers, its limiter) → Page; the
               next page is read and hashed while one is looked up and parsed
     settle()  nothing: an import moves no file and keeps no cursor
 
@@ -32,8 +32,8 @@ from inboxd.adapters.base import Page
 from inboxd.adapters.files.source import ImportPlan, RawMessage, SourceError, iter_messages
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.message import AttachmentData, MessageData
+from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import ItemResult
-from inboxd.pipeline.parsing import parse_in_workers
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
     [gmail]                                   # GmailSettings, once per tenant file
     client_id = "1234.apps.googleusercontent.com"
-    client_secret = "env:GMAIL_CLIENT_SECRET"   # secret reference (daemon/secrets.py)
+    client_secret = "env:GMAIL_CLIENT_SECRET"   # secret reference (daemon/config/secrets.py)
     topic = "projects/P/topics/T"               # Pub/Sub topic of users.watch; absent: poll only
     push_audience = "https://inboxd.example.org/hooks/gmail"
     push_service_account = "push@P.iam.gserviceaccount.com"

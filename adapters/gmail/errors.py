@@ -89,5 +89,5 @@ class HistoryExpired(InboxdError):
     keeps ("typically valid for at least a week, but in some rare circumstances …
     only a few hours", users.history.list reference). Not a family of its own on
     purpose: the source catches it and restarts a full sync through
-    `pipeline.leases.reset_cursor` (docs/architecture.md §4); one that escapes is a
+    `pipeline.mailbox.leases.reset_cursor` (docs/architecture.md §4); one that escapes is a
     source bug and `family_of` reports it as a crash."""

@@ -75,8 +75,8 @@ from inboxd.adapters.gmail.watch import WATCH_RENEW_PERIOD_S, WatchKeeper, Watch
 from inboxd.adapters.overlap import gather, overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import ItemResult
-from inboxd.pipeline.parsing import parse_in_workers
 
 __all__ = ["GmailSource", "KnownCopies"]
 

@@ -81,8 +81,8 @@ from inboxd.adapters.imap.reconnect import IdleBackoff
 from inboxd.adapters.overlap import overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
+from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import ItemResult
-from inboxd.pipeline.parsing import parse_in_workers
 
 __all__ = ["ImapSource", "StoredUnder"]
 

@@ -46,8 +46,8 @@ from inboxd.adapters.base import Page
 from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.adapters.maildir.errors import MaildirMissing, MaildirUnavailable
 from inboxd.pipeline.message import AttachmentData, MessageData
+from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import ItemResult, Outcome
-from inboxd.pipeline.parsing import parse_in_workers
 
 log = structlog.get_logger(__name__)
 

@@ -11,7 +11,7 @@ chain (environment, shared config, instance role).
      "endpoint_url": "http://minio:9000", "region": "eu-west-1"}
 
 ``database_max_bytes`` (either kind): objects up to that size live in PostgreSQL's
-``small_objects`` instead (``pipeline/objectstore_db.py``; 0 turns it off). Default:
+``small_objects`` instead (``pipeline/objectstore/database_tier.py``; 0 turns it off). Default:
 64 KiB for a local directory, where it takes a file, a rename and two fsyncs per
 message off ingest; 0 for S3, which keeps one object per message (issue 15) unless
 the operator asks otherwise.
@@ -26,9 +26,13 @@ from typing import Any, Literal
 
 import asyncpg
 
-from inboxd.pipeline.objectstore import ObjectStore
-from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, MAX_MAX_BYTES, DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.database_tier import (
+    DEFAULT_MAX_BYTES,
+    MAX_MAX_BYTES,
+    DatabaseTierStore,
+)
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 __all__ = ["ObjectStoreConfig", "open_object_store"]
 

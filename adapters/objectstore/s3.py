@@ -4,7 +4,7 @@ Production deployments keep raw MIME, large HTML bodies and attachments in a
 bucket (docs/architecture.md §3) so replicas share them and the disk under PostgreSQL stays
 small. This is the only module of the object-store adapter that speaks to the SDK;
 everything the pipeline sees is the provider-free contract in
-``inboxd.pipeline.objectstore``.
+``inboxd.pipeline.objectstore.store``.
 
 Choices an operator should know about:
 
@@ -42,7 +42,7 @@ import asyncpg
 from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from inboxd.pipeline.objectstore import (
+from inboxd.pipeline.objectstore.store import (
     ObjectNotFound,
     ObjectStoreError,
     ObjectUnreadable,

@@ -40,10 +40,10 @@ from inboxd.adapters.ses.config import SesSettings
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
 from inboxd.adapters.ses.pointers import Pointer, parse_pointers
 from inboxd.adapters.ses.routing import Route, Router
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.ingest.stage import IngestBatch
 from inboxd.pipeline.message import DeadItem, MessageData
+from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import ItemResult, Outcome
-from inboxd.pipeline.parsing import parse_in_workers
 
 __all__ = ["BatchSettler", "CheckBody", "PollerEvents", "Unrouted", "Work"]
 

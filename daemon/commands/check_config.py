@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
-from inboxd.daemon.config import ConfigReport, inspect_config
+from inboxd.daemon.config.main import ConfigReport, inspect_config
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 
 

@@ -26,8 +26,7 @@ import anyio.to_thread
 import asyncpg
 import orjson
 
-from inboxd.daemon.config_reader import relative_to
-from inboxd.daemon.data_dir import ENV_DATA_DIR, data_dir_and_origin, default_data_dir
+from inboxd.daemon.config.reader import relative_to
 from inboxd.daemon.database import (
     ENV_DSN,
     DatabaseRejected,
@@ -38,8 +37,9 @@ from inboxd.daemon.database import (
     describe_target,
     resolve_dsn,
 )
+from inboxd.daemon.embedded_pg.data_dir import ENV_DATA_DIR, data_dir_and_origin, default_data_dir
+from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
 from inboxd.daemon.logging import LOG_LEVELS
-from inboxd.daemon.pg_errors import EmbeddedPostgresError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -124,7 +124,7 @@ def object_store_spec(config: dict[str, Any], config_path: Path | None = None) -
     directory; a bad table is a CommandError (exit 2).
 
     A relative local `path` is relative to the config file's directory, as for
-    `inboxd run` (daemon/config.py), so `import --config F` and `run --config F`
+    `inboxd run` (daemon/config/main.py), so `import --config F` and `run --config F`
     write to the same store whatever the working directory.
     """
     spec = config.get("object_store")
@@ -150,7 +150,7 @@ def configured_mailboxes(config: Path | None) -> set[tuple[str, str]] | None:
     (its mailboxes are unknown then). Blocks: call from a worker thread."""
     if config is None:
         return None
-    from inboxd.daemon.config import ConfigError, load_main, load_tenants
+    from inboxd.daemon.config.main import ConfigError, load_main, load_tenants
 
     try:
         tenants = load_tenants(load_main(config))
@@ -166,7 +166,7 @@ class _NotRunning(Exception):
 
 
 def _running_embedded() -> str:
-    from inboxd.daemon.embedded_pg import find_running
+    from inboxd.daemon.embedded_pg.server import find_running
 
     server = find_running(environ=os.environ)
     if server is None:

@@ -66,8 +66,8 @@ from inboxd.adapters.outlook.config import OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookConfigError
 from inboxd.daemon.commands import connect_outlook
 from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
-from inboxd.daemon.config import ConfigError, load_main, load_tenants
-from inboxd.daemon.config_reader import Options, Reader
+from inboxd.daemon.config.main import ConfigError, load_main, load_tenants
+from inboxd.daemon.config.reader import Options, Reader
 
 #: Google's consent page (OAuth 2.0 for installed apps, "Step 2").
 DEFAULT_AUTH_URL = "https://accounts.google.com/o/oauth2/v2/auth"

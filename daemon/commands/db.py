@@ -33,11 +33,11 @@ from inboxd.daemon.commands.common import (
     resolve,
     target_of,
 )
-from inboxd.daemon.data_dir import data_dir_and_origin
 from inboxd.daemon.database import dsn_has_password
-from inboxd.daemon.embedded_pg import stop_embedded
-from inboxd.daemon.pg_binaries import find_binaries
-from inboxd.daemon.pg_errors import EmbeddedPostgresError
+from inboxd.daemon.embedded_pg.binaries import find_binaries
+from inboxd.daemon.embedded_pg.data_dir import data_dir_and_origin
+from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
+from inboxd.daemon.embedded_pg.server import stop_embedded
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:

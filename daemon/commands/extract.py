@@ -5,7 +5,7 @@
             history); the running daemon's workers pick the jobs up, since claims
             poll the jobs table. daemon/commands/extract_backfill.py.
   retry     run one needs_review (or retry_wait) job again now, attempts reset
-            (pipeline/extraction_review.py `retry`); a completed result is never
+            (pipeline/extraction/review.py `retry`); a completed result is never
             overwritten.
   list      the tenant's jobs, newest first, with state, attempts, next attempt
             and why it failed, to find what to retry; `--conflicts` lists the
@@ -42,8 +42,8 @@ from inboxd.daemon.commands.status import (
     shorten_end,
     valid_id_option,
 )
-from inboxd.pipeline.extraction_claims import JobState
-from inboxd.pipeline.extraction_review import (
+from inboxd.pipeline.extraction.claims import JobState
+from inboxd.pipeline.extraction.review import (
     ConflictListing,
     JobListing,
     list_conflicts,

@@ -1,7 +1,7 @@
 """`inboxd extract backfill`: queue a tenant's existing messages for one processor.
 
 The protocol — scope, order, filter, what each message becomes — is
-`pipeline/extraction_backfill.py`'s docstring. This command adds:
+`pipeline/extraction/backfill.py`'s docstring. This command adds:
 
     set up    --config → the tenant file's processor (its mailboxes, filter and
               schema_version, exactly as `inboxd run` parses it); unknown tenant
@@ -50,16 +50,16 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.commands.progress import ProgressBar
 from inboxd.daemon.commands.status import valid_id_option
 from inboxd.daemon.commands.stopping import StopSignals
-from inboxd.daemon.config import ConfigError, load_main, load_tenants
+from inboxd.daemon.config.main import ConfigError, load_main, load_tenants
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.extraction_backfill import (
+from inboxd.pipeline.extraction.backfill import (
     BackfillReport,
     BackfillScope,
     backfill_batch,
     count_scope,
 )
-from inboxd.pipeline.extraction_inbox import FilterFields
+from inboxd.pipeline.extraction.inbox import FilterFields
 from inboxd.pipeline.statistics import EXTRACTION_TABLES, IngestStatistics
 
 log = structlog.get_logger(__name__)

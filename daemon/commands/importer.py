@@ -6,7 +6,7 @@ The import drives the daemon's own path (docs/architecture.md):
     set up     DSN → pool → schema.sql (idempotent) → tenant/mailbox rows → object store
     pages      adapters.files.ImportSource: raw messages read and hashed in a worker
                thread, those this mailbox does not store yet parsed off the loop
-               (pipeline.parsing, its limiter), one page ahead
+               (pipeline.mime.workers, its limiter), one page ahead
                (daemon.sync.pages.read_ahead)
     ingest     the bounded queue and its worker (daemon.sync.queue) → IngestStage,
                one transaction per page; items that come back retriable_failure
@@ -68,13 +68,13 @@ from inboxd.daemon.commands.import_pages import PageSettler, Unsettled
 from inboxd.daemon.commands.import_report import ImportSummary, ProgressBar, print_report
 from inboxd.daemon.commands.migrate import apply_with_deadline
 from inboxd.daemon.commands.stopping import StopSignals
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.pages import read_ahead, unwrap_single
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.extraction_inbox import HandOff
-from inboxd.pipeline.ingest import IngestStage
+from inboxd.pipeline.extraction.inbox import HandOff
+from inboxd.pipeline.ingest.stage import IngestStage
 from inboxd.pipeline.tenancy import ensure_mailbox, mailbox_exists, validate_id
 
 log = structlog.get_logger(__name__)
@@ -322,7 +322,7 @@ def extraction_handoff(path: Path | None, config: dict[str, Any], tenant_id: str
     queues the mail later."""
     if path is None or "tenants" not in config:
         return None
-    from inboxd.daemon.config import ConfigError, load_main, load_tenants
+    from inboxd.daemon.config.main import ConfigError, load_main, load_tenants
 
     try:
         tenants = load_tenants(load_main(path))

@@ -1,7 +1,7 @@
 """`inboxd reprocess`: re-derive stored messages from their raw bytes (a parser upgrade).
 
 The protocol — which messages, what is compared, written and reported — is
-`pipeline/reprocess.py`'s docstring. This command adds:
+`pipeline/reprocess/run.py`'s docstring. This command adds:
 
     set up    DSN → pool → object store (the same [object_store] as `inboxd run`);
               the schema is not applied (a reprocess changes rows, never tables)
@@ -51,7 +51,7 @@ from inboxd.daemon.commands.progress import ProgressBar
 from inboxd.daemon.commands.stopping import StopSignals
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, describe
-from inboxd.pipeline.reprocess import RAW_READ_CONCURRENCY, Report, Reprocessor, Scope
+from inboxd.pipeline.reprocess.run import RAW_READ_CONCURRENCY, Report, Reprocessor, Scope
 from inboxd.pipeline.tenancy import validate_id
 
 log = structlog.get_logger(__name__)

@@ -39,14 +39,14 @@ from inboxd.daemon.commands.common import (
     target_of,
 )
 from inboxd.daemon.commands.migrate import apply_with_deadline
-from inboxd.daemon.config import ConfigError, MainConfig, load_main, load_tenants
-from inboxd.daemon.data_dir import data_dir_and_origin
+from inboxd.daemon.config.main import ConfigError, MainConfig, load_main, load_tenants
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.database import DsnChoice
+from inboxd.daemon.embedded_pg.data_dir import data_dir_and_origin
 from inboxd.daemon.fd_limit import ensure_fd_limit
 from inboxd.daemon.logging import configure_logging
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.supervisor import Daemon
-from inboxd.daemon.tenant_config import TenantConfig
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 from inboxd.pipeline.delivery.intake import WRITERS as DELIVERY_WRITERS
 
@@ -144,15 +144,15 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _embedded_running() -> bool:
-    from inboxd.daemon.embedded_pg import find_running
+    from inboxd.daemon.embedded_pg.server import find_running
 
     return find_running(environ=os.environ) is not None
 
 
 def _leave_embedded(started_here: bool) -> None:
     """Stop the embedded server this command started; say what happens to the other."""
-    from inboxd.daemon.embedded_pg import stop_embedded
-    from inboxd.daemon.pg_errors import EmbeddedPostgresError
+    from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
+    from inboxd.daemon.embedded_pg.server import stop_embedded
 
     data_dir = data_dir_and_origin(os.environ)[0]
     if not started_here:

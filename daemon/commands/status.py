@@ -1,7 +1,7 @@
 """`inboxd status`: which daemons run, then each mailbox's cursor, lag, throttle, state
 and last error.
 
-First line: the daemons recorded in `inboxd_daemons` (pipeline/presence.py) — each
+First line: the daemons recorded in `inboxd_daemons` (pipeline/mailbox/presence.py) — each
 running replica's host, pid, version, start and last heartbeat, or when one was last
 seen; `--daemons` shows them alone (with --json, a list). A mailbox that the
 configuration given with --config does not name (removed from its tenant file, or a
@@ -13,7 +13,7 @@ After the mailboxes, when a tenant has any, the extraction backlog: jobs by
 state per processor and the feeder's inbox (daemon/commands/status_extraction.py);
 `--extraction` shows it alone (with --json, as a list per tenant).
 
-Read-only: one query (`pipeline.mailbox_status.mailbox_status`) against the database
+Read-only: one query (`pipeline.mailbox.status.mailbox_status`) against the database
 the other commands use, so it shows what every replica sees, whichever
 process runs it. On a terminal the table is drawn with rich; piped, it is
 plain text in aligned columns (one line per mailbox, greppable); `--json`
@@ -49,8 +49,8 @@ from inboxd.daemon.commands.common import (
 from inboxd.daemon.commands.status_extraction import TenantExtraction, extraction_status
 from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.mailbox_status import MailboxStatus, mailbox_status
-from inboxd.pipeline.presence import DaemonRow, daemons
+from inboxd.pipeline.mailbox.presence import DaemonRow, daemons
+from inboxd.pipeline.mailbox.status import MailboxStatus, mailbox_status
 from inboxd.pipeline.queue_doors import PollerRow, queue_summary
 from inboxd.pipeline.tenancy import validate_id
 

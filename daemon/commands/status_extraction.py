@@ -2,9 +2,9 @@
 
 Per tenant and processor, the jobs not completed by state (pending, running,
 retry_wait, needs_review), how many are due now and how long the oldest due one
-has waited (`pipeline.extraction_review.backlog`); per tenant, the new mail the
-feeder has not matched to processors yet (`pipeline.extraction_inbox.inbox_depth`).
-The same readings as the /metrics gauges (daemon/extraction_metric.py).
+has waited (`pipeline.extraction.review.backlog`); per tenant, the new mail the
+feeder has not matched to processors yet (`pipeline.extraction.inbox.inbox_depth`).
+The same readings as the /metrics gauges (daemon/metrics/extraction.py).
 
 Only tenants with something to show appear: a tenant without processors, or
 whose jobs are all completed and whose inbox is empty, adds nothing. `inboxd
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from inboxd.pipeline.extraction_inbox import inbox_depth
-from inboxd.pipeline.extraction_review import Backlog, backlog
+from inboxd.pipeline.extraction.inbox import inbox_depth
+from inboxd.pipeline.extraction.review import Backlog, backlog
 
 
 @dataclass(frozen=True, slots=True)

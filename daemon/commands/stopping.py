@@ -11,7 +11,7 @@ a second signal          abandons the batch in progress too: the main scope is
 While a command runs, its event-loop thread blocks SIGINT, SIGTERM and SIGTSTP
 and one thread of its own, which does nothing else, takes them instead
 (`held_from_children`). A child inherits the signal mask of the thread that
-forks it, so the parse worker processes (pipeline.parsing, spawned from the
+forks it, so the parse worker processes (pipeline.mime.workers, spawned from the
 event loop) start with the three blocked, before their interpreter runs a line:
 a Ctrl-C to the process group while one starts no longer reaches it. Before,
 they ignored them only from their first chunk on, 100-150 ms after they
@@ -39,7 +39,7 @@ from inboxd.daemon.commands.common import CommandError
 log = structlog.get_logger(__name__)
 
 # What a terminal or a service manager sends the whole process group to stop or
-# suspend it: the command's to handle, never a parse worker's (pipeline.parsing).
+# suspend it: the command's to handle, never a parse worker's (pipeline.mime.workers).
 GROUP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGTSTP})
 
 

@@ -4,7 +4,7 @@ Both act through the database, so they reach whichever replica syncs the
 mailbox, from any host that can reach the database:
 
   cancel   sets the mailbox's cancel flag while a sync runs
-           (`pipeline.leases.cancel_running_sync`); the running sync stops
+           (`pipeline.mailbox.leases.cancel_running_sync`); the running sync stops
            between pages, without moving its cursor past unprocessed work, and
            clears the flag. With no sync running it says so and sets nothing.
   now      rings the doorbell (`pipeline.doorbell.ring`, NOTIFY inboxd_doorbell);
@@ -35,8 +35,9 @@ from inboxd.daemon.commands.common import (
     resolve,
 )
 from inboxd.daemon.commands.status import database_call, format_time, valid_id_option
-from inboxd.pipeline import leases, mailbox_status
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, ring
+from inboxd.pipeline.mailbox import leases
+from inboxd.pipeline.mailbox import status as mailbox_status
 
 
 def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:

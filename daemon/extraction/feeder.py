@@ -1,7 +1,7 @@
 """The feeder: extraction_inbox rows → each matching processor's jobs.
 
 Ingest notes every new, conflict or merged row of a tenant with processors in
-`extraction_inbox`, in its own transaction (pipeline/extraction_inbox.py), and
+`extraction_inbox`, in its own transaction (pipeline/extraction/inbox.py), and
 rings the feeder. The feeder, in one transaction per round of at most
 FEED_BATCH rows: takes the rows (deleting them), reads their filter fields,
 and queues a job for every processor whose mailboxes and filter take the
@@ -31,8 +31,8 @@ import structlog
 
 from inboxd.adapters.extraction import ProcessorConfig, matches_fields
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_inbox import load_filter_fields, take
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.inbox import load_filter_fields, take
 from inboxd.pipeline.statistics import EXTRACTION_TABLES, IngestStatistics
 
 log = structlog.get_logger(__name__)

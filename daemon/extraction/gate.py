@@ -26,7 +26,7 @@ import anyio
 import structlog
 
 from inboxd.daemon.extraction.outcomes import Failed, Outcome, Release
-from inboxd.pipeline.extraction_claims import RETRY_AFTER_MAX_S
+from inboxd.pipeline.extraction.claims import RETRY_AFTER_MAX_S
 
 __all__ = ["EndpointGate"]
 

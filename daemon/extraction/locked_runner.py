@@ -1,5 +1,5 @@
 """A builtin processor's workers: each round one transaction that locks due jobs,
-runs the rules and writes the outcomes (pipeline/extraction_locked.py).
+runs the rules and writes the outcomes (pipeline/extraction/locked.py).
 
     round:  BEGIN → lock_due ≤ ROUND_JOBS → load_messages (what the rules read)
             → rules → finish_locked (results + events, failures) → COMMIT
@@ -39,13 +39,13 @@ from inboxd.daemon.extraction.outcomes import (
     attempt_blocking,
 )
 from inboxd.daemon.extraction.processors import Processor
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError, blames_the_data, describe
-from inboxd.pipeline.extraction_claims import ClaimedJob
-from inboxd.pipeline.extraction_locked import LockedFailure, finish_locked, lock_due
-from inboxd.pipeline.extraction_messages import load_messages
+from inboxd.pipeline.extraction.claims import ClaimedJob
+from inboxd.pipeline.extraction.locked import LockedFailure, finish_locked, lock_due
+from inboxd.pipeline.extraction.messages import load_messages
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +94,7 @@ class LockedRunner:
         self._bell = anyio.Event()
         self._failing = False
         self._log = log.bind(tenant=processor.tenant_id, processor=processor.config.id)
-        # only this version's jobs are its to run (pipeline/extraction_versions.py)
+        # only this version's jobs are its to run (pipeline/extraction/versions.py)
         self._version = str(processor.config.schema_version)
 
     def ring(self) -> None:

@@ -35,16 +35,15 @@ from inboxd.adapters.extraction import (
     ExtractionTerminal,
 )
 from inboxd.daemon.extraction.processors import Backend
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline import extraction_results as results
 from inboxd.pipeline.errors import blames_the_data, describe
-from inboxd.pipeline.extraction_claims import ClaimedJob, JobState
-from inboxd.pipeline.extraction_messages import Reads
+from inboxd.pipeline.extraction import claims, results
+from inboxd.pipeline.extraction.claims import ClaimedJob, JobState
+from inboxd.pipeline.extraction.messages import Reads
 from inboxd.pipeline.message import MessageData
 
 log = structlog.get_logger(__name__)
 
-#: What became of a job, as inboxd_extractions_total counts it (daemon/metrics.py).
+#: What became of a job, as inboxd_extractions_total counts it (daemon/metrics/registry.py).
 COMPLETED, RETRY, NEEDS_REVIEW, RELEASED, LOST = (
     "completed",
     "retry",

@@ -19,15 +19,15 @@ from typing import Any, Protocol
 import aiohttp
 
 from inboxd.adapters.extraction import BuiltinBackend, HttpBackend, ProcessorConfig
-from inboxd.daemon.secrets import Secret, SecretError
-from inboxd.daemon.tenant_config import TenantConfig
-from inboxd.pipeline.extraction_messages import Reads
+from inboxd.daemon.config.secrets import Secret, SecretError
+from inboxd.daemon.config.tenant import TenantConfig
+from inboxd.pipeline.extraction.messages import Reads
 from inboxd.pipeline.message import MessageData
 
 
 class Backend(Protocol):
     """One extraction attempt (adapters/extraction/__init__.py); `reads`: how much of
-    a stored message it needs (pipeline/extraction_messages.py)."""
+    a stored message it needs (pipeline/extraction/messages.py)."""
 
     reads: Reads
 

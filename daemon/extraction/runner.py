@@ -13,7 +13,7 @@ committer is not far behind), and the next claim runs while the loader reads a
 batch, so the callers never wait for a claim: an http endpoint answering in
 50 ms keeps `concurrency` requests in flight (throughput = concurrency /
 latency), and a stalled endpoint holds few leases. Every write is fenced by
-the job's token (pipeline/extraction_claims.py): a job whose lease was lost —
+the job's token (pipeline/extraction/claims.py): a job whose lease was lost —
 the renewer finds it gone, or the process was paused past it — changes no row
 when its outcome arrives, and the reclaimer's result stands. What an attempt
 comes to and how it is written: outcomes.py; when the endpoint, not the mail, is
@@ -46,13 +46,13 @@ from inboxd.daemon.extraction.outcomes import (
     write_outcomes,
 )
 from inboxd.daemon.extraction.processors import Processor
-from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline import extraction_claims as claims
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS, StoreUnavailableError
-from inboxd.pipeline.extraction_claims import ClaimedJob
-from inboxd.pipeline.extraction_messages import load_messages
+from inboxd.pipeline.extraction import claims
+from inboxd.pipeline.extraction.claims import ClaimedJob
+from inboxd.pipeline.extraction.messages import load_messages
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 log = structlog.get_logger(__name__)
 

@@ -27,16 +27,16 @@ import asyncpg
 import structlog
 
 from inboxd.adapters.extraction import ProcessorConfig
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.extraction.feeder import Feeder
 from inboxd.daemon.extraction.locked_runner import LOCKED_ROUNDS_AT_ONCE, LockedRunner
 from inboxd.daemon.extraction.processors import Processor, build_processors
 from inboxd.daemon.extraction.runner import ProcessorRunner
-from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.extraction_inbox import HandOff
-from inboxd.pipeline.extraction_versions import carry_over
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.extraction.inbox import HandOff
+from inboxd.pipeline.extraction.versions import carry_over
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 log = structlog.get_logger(__name__)
 
@@ -165,7 +165,7 @@ class ExtractionStage:
 
     async def _carry_over(self, processor: Processor) -> None:
         """Jobs of the processor's other schema versions that never ran move to its
-        current one (pipeline/extraction_versions.py) before its runner claims; tried
+        current one (pipeline/extraction/versions.py) before its runner claims; tried
         until the database answers, since the runner could not claim before either."""
         version = str(processor.config.schema_version)
         while True:

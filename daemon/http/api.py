@@ -63,7 +63,7 @@ from aiohttp import hdrs, web
 from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error, json_response
 from inboxd.pipeline.delivery.intake_rows import storable_time
 from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id, normalise_subject
-from inboxd.pipeline.objectstore import ObjectNotFound, ObjectStoreError
+from inboxd.pipeline.objectstore.store import ObjectNotFound, ObjectStoreError
 from inboxd.pipeline.outbound import record_outbound
 from inboxd.pipeline.tenancy import validate_id
 

@@ -60,7 +60,7 @@ from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
 from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
 

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from inboxd.daemon.config import FORWARDED_HEADERS, TrustedProxies
+from inboxd.daemon.config.main import FORWARDED_HEADERS, TrustedProxies
 
 __all__ = [
     "FORWARDED_HEADERS",

@@ -4,7 +4,7 @@ Routes:
 
     GET  /healthz               200 {"status": "ok"} while the process serves
     GET  /readyz                200 / 503 from HttpState.ready() (database + config)
-    GET  /metrics               Prometheus text format (daemon/metrics.py)
+    GET  /metrics               Prometheus text format (daemon/metrics/registry.py)
     GET  /v1/events             Server-Sent Events per tenant (http/events.py)
     POST /v1/outbound           record a send for reconciliation (http/api.py)
     GET  /v1/attachments/{id}   attachment bytes or a presigned redirect (http/api.py)
@@ -63,7 +63,7 @@ from inboxd.daemon.http.state import (
     body_limit_for,
     json_response,
 )
-from inboxd.daemon.metrics import HTTP_UNMATCHED_ROUTE
+from inboxd.daemon.metrics.registry import HTTP_UNMATCHED_ROUTE
 from inboxd.pipeline.errors import DATABASE_ERRORS, DbFault, db_fault, describe
 
 __all__ = ["build_app", "serve_http"]

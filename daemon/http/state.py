@@ -16,9 +16,9 @@ import asyncpg
 import orjson
 from aiohttp import hdrs, web
 
-from inboxd.daemon.config import FORWARDED_HEADERS, TrustedProxies
-from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.daemon.config.main import FORWARDED_HEADERS, TrustedProxies
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

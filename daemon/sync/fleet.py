@@ -24,13 +24,13 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from inboxd.adapters.base import Source
+from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.sync.doorbell import listen_doorbell
 from inboxd.daemon.sync.registry import SourceDeps, build_source
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.daemon.sync.scanner import run_poll_scanner
-from inboxd.daemon.tenant_config import MailboxConfig
-from inboxd.pipeline import scheduling
 from inboxd.pipeline.errors import DATABASE_ERRORS, NotConnected, describe
+from inboxd.pipeline.mailbox import scheduling
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,7 @@ MAILBOX_STARTS_AT_ONCE = 32
 # A removed mailbox's provider clean-up (users.stop) gets this long during a reload.
 FORGET_DEADLINE_S = 10.0
 # Sync modes the scanner considers: poll on poll_interval_s, auto when push has been
-# quiet, push for its daily safety sync (pipeline/scheduling.py claim_due).
+# quiet, push for its daily safety sync (pipeline/mailbox/scheduling.py claim_due).
 POLLED_MODES = ("poll", "auto", "push")
 
 

@@ -23,7 +23,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from inboxd.adapters.base import Page, Source
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.ingest.stage import IngestBatch
 
 T = TypeVar("T")
 

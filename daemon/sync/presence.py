@@ -7,7 +7,7 @@
 While present, the process's row in `inboxd_daemons` (host, pid, version, start)
 has its heartbeat moved with every ping, for `inboxd status`; a clean stop
 (cancellation) removes it. Leases taken while present carry the lock's key
-(pipeline/leases.py). When the process dies — SIGKILL, OOM, power loss —
+(pipeline/mailbox/leases.py). When the process dies — SIGKILL, OOM, power loss —
 PostgreSQL drops the lock with the connection, and a restarted daemon (or
 another replica) takes those leases at
 once instead of waiting out their TTL. While absent, new leases carry no key
@@ -31,7 +31,7 @@ from anyio.abc import TaskStatus
 
 from inboxd.daemon.sync.reconnect import keep_connected
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.presence import (
+from inboxd.pipeline.mailbox.presence import (
     DaemonIdentity,
     PresenceTaken,
     forget_daemon,

@@ -21,8 +21,8 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
 log = structlog.get_logger(__name__)

@@ -23,7 +23,7 @@ from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir.config import MaildirConfig
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.source import OutlookSource
-from inboxd.daemon.tenant_config import MailboxConfig
+from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.pipeline.copies import known_copies, live_copies_under
 from inboxd.pipeline.errors import ConfigError, NotConnected
 

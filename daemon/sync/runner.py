@@ -38,12 +38,12 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from inboxd.adapters.base import Page, Source
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.config.tenant import MailboxConfig
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
-from inboxd.daemon.tenant_config import MailboxConfig
-from inboxd.pipeline import copies, leases, scheduling
+from inboxd.pipeline import copies
 from inboxd.pipeline.errors import (
     DATABASE_ERRORS,
     CursorExpired,
@@ -52,6 +52,7 @@ from inboxd.pipeline.errors import (
     describe,
     family_of,
 )
+from inboxd.pipeline.mailbox import leases, scheduling
 from inboxd.pipeline.outcomes import ItemResult, Outcome, page_is_clean
 
 log = structlog.get_logger(__name__)

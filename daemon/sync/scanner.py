@@ -16,8 +16,8 @@ import anyio
 import asyncpg
 import structlog
 
-from inboxd.pipeline import scheduling
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.mailbox import scheduling
 
 log = structlog.get_logger(__name__)
 

@@ -26,9 +26,9 @@ import aiohttp
 
 from inboxd.adapters.esp.base import DeliveryConfigError
 from inboxd.adapters.esp.registry import build_esp_receiver
-from inboxd.daemon.config_reader import ConfigProblem
-from inboxd.daemon.secrets import Secret, SecretError
-from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.config.reader import ConfigProblem
+from inboxd.daemon.config.secrets import Secret, SecretError
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.webhooks.esp import (
     DEFAULT_HOOK_BODY_BYTES,
     DEFAULT_RATE_BURST,

@@ -41,8 +41,8 @@ from inboxd.adapters.gmail.push import (
 )
 from inboxd.daemon.http.state import HTTP_STATE, json_error
 from inboxd.daemon.webhooks.ratelimit import PeerBudgets, peer_key
-from inboxd.pipeline import scheduling
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.mailbox import scheduling
 
 __all__ = ["PUSH_PATH", "GmailPush", "GmailPushTable", "GmailPushTenant"]
 

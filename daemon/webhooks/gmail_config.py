@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from inboxd.adapters.gmail.config import GmailSettings
 from inboxd.adapters.gmail.errors import GmailConfigError
 from inboxd.adapters.gmail.push import GoogleCerts, PushVerifier
-from inboxd.daemon.config_reader import ConfigProblem
-from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.config.reader import ConfigProblem
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.webhooks.gmail import GmailPushTenant
 
 __all__ = ["build_gmail_push"]

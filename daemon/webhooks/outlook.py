@@ -64,8 +64,9 @@ from aiohttp import hdrs, web
 
 from inboxd.daemon.http.state import HTTP_STATE, json_error
 from inboxd.daemon.webhooks.ratelimit import PeerBudgets, peer_key
-from inboxd.pipeline import graph_subscriptions, scheduling
+from inboxd.pipeline import graph_subscriptions
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
+from inboxd.pipeline.mailbox import scheduling
 
 __all__ = [
     "LIFECYCLE_PATH",

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from inboxd.adapters.outlook.config import OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookConfigError
-from inboxd.daemon.config_reader import ConfigProblem
-from inboxd.daemon.tenant_config import TenantConfig
+from inboxd.daemon.config.reader import ConfigProblem
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.webhooks.outlook import OutlookPushTenant
 
 __all__ = ["build_outlook_push"]

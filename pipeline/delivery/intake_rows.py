@@ -45,7 +45,7 @@ from inboxd.pipeline.delivery.model import (
     minimise_payload,
 )
 from inboxd.pipeline.identity import normalise_message_id
-from inboxd.pipeline.rows import clean
+from inboxd.pipeline.ingest.rows import clean
 
 #: Values in one prepared row (the request's token hash is appended when written).
 ROW_FIELDS = 17

@@ -594,8 +594,8 @@ async def test_migrate_database_down(inboxd) -> None:
 @pytest.fixture
 def embedded_pg() -> Iterator[tuple[Path, dict[str, str]]]:
     """A data directory for an embedded server this test may stop and start at will."""
-    from inboxd.daemon.embedded_pg import stop_embedded
-    from inboxd.daemon.pg_binaries import find_binaries
+    from inboxd.daemon.embedded_pg.binaries import find_binaries
+    from inboxd.daemon.embedded_pg.server import stop_embedded
 
     if not find_binaries():
         pytest.skip("no PostgreSQL server binaries for an embedded server")
@@ -626,7 +626,7 @@ async def test_database_lost_midway_then_rerun_completes(
     env: dict[str, str], embedded_pg: tuple[Path, dict[str, str]], mime: Path, tmp_path: Path
 ) -> None:
     from inboxd.adapters.files import IMPORT_PAGE_SIZE as IMPORT_BATCH_SIZE
-    from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
+    from inboxd.daemon.embedded_pg.server import ensure_embedded, stop_embedded
 
     data, pg_env = embedded_pg
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn

@@ -28,7 +28,7 @@ import pytest
 from helpers import CLI_TIMEOUT_S, cli_argv, cli_env, eventually, run_cli_async
 from helpers.parse_workers import READ_SYSCALL, holds_the_parent, parse_workers, signal_all
 
-from inboxd.pipeline.parsing import WORKER_DIED
+from inboxd.pipeline.mime.workers import WORKER_DIED
 
 # Small, with a Message-ID: copies with fresh Message-IDs make a large mbox.
 BULK_SAMPLE = "axllent-mailpit/plain-text.eml"
@@ -237,7 +237,7 @@ async def test_reprocess(
 
 # One Ctrl-C while a worker starts (issue 22 item 12): the worker's interpreter
 # starts, imports anyio, then the command's modules (anyio's "init" runs the console
-# script as __mp_main__, the first chunk unpickles inboxd.pipeline.parsing) — about
+# script as __mp_main__, the first chunk unpickles inboxd.pipeline.mime.workers) — about
 # 100-150 ms on an idle machine. The SIGINT lands at the moment a worker appears and
 # at points through that start-up: where it lands is what each try varies, nothing
 # waits on it.

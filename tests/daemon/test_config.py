@@ -1,4 +1,4 @@
-"""Configuration of `inboxd run`: daemon/config.py, daemon/secrets.py, `inboxd check-config`.
+"""Configuration of `inboxd run`: daemon/config/main.py and secrets.py, `inboxd check-config`.
 
 Config files are small TOML literals written to tmp_path by each test: a main
 file (empty by default: every key has a default, and the tenants directory
@@ -15,7 +15,7 @@ import orjson
 import pytest
 from helpers import cli_env, run_cli
 
-from inboxd.daemon.config import (
+from inboxd.daemon.config.main import (
     ConfigError,
     ConfigProblem,
     MainConfig,
@@ -25,8 +25,8 @@ from inboxd.daemon.config import (
     load_main,
     load_tenants,
 )
+from inboxd.daemon.config.secrets import Secret, SecretError, is_secret_key, parse_secret_ref
 from inboxd.daemon.database import resolve_dsn
-from inboxd.daemon.secrets import Secret, SecretError, is_secret_key, parse_secret_ref
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.toml"
@@ -1053,7 +1053,7 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
     assert repr(token) == str(token) == "Secret('env:ACME_TOKEN')"
 
 
-# --- daemon/secrets.py -------------------------------------------------------------------
+# --- daemon/config/secrets.py -------------------------------------------------------------------
 
 
 def test_reveal_reads_at_call_time_and_strips(tmp_path: Path) -> None:

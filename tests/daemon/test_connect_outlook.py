@@ -35,7 +35,7 @@ from inboxd.adapters.outlook.auth import GraphTokens
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.daemon.commands.common import EXIT_USAGE, CommandError
 from inboxd.daemon.commands.connect_outlook import device_flow
-from inboxd.daemon.secrets import Secret
+from inboxd.daemon.config.secrets import Secret
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 

@@ -18,12 +18,12 @@ import asyncpg
 import pytest
 from helpers.accounts import unprivileged_user
 
-from inboxd.daemon.data_dir import CHECKOUT, default_data_dir
 from inboxd.daemon.database import connect_pool, resolve_dsn
-from inboxd.daemon.embedded_pg import ensure_embedded, stop_embedded
-from inboxd.daemon.pg_binaries import find_binaries
-from inboxd.daemon.pg_errors import EmbeddedPostgresError
-from inboxd.daemon.pg_run_as import ROOT_REFUSAL
+from inboxd.daemon.embedded_pg.binaries import find_binaries
+from inboxd.daemon.embedded_pg.data_dir import CHECKOUT, default_data_dir
+from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
+from inboxd.daemon.embedded_pg.run_as import ROOT_REFUSAL
+from inboxd.daemon.embedded_pg.server import ensure_embedded, stop_embedded
 
 IS_ROOT = os.geteuid() == 0
 needs_binaries = pytest.mark.skipif(

@@ -20,9 +20,9 @@ from helpers import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, eventually, run
 from helpers.mail import store_mail
 
 from inboxd.daemon.commands.extract_backfill import BACKFILL_BATCH_SIZE
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.ingest import IngestStage
+from inboxd.pipeline.extraction import claims
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.ingest.stage import IngestStage
 
 T = "acme"
 VENDOR = "billing@vendor.example"

@@ -31,11 +31,11 @@ import inboxd.adapters.extraction.http as http_backend
 import inboxd.daemon.extraction.gate as gate_module
 import inboxd.daemon.extraction.locked_runner as locked_runner_module
 import inboxd.daemon.extraction.runner as runner_module
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.extraction.outcomes import LOST, Done, write_outcomes
-from inboxd.daemon.tenant_config import TenantConfig
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_inbox import note_new
+from inboxd.pipeline.extraction import claims
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.inbox import note_new
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """The extraction metrics: backlog gauges re-read from the tables
-(daemon/extraction_metric.py) and the outcome counter the stage increments
-(daemon/metrics.py). Read through /metrics' own text format, as Prometheus does."""
+(daemon/metrics/extraction.py) and the outcome counter the stage increments
+(daemon/metrics/registry.py). Read through /metrics' own text format, as Prometheus does."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from helpers import eventually
 from helpers.mail import store_mail
 from prometheus_client.parser import text_string_to_metric_families
 
-from inboxd.daemon import extraction_metric
-from inboxd.daemon.extraction_metric import refresh_extraction_backlog
-from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_inbox import note_new
-from inboxd.pipeline.ingest import IngestStage
+from inboxd.daemon.metrics import extraction as extraction_metric
+from inboxd.daemon.metrics.extraction import refresh_extraction_backlog
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.extraction import claims
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.inbox import note_new
+from inboxd.pipeline.ingest.stage import IngestStage
 
 T = "acme"
 VENDOR = "billing@vendor.example"

@@ -19,14 +19,14 @@ from fakes.parse_api import Answer, FakeParseApi
 from helpers import eventually
 
 from inboxd.adapters.extraction import ProcessorConfig, parse_processor
+from inboxd.daemon.config.tenant import TenantConfig
 from inboxd.daemon.extraction.stage import ExtractionStage
-from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.tenant_config import TenantConfig
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.outcomes import Outcome
 
 T = "acme"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.sync.fleet import MailboxFleet
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
-from inboxd.daemon.tenant_config import MailboxConfig
 
 
 def _runner(mailbox: str, sync_mode: str) -> MailboxRunner:

@@ -19,11 +19,11 @@ from helpers.google_jwt import GoogleSigner
 
 from inboxd.adapters.gmail.push import GoogleCerts, PushVerifier
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable, GmailPushTenant
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 DEADLINE_S = 15
 AUDIENCE = "https://inboxd.example/push/gmail/acme"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inboxd.daemon.config import load_main, load_tenants
+from inboxd.daemon.config.main import load_main, load_tenants
 from inboxd.daemon.webhooks.gmail_config import build_gmail_push
 
 PUSH = """

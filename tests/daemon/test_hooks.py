@@ -27,7 +27,7 @@ from helpers.keys import make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import (
     FAILED_VERIFICATION_BURST,
@@ -39,7 +39,7 @@ from inboxd.daemon.webhooks.esp import (
 from inboxd.daemon.webhooks.ratelimit import PeerBudgets, RateLimiter, peer_key
 from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
 from inboxd.pipeline.delivery.worker import apply_due
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.tenancy import ensure_tenants
 
 DEADLINE_S = 15

@@ -27,9 +27,9 @@ from multidict import CIMultiDict
 import inboxd.daemon.http.events as sse_module
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.http.api import ATTACHMENT_URL_TTL_S, content_disposition
-from inboxd.daemon.metrics import Metrics
-from inboxd.pipeline.objectstore import ObjectStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
 TOKENS = {"acme": "acme-secret-token-0001", "globex": "globex-secret-token-0002"}

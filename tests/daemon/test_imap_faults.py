@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 # Mail delivered once the server is back is stored by IDLE in about a second; the
 # bound is generous for a busy machine yet well under the throttle a failed run
-# costs (30 s, pipeline/scheduling.py) and the poll interval (LONG_POLL_S).
+# costs (30 s, pipeline/mailbox/scheduling.py) and the poll interval (LONG_POLL_S).
 PROMPT_S = 20
 
 
@@ -110,7 +110,7 @@ async def test_a_server_restarted_under_a_live_daemon_is_used_again_at_once(
         stop(daemon)
 
 
-# The first backoff step of a failed run (pipeline/scheduling.py BACKOFF_INITIAL_S).
+# The first backoff step of a failed run (pipeline/mailbox/scheduling.py BACKOFF_INITIAL_S).
 FIRST_THROTTLE_S = 30
 
 

@@ -40,7 +40,7 @@ WAIT_S = 60
 IDLE_DELIVERY_S = 2.0
 # Long enough that only IDLE (never a scheduled poll) can bring mail within a test.
 LONG_POLL_S = 300
-# daemon/attention_metric.py re-reads the mailboxes table every 15 s.
+# daemon/metrics/attention.py re-reads the mailboxes table every 15 s.
 ATTENTION_METRIC_S = 40
 HTTP_TIMEOUT_S = 10
 

@@ -21,11 +21,11 @@ from inboxd.adapters.files import ImportSource, plan_import
 from inboxd.daemon.commands import import_pages
 from inboxd.daemon.commands.import_pages import PageSettler
 from inboxd.daemon.commands.import_report import ImportSummary
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
-from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore import ObjectStoreError
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.ingest.stage import IngestStage
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStoreError
 
 NAMES = (
     "axllent-mailpit/plain-text.eml",

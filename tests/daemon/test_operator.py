@@ -28,11 +28,11 @@ from harness import DaemonProcess, write_config
 from helpers import cli_argv, cli_env, eventually, run_cli, run_cli_async, wait_for
 from helpers.accounts import unprivileged_user
 
-from inboxd.daemon.attention_metric import refresh_attention
-from inboxd.daemon.embedded_pg import stop_embedded
-from inboxd.daemon.metrics import Metrics
-from inboxd.daemon.pg_binaries import find_binaries
-from inboxd.pipeline import scheduling
+from inboxd.daemon.embedded_pg.binaries import find_binaries
+from inboxd.daemon.embedded_pg.server import stop_embedded
+from inboxd.daemon.metrics.attention import refresh_attention
+from inboxd.daemon.metrics.registry import Metrics
+from inboxd.pipeline.mailbox import scheduling
 from inboxd.pipeline.tenancy import ensure_tenants
 
 REPO = Path(__file__).resolve().parents[2]

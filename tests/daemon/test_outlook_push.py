@@ -28,9 +28,9 @@ import structlog
 from harness import DaemonProcess, write_config
 from helpers import eventually
 
-from inboxd.daemon.config import load_main, load_tenants
+from inboxd.daemon.config.main import load_main, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable, OutlookPushTenant
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push

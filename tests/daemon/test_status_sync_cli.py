@@ -1,9 +1,9 @@
 """`inboxd status` and `inboxd sync cancel|now`, run as `python -m inboxd.daemon.cli`.
 
 Each test prepares mailbox rows in a fresh database (`db_dsn`) through
-pipeline.leases and pipeline.scheduling, runs the command in a subprocess and checks exit code,
-output and the database. `sync now` is observed the way a daemon would see
-it: LISTEN on the doorbell channel from a separate connection.
+pipeline.mailbox.leases and pipeline.mailbox.scheduling, runs the command
+in a subprocess and checks exit code, output and the database. `sync now` is
+observed the way a daemon would see it: LISTEN on the doorbell channel from a separate connection.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 from helpers import CliResult, cli_env, run_cli_async
 
-from inboxd.pipeline import leases, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
+from inboxd.pipeline.mailbox import leases, scheduling
 
 NOTIFY_DEADLINE_S = 10.0
 LEASE_TTL_S = 60.0

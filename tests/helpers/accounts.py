@@ -1,5 +1,5 @@
 """The unprivileged account the embedded PostgreSQL runs as when tests run as root
-(initdb refuses root; daemon/pg_run_as.py)."""
+(initdb refuses root; daemon/embedded_pg/run_as.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from inboxd.pipeline.identity import content_fingerprint, normalise_message_id, normalise_subject
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import Address, MessageData
 from inboxd.pipeline.outcomes import Outcome
 

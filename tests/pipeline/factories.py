@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from inboxd.pipeline.identity import content_fingerprint, normalise_message_id, normalise_subject
 from inboxd.pipeline.message import Address, AttachmentData, MessageData
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 
 _seq = itertools.count(1)
 T0 = datetime(2026, 11, 2, 9, 30, tzinfo=UTC)

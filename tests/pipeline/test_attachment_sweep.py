@@ -8,13 +8,13 @@ from pathlib import Path
 import asyncpg
 from factories import CountingStore
 
-from inboxd.pipeline import mailbox_status
-from inboxd.pipeline.attachment_sweep import AttachmentSweeper
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
+from inboxd.pipeline.mailbox import status as mailbox_status
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
+from inboxd.pipeline.reprocess.attachments import AttachmentSweeper
 
 PDF = b"%PDF-1.4 an invoice that only lives inside the raw message\n" * 20
 

@@ -11,7 +11,7 @@ import pytest
 from factories import T0, CountingStore, message
 
 from inboxd.pipeline.copies import settled_copies
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import AttachmentData
 from inboxd.pipeline.outcomes import Outcome
 

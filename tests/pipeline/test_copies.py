@@ -7,7 +7,7 @@ import orjson
 from factories import message
 
 from inboxd.pipeline import copies
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 
 
 async def stored_copy(stage: IngestStage, external_id: str, labels: list[str]) -> None:

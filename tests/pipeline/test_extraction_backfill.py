@@ -1,5 +1,5 @@
 """Backfill, listing and deliberate retry of extraction jobs on a real server
-(pipeline/extraction_backfill.py, pipeline/extraction_review.py)."""
+(pipeline/extraction/backfill.py, pipeline/extraction/review.py)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ import asyncpg
 import pytest
 from factories import message
 
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline.extraction_backfill import (
+from inboxd.pipeline.extraction import claims
+from inboxd.pipeline.extraction.backfill import (
     BackfillReport,
     BackfillScope,
     backfill_batch,
     count_scope,
 )
-from inboxd.pipeline.extraction_claims import JobState
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_inbox import FilterFields
-from inboxd.pipeline.extraction_locked import lock_due
-from inboxd.pipeline.extraction_review import list_conflicts, list_jobs, retry_job
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.extraction.claims import JobState
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.inbox import FilterFields
+from inboxd.pipeline.extraction.locked import lock_due
+from inboxd.pipeline.extraction.review import list_conflicts, list_jobs, retry_job
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import Outcome
 
 T = "acme"

@@ -14,12 +14,10 @@ import pytest
 from factories import message
 from helpers.plans import plan_nodes
 
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline import extraction_results as results
-from inboxd.pipeline import extraction_review as review
-from inboxd.pipeline.extraction_claims import ClaimedJob, JobState
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.extraction import claims, results, review
+from inboxd.pipeline.extraction.claims import ClaimedJob, JobState
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import Outcome
 
 T = "acme"

@@ -1,4 +1,4 @@
-"""The hand-off from ingest to extraction on a real server (pipeline/extraction_inbox.py):
+"""The hand-off from ingest to extraction on a real server (pipeline/extraction/inbox.py):
 which outcomes ingest notes, which rows a feeder takes, what its filter reads.
 
 A feeder round is driven through its pipeline pieces (take → load_filter_fields →
@@ -17,15 +17,14 @@ from factories import message
 from helpers.plans import plan_nodes
 
 from inboxd.adapters.extraction import ProcessorConfig, matches_fields, parse_processor
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline import extraction_inbox
-from inboxd.pipeline import extraction_results as results
-from inboxd.pipeline.extraction_enqueue import EnqueueResult, enqueue
-from inboxd.pipeline.extraction_inbox import HandOff, load_filter_fields, take
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.extraction import claims, results
+from inboxd.pipeline.extraction import inbox as extraction_inbox
+from inboxd.pipeline.extraction.enqueue import EnqueueResult, enqueue
+from inboxd.pipeline.extraction.inbox import HandOff, load_filter_fields, take
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.outbound import record_outbound
 from inboxd.pipeline.outcomes import Outcome
 

@@ -1,4 +1,7 @@
-"""The extraction dedup key and payload fingerprint of a message row (extraction_keys.py)."""
+"""The extraction dedup key and payload fingerprint of a message row.
+
+pipeline/extraction/keys.py.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from inboxd.pipeline.extraction_keys import MessageIdentity
+from inboxd.pipeline.extraction.keys import MessageIdentity
 
 BASE = MessageIdentity(
     message_id=7,

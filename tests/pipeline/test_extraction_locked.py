@@ -1,15 +1,14 @@
-"""Row-lock claims for in-process backends (pipeline/extraction_locked.py), on a real server."""
+"""Row-lock claims for in-process backends (pipeline/extraction/locked.py), on a real server."""
 
 from __future__ import annotations
 
 import orjson
 from factories import message
 
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline import extraction_results as results
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_locked import LockedFailure, finish_locked, lock_due
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.extraction import claims, results
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.locked import LockedFailure, finish_locked, lock_due
+from inboxd.pipeline.ingest.stage import IngestBatch
 
 T = "acme"
 P = "rules"

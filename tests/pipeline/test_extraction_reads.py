@@ -5,7 +5,7 @@ wrote instead of parsing the raw MIME again, on the claim that every rule it may
 then declare finds the same value either way. Checked here on the real corpus:
 every file goes through the ingest stage into a database-tier store (the daemon's
 default), every stored message is loaded the three ways of
-pipeline/extraction_messages.py, and the same rules run over each.
+pipeline/extraction/messages.py, and the same rules run over each.
 
 The regexes capture a whole text or its first word, so a body, subject, name or
 address that the row holds differently from a fresh parse shows as a different
@@ -24,13 +24,13 @@ from fakes.parse_api import FakeParseApi
 
 from inboxd.adapters.extraction import HttpBackend, compile_schema
 from inboxd.adapters.extraction.builtin import Rule, extract_fields, parse_rules, reads_of
-from inboxd.pipeline.extraction_messages import Reads, load_messages
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.extraction.messages import Reads, load_messages
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore import ObjectUnreadable
-from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.database_tier import DEFAULT_MAX_BYTES, DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectUnreadable
 from inboxd.pipeline.outcomes import Outcome
 
 TENANT = "acme"

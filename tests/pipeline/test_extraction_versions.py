@@ -1,6 +1,6 @@
 """A processor's schema_version changes: runners claim only their version's jobs, and
 the jobs still waiting under another version are carried over, never run under the
-wrong label and never left behind (pipeline/extraction_versions.py)."""
+wrong label and never left behind (pipeline/extraction/versions.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import asyncpg
 import pytest
 from factories import message
 
-from inboxd.pipeline import extraction_claims as claims
-from inboxd.pipeline import extraction_results as results
-from inboxd.pipeline.extraction_enqueue import enqueue
-from inboxd.pipeline.extraction_locked import lock_due
-from inboxd.pipeline.extraction_versions import carry_over
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.extraction import claims, results
+from inboxd.pipeline.extraction.enqueue import enqueue
+from inboxd.pipeline.extraction.locked import lock_due
+from inboxd.pipeline.extraction.versions import carry_over
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import Outcome
 
 T = "acme"

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from inboxd.pipeline import graph_subscriptions as subs
-from inboxd.pipeline.mailbox_status import mailbox_status
+from inboxd.pipeline.mailbox.status import mailbox_status
 
 T = "acme"
 EXPIRES = datetime(2026, 12, 3, 17, 0, tzinfo=UTC)

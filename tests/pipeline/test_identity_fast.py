@@ -62,7 +62,7 @@ def test_every_ascii_character_and_url_form() -> None:
 
 def test_corpus_bodies(corpus) -> None:
     from inboxd.pipeline.message import MessageData
-    from inboxd.pipeline.mime import parse_raw
+    from inboxd.pipeline.mime.parse import parse_raw
 
     checked = 0
     for path in sorted((corpus / "mime").rglob("*.eml")):

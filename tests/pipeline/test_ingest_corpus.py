@@ -12,10 +12,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
 
 BATCH = 40

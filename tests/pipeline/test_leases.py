@@ -12,11 +12,12 @@ import orjson
 import pytest
 from helpers import eventually
 
-from inboxd.pipeline import leases, mailbox_status, presence, scheduling
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell, ring
-from inboxd.pipeline.leases import MailboxNotFound
+from inboxd.pipeline.mailbox import leases, presence, scheduling
+from inboxd.pipeline.mailbox import status as mailbox_status
+from inboxd.pipeline.mailbox.leases import MailboxNotFound
+from inboxd.pipeline.mailbox.scheduling import MailboxRow
 from inboxd.pipeline.outbox import NOTIFY_CHANNEL
-from inboxd.pipeline.scheduling import MailboxRow
 
 T, M = "acme", "inbox"
 # A lease short enough to expire during a test; waits for it are bounded below.

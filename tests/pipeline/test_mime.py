@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from inboxd.pipeline.charsets import decode_bytes
 from inboxd.pipeline.identity import (
     content_fingerprint,
     normalise_id_list,
@@ -16,7 +15,8 @@ from inboxd.pipeline.identity import (
     normalise_subject,
 )
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.mime.charsets import decode_bytes
+from inboxd.pipeline.mime.parse import parse_raw
 
 
 def parse(corpus: Path, rel: str) -> MessageData:

@@ -11,10 +11,10 @@ import anyio
 import asyncpg
 import pytest
 
-from inboxd.pipeline import objectstore_db
-from inboxd.pipeline.objectstore import ObjectNotFound, ObjectStoreError
-from inboxd.pipeline.objectstore_db import DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.objectstore import database_tier as objectstore_db
+from inboxd.pipeline.objectstore.database_tier import DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectNotFound, ObjectStoreError
 
 MAX_BYTES = 1000
 

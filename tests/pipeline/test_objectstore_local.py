@@ -19,8 +19,9 @@ from typing import Any
 import anyio
 import pytest
 
-import inboxd.pipeline.objectstore_local as objectstore
-from inboxd.pipeline.objectstore import (
+import inboxd.pipeline.objectstore.local as objectstore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
@@ -28,7 +29,6 @@ from inboxd.pipeline.objectstore import (
     run_bounded,
     validate_key,
 )
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 RAW = b"From: a@example.com\r\nSubject: hi\r\n\r\nbody\r\n"
 RAW_KEY = "raw/" + hashlib.sha256(RAW).hexdigest()
@@ -40,7 +40,7 @@ def store(tmp_path: Path) -> LocalDirectoryStore:
 
 
 class _OsProxy:
-    """Stands in for the ``os`` module inside inboxd.pipeline.objectstore_local only.
+    """Stands in for the ``os`` module inside inboxd.pipeline.objectstore.local only.
 
     Records the calls the atomic-write protocol depends on and can fail one of
     them, so the rest of the process keeps the real ``os``.

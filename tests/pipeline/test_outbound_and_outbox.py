@@ -10,7 +10,7 @@ import orjson
 import pytest
 from factories import T0, message
 
-from inboxd.pipeline.ingest import IngestBatch
+from inboxd.pipeline.ingest.stage import IngestBatch
 from inboxd.pipeline.outbound import record_outbound
 from inboxd.pipeline.outcomes import Outcome
 

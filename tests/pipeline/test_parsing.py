@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from inboxd.pipeline import parsing
 from inboxd.pipeline.message import DeadItem, MessageData
-from inboxd.pipeline.parsing import _dumps_parsed, parse_in_workers, parse_many
+from inboxd.pipeline.mime import workers as parsing
+from inboxd.pipeline.mime.workers import _dumps_parsed, parse_in_workers, parse_many
 
 CORPUS_FILES = [
     "django-mailbox/message_with_utf8_attachment.eml",

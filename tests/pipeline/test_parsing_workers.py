@@ -17,8 +17,8 @@ import pytest
 from helpers import eventually
 from helpers.parse_workers import ignored_signals, parse_workers, pending_input, signal_all
 
-from inboxd.pipeline import parsing
-from inboxd.pipeline.parsing import PARSE_CHUNK_SIZE, parse_in_workers
+from inboxd.pipeline.mime import workers as parsing
+from inboxd.pipeline.mime.workers import PARSE_CHUNK_SIZE, parse_in_workers
 
 SAMPLE = "axllent-mailpit/plain-text.eml"
 # A worker that was sent a chunk shows it in its stdin within milliseconds.

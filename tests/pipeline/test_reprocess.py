@@ -1,4 +1,4 @@
-"""Reprocess (pipeline/reprocess.py): stored raw bytes re-derived with the current parser.
+"""Reprocess (pipeline/reprocess/run.py): stored raw bytes re-derived with the current parser.
 
 A slice of the corpus goes through the ingest stage into a database-tier store
 (small objects in PostgreSQL, as the daemon's default), then `reprocess` runs in
@@ -15,15 +15,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from inboxd.pipeline import charsets, parsing
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore import ObjectStoreError
-from inboxd.pipeline.objectstore_db import DEFAULT_MAX_BYTES, DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.mime import charsets
+from inboxd.pipeline.mime import workers as parsing
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.database_tier import DEFAULT_MAX_BYTES, DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStoreError
 from inboxd.pipeline.outcomes import Outcome
-from inboxd.pipeline.reprocess import Report, Reported, Scope, reprocess
+from inboxd.pipeline.reprocess.run import Report, Reported, Scope, reprocess
 
 X_UNKNOWN = "mikel-mail/plain_emails__raw_email10.eml"  # text/plain; charset=X-UNKNOWN
 TRIPLE = tuple(

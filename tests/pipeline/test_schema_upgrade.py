@@ -15,9 +15,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
-from inboxd.pipeline.mime import parse_raw
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
+from inboxd.pipeline.mime.parse import parse_raw
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.outcomes import Outcome
 from inboxd.pipeline.schema import apply_schema, schema_sql
 from inboxd.pipeline.tenancy import ensure_mailbox

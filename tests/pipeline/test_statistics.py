@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from factories import message
 
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.statistics import ANALYZE_MIN_ROWS
 
 

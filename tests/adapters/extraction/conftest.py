@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inboxd.pipeline.message import MessageData
-from inboxd.pipeline.mime import parse_raw
+from inboxd.pipeline.mime.parse import parse_raw
 
 #: Corpus messages the tests read (tests/corpus/mime/…, never edited).
 BOOKING = "jhillyerd-enmime/testdata__mail__mime-duplicate-param.eml"  # PDF invoice attached

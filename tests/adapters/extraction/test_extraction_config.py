@@ -18,7 +18,7 @@ from inboxd.adapters.extraction.config import (
     matches_fields,
     parse_processor,
 )
-from inboxd.pipeline.extraction_inbox import FilterFields
+from inboxd.pipeline.extraction.inbox import FilterFields
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING, TEXT_ATTACHMENTS

@@ -20,7 +20,7 @@ from inboxd.adapters.extraction import (
     compile_schema,
 )
 from inboxd.adapters.extraction.http import UNAUTHORIZED_RETRY_AFTER_S, retry_after_s
-from inboxd.pipeline.extraction_claims import RETRY_AFTER_MAX_S
+from inboxd.pipeline.extraction.claims import RETRY_AFTER_MAX_S
 from inboxd.pipeline.message import MessageData
 
 from .conftest import BOOKING

@@ -3,7 +3,7 @@
 A re-import of a stored corpus must cost hashing and one query per page, not a
 parse per message (issue 15). The `known` callable stands in for the database
 query (pipeline.copies.known_copies, tested with the cascade); the parser is
-watched through `pipeline.parsing.parse_many`, which every parse goes through.
+watched through `pipeline.mime.workers.parse_many`, which every parse goes through.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 
 from inboxd.adapters.files import ImportSource, PageRefs, plan_import
-from inboxd.pipeline import parsing
 from inboxd.pipeline.message import MessageData
+from inboxd.pipeline.mime import workers as parsing
 
 NAMES = (
     "axllent-mailpit/plain-text.eml",

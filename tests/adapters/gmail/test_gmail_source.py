@@ -20,13 +20,13 @@ from helpers import eventually
 
 from inboxd.adapters.gmail.config import Backfill, GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.source import RELIST_CURSOR, GmailSource
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.config.tenant import MailboxConfig
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
-from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import copies
-from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.ingest.stage import IngestStage
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 USER = "ops@acme.example"
 T, M = "acme", "gmail"

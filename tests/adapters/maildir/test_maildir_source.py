@@ -20,8 +20,8 @@ import pytest
 from inboxd.adapters.maildir import MaildirSource
 from inboxd.adapters.maildir import source as maildir_source
 from inboxd.adapters.maildir.config import MaildirConfig
+from inboxd.pipeline.mime.workers import parse_many
 from inboxd.pipeline.outcomes import ItemResult, Outcome
-from inboxd.pipeline.parsing import parse_many
 
 # Files per page and pages per pass in these tests: a pass lists at most 4 names.
 PAGE_SIZE = 2

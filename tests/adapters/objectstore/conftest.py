@@ -18,9 +18,9 @@ import pytest
 from helpers.moto_server import AWS_REGION
 
 from inboxd.adapters.objectstore import S3Store
-from inboxd.pipeline.objectstore import ObjectStore
-from inboxd.pipeline.objectstore_db import DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.database_tier import DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 TEST_BUCKET = "inboxd-objects-test"
 TEST_REGION = AWS_REGION

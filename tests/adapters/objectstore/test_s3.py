@@ -24,7 +24,9 @@ from botocore.exceptions import ClientError
 
 import inboxd.adapters.objectstore.s3 as s3_module
 from inboxd.adapters.objectstore import ObjectStoreConfig, S3Store, open_object_store
-from inboxd.pipeline.objectstore import (
+from inboxd.pipeline.objectstore.database_tier import DatabaseTierStore
+from inboxd.pipeline.objectstore.local import LocalDirectoryStore
+from inboxd.pipeline.objectstore.store import (
     MAX_URL_EXPIRES_S,
     ObjectNotFound,
     ObjectStore,
@@ -32,8 +34,6 @@ from inboxd.pipeline.objectstore import (
     ObjectUnreadable,
     read_many,
 )
-from inboxd.pipeline.objectstore_db import DatabaseTierStore
-from inboxd.pipeline.objectstore_local import LocalDirectoryStore
 
 # Every byte value, a CRLF pair and a NUL: anything that re-encodes, strips or
 # normalises line endings on the way fails the byte-exact comparison.

@@ -27,14 +27,14 @@ from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.cursor import DeltaCursor
 from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.adapters.settings import Backfill
-from inboxd.daemon.metrics import Metrics
+from inboxd.daemon.config.tenant import MailboxConfig
+from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
-from inboxd.daemon.tenant_config import MailboxConfig
 from inboxd.pipeline import copies, graph_subscriptions
 from inboxd.pipeline.errors import CursorExpired
-from inboxd.pipeline.ingest import IngestStage
-from inboxd.pipeline.objectstore import ObjectStore
+from inboxd.pipeline.ingest.stage import IngestStage
+from inboxd.pipeline.objectstore.store import ObjectStore
 
 USER = "ops@contoso.example"
 T, M = "acme", "outlook"

@@ -12,7 +12,7 @@ from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
 from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
 from inboxd.pipeline.copies import known_copies
-from inboxd.pipeline.ingest import IngestStage
+from inboxd.pipeline.ingest.stage import IngestStage
 from inboxd.pipeline.queue_doors import record_unrouted
 
 

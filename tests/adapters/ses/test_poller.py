@@ -35,7 +35,7 @@ from helpers.waiting import eventually
 
 from inboxd.adapters.ses import SesMailbox
 from inboxd.adapters.ses.aws import S3_READ_CHUNK_BYTES
-from inboxd.pipeline.ingest import IngestBatch, IngestStage
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,1 @@
+"""The configuration of `inboxd run`: main file, tenant files, their tables, secrets."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL inboxd starts for itself when no DSN is configured."""

@@ -1,0 +1,1 @@
+"""The extraction claim protocol: one validated result per message identity (architecture §10)."""

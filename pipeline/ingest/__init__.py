@@ -1,0 +1,1 @@
+"""The ingest stage: a batch of MessageData becomes rows, bytes and events in one transaction."""

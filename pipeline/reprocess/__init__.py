@@ -1,0 +1,1 @@
+"""Re-deriving stored messages from their raw bytes, and attachments whose store failed."""
