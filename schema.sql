@@ -346,7 +346,7 @@ COMMENT ON COLUMN events.message_id IS 'Message concerned, if any.';
 COMMENT ON COLUMN events.payload IS 'Event details (ids, counts); never bodies.';
 COMMENT ON COLUMN events.created_at IS 'Commit time of the change.';
 
--- Poll scheduling (pipeline/scheduling.py claim_due). Added after the table existed,
+-- Poll scheduling (pipeline/mailbox/scheduling.py claim_due). Added after the table existed,
 -- so applying this file to an older database adds them.
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS poll_interval_s double precision NOT NULL DEFAULT 300
     CHECK (poll_interval_s > 0);
@@ -356,13 +356,13 @@ COMMENT ON COLUMN mailboxes.poll_interval_s IS 'Seconds between polls (poll mode
 COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and last_success_at.';
 COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims the mailbox again before this time (keeps overlapping scanners and replicas from double-scheduling).';
 
--- Presence of a lease holder (pipeline/leases.py): the key of the session-level
+-- Presence of a lease holder (pipeline/mailbox/leases.py): the key of the session-level
 -- advisory lock it holds; when the lock is gone, so is the holder. Added after the
 -- table existed, so applying this file to an older database adds it.
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS lease_session_key bigint;
 COMMENT ON COLUMN mailboxes.lease_session_key IS 'Key of the advisory lock the lease holder keeps on a connection while it lives; absent from pg_locks means the holder is gone and the lease may be taken before it expires.';
 
--- Push bookkeeping (pipeline/scheduling.py record_push): auto mode polls a mailbox
+-- Push bookkeeping (pipeline/mailbox/scheduling.py record_push): auto mode polls a mailbox
 -- only once its pushes have been quiet. Added after the table existed.
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS last_push_at timestamptz;
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS push_hint text;
@@ -623,7 +623,7 @@ CREATE TABLE IF NOT EXISTS small_objects (
     stored_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, key)
 );
-COMMENT ON TABLE small_objects IS 'Object-store objects up to [object_store] database_max_bytes (raw MIME, attachments, large HTML), kept here instead of one file each: one durable write per batch (pipeline/objectstore_db.py). Larger objects are in the configured store under the same keys.';
+COMMENT ON TABLE small_objects IS 'Object-store objects up to [object_store] database_max_bytes (raw MIME, attachments, large HTML), kept here instead of one file each: one durable write per batch (pipeline/objectstore/database_tier.py). Larger objects are in the configured store under the same keys.';
 COMMENT ON COLUMN small_objects.tenant_id IS 'The key''s second segment (raw/<tenant>/<sha256>).';
 COMMENT ON COLUMN small_objects.key IS 'The object key, as messages.raw_key and attachments.storage_key name it.';
 COMMENT ON COLUMN small_objects.data IS 'The bytes, exactly as put.';
@@ -636,7 +636,7 @@ EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN
     NULL;
 END $$;
 
--- Extraction claims (pipeline/extraction_claims.py, docs/architecture.md §10): one job per
+-- Extraction claims (pipeline/extraction/claims.py, docs/architecture.md §10): one job per
 -- (tenant, processor, schema_version, dedup key), claimed under a lease with a fencing
 -- token, completed together with its outbox event.
 CREATE TABLE IF NOT EXISTS extraction_jobs (
@@ -665,12 +665,12 @@ CREATE TABLE IF NOT EXISTS extraction_jobs (
     UNIQUE (tenant_id, processor_id, schema_version, dedup_key),
     FOREIGN KEY (tenant_id, message_id) REFERENCES messages (tenant_id, message_id) ON DELETE CASCADE
 );
-COMMENT ON TABLE extraction_jobs IS 'One extraction of one message identity by one processor at one schema_version: the claim of the exactly-once protocol (pipeline/extraction_claims.py). Its unique key is the claim; a second message with the same key is linked (same fingerprint) or recorded in extraction_payload_conflicts (different fingerprint), never extracted again.';
+COMMENT ON TABLE extraction_jobs IS 'One extraction of one message identity by one processor at one schema_version: the claim of the exactly-once protocol (pipeline/extraction/claims.py). Its unique key is the claim; a second message with the same key is linked (same fingerprint) or recorded in extraction_payload_conflicts (different fingerprint), never extracted again.';
 COMMENT ON COLUMN extraction_jobs.tenant_id IS 'Tenant the message belongs to.';
 COMMENT ON COLUMN extraction_jobs.job_id IS 'inboxd''s id for the job (inboxd extract retry --id).';
 COMMENT ON COLUMN extraction_jobs.processor_id IS 'Processor from the tenant config that extracts (its parse backend and JSON Schema).';
 COMMENT ON COLUMN extraction_jobs.schema_version IS 'Version of the processor''s JSON Schema; a new version is a new key, so it deliberately re-extracts history.';
-COMMENT ON COLUMN extraction_jobs.dedup_key IS 'Message identity (pipeline/extraction_keys.py): <provider>:<mailbox>:<id> for immutable provider ids (gmail, outlook, ses, imap), else mid:<normalised Message-ID>, else sha256:<raw sha256>, else row:<message_id>; derived from the message row, so every door''s copy of one message has the same key.';
+COMMENT ON COLUMN extraction_jobs.dedup_key IS 'Message identity (pipeline/extraction/keys.py): <provider>:<mailbox>:<id> for immutable provider ids (gmail, outlook, ses, imap), else mid:<normalised Message-ID>, else sha256:<raw sha256>, else row:<message_id>; derived from the message row, so every door''s copy of one message has the same key.';
 COMMENT ON COLUMN extraction_jobs.message_id IS 'The message row the job was queued for (the first with this key).';
 COMMENT ON COLUMN extraction_jobs.mailbox_id IS 'Mailbox of that message''s primary copy (the outbox event names it).';
 COMMENT ON COLUMN extraction_jobs.payload_fingerprint IS 'The message''s content fingerprint when queued (else raw:<sha256>, else row:<id>): what a second message with the same key is compared with.';
@@ -733,7 +733,7 @@ CREATE TABLE IF NOT EXISTS extraction_inbox (
     PRIMARY KEY (tenant_id, message_id),
     FOREIGN KEY (tenant_id, message_id) REFERENCES messages (tenant_id, message_id) ON DELETE CASCADE
 );
-COMMENT ON TABLE extraction_inbox IS 'New messages and new copies (ingest outcome new, conflict or merged) of tenants with processors, written in the ingest transaction and not yet matched against the processors'' filters: the durable hand-off from ingest to the extraction stage (pipeline/extraction_inbox.py). A row is deleted in the transaction that queues its jobs, so a crash between ingest and extraction loses nothing.';
+COMMENT ON TABLE extraction_inbox IS 'New messages and new copies (ingest outcome new, conflict or merged) of tenants with processors, written in the ingest transaction and not yet matched against the processors'' filters: the durable hand-off from ingest to the extraction stage (pipeline/extraction/inbox.py). A row is deleted in the transaction that queues its jobs, so a crash between ingest and extraction loses nothing.';
 COMMENT ON COLUMN extraction_inbox.tenant_id IS 'Tenant of the message.';
 COMMENT ON COLUMN extraction_inbox.message_id IS 'The new message row, or the row a new copy merged into.';
 COMMENT ON COLUMN extraction_inbox.created_at IS 'When ingest committed it (the age of the oldest row is the feeder''s lag).';
