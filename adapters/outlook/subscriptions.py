@@ -2,7 +2,7 @@
 
 One subscription per synced folder (`users/{u}/mailFolders('{folder}')/messages`,
 changeType `created`: updates and deletions come through delta), each with a
-random `clientState` kept in `graph_subscriptions` (pipeline/graph_subscriptions.py)
+random `clientState` kept in `graph_subscriptions` (adapters/outlook/tables.py)
 and never logged. `maintain()` runs at the start of every sync run, before delta:
 
     no row, or lifecycle subscriptionRemoved   create (Graph validates both URLs
@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import structlog
 
+from inboxd.adapters.outlook import tables as rows
 from inboxd.adapters.outlook.client import GraphClient
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.errors import (
@@ -37,7 +38,6 @@ from inboxd.adapters.outlook.errors import (
     OutlookRequestRejected,
     OutlookRetriable,
 )
-from inboxd.pipeline import graph_subscriptions as rows
 from inboxd.pipeline.errors import describe
 
 __all__ = ["SUBSCRIPTION_LIFETIME", "SubscriptionKeeper"]

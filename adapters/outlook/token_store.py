@@ -1,5 +1,5 @@
 """The Outlook door's RefreshTokenStore (auth.py) on the database: one row per
-delegated mailbox in `graph_refresh_tokens` (pipeline/graph_refresh_tokens.py).
+delegated mailbox in `graph_refresh_tokens` (adapters/outlook/tables.py).
 
 The database, not the file `inboxd connect outlook` wrote, because the reference
 may be `env:` (nothing to write back to) or a read-only mount (systemd credentials,
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from inboxd.adapters.outlook import tables as rows
 from inboxd.adapters.outlook.errors import OutlookUnavailable
-from inboxd.pipeline import graph_refresh_tokens as rows
 from inboxd.pipeline.errors import DATABASE_ERRORS
 
 __all__ = ["DatabaseRefreshTokens"]

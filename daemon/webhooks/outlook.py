@@ -7,7 +7,7 @@ when a subscription is created: a POST with `?validationToken=…`, answered 200
 carries `{"value": [notification, …]}`, several subscriptions (and mailboxes) at
 once, and wants a 2xx within 3 s; anything else is retried for up to 4 hours.
 There is no signature: a notification proves itself by its `clientState`, the
-secret we gave its subscription (pipeline/graph_subscriptions.py).
+secret we gave its subscription (adapters/outlook/tables.py).
 
 Order of checks, cheapest and least trusting first:
 
@@ -42,7 +42,7 @@ Both routes take both kinds of item: an item with `lifecycleEvent` is a lifecycl
 notification (Graph sends subscriptionRemoved and missed to the change URL when a
 subscription has no lifecycle URL), one without is a change notification. A
 lifecycle event is stored on its subscription's row (the strongest pending one is
-kept, pipeline/graph_subscriptions.py) and its mailbox rung: the Outlook source
+kept, adapters/outlook/tables.py) and its mailbox rung: the Outlook source
 renews, recreates or resyncs and clears it. An event Graph may add later is
 acknowledged, logged and ignored. A change notification's content (resource,
 changeType) is not used: the runner's delta sync reads what changed, and any
@@ -62,9 +62,9 @@ import orjson
 import structlog
 from aiohttp import hdrs, web
 
+from inboxd.adapters.outlook import tables as graph_subscriptions
 from inboxd.daemon.http.state import HTTP_STATE, json_error
 from inboxd.daemon.webhooks.ratelimit import PeerBudgets, peer_key
-from inboxd.pipeline import graph_subscriptions
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
 

@@ -28,13 +28,13 @@ import structlog
 from harness import DaemonProcess, write_config
 from helpers import eventually
 
+from inboxd.adapters.outlook import tables as graph_subscriptions
 from inboxd.daemon.config.main import load_main, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable, OutlookPushTenant
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push
-from inboxd.pipeline import graph_subscriptions
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 
 DEADLINE_S = 15

@@ -23,6 +23,7 @@ from aiohttp import web
 from fakes.graph import FakeGraph
 from helpers import eventually
 
+from inboxd.adapters.outlook import tables as graph_subscriptions
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
 from inboxd.adapters.outlook.cursor import DeltaCursor
 from inboxd.adapters.outlook.source import OutlookSource
@@ -31,7 +32,7 @@ from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
-from inboxd.pipeline import copies, graph_subscriptions
+from inboxd.pipeline import copies
 from inboxd.pipeline.errors import CursorExpired
 from inboxd.pipeline.ingest.stage import IngestStage
 from inboxd.pipeline.objectstore.store import ObjectStore

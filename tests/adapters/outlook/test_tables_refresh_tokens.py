@@ -1,10 +1,10 @@
-"""graph_refresh_tokens: a delegated Outlook mailbox's newest refresh token, per tenant."""
+"""graph_refresh_tokens (adapters/outlook/tables.py): a delegated mailbox's newest refresh token."""
 
 from __future__ import annotations
 
 import pytest
 
-from inboxd.pipeline import graph_refresh_tokens as tokens
+from inboxd.adapters.outlook import tables as tokens
 
 T = "acme"
 

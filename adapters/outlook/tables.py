@@ -1,4 +1,9 @@
-"""Microsoft Graph subscriptions of Outlook mailboxes, in `graph_subscriptions` (schema.sql).
+"""The Outlook door's tables: `graph_subscriptions` and `graph_refresh_tokens` (schema.sql).
+
+Every statement of the door lives here, scoped by tenant; the door's other modules
+(subscriptions.py, token_store.py) and its webhook route call in.
+
+## Subscriptions
 
 One row per synced folder of a mailbox: Graph's subscription id, the random
 `client_state` secret Graph echoes in every notification, its expiry, renewal
@@ -8,7 +13,7 @@ health and a pending lifecycle event. Two writers share the rows:
                                record_renew_failure, clear_lifecycle, delete_subscriptions;
                                reads them with subscriptions_of
     the notification routes    subscriptions_by_id (one query per POST, to compare each
-    (daemon/webhooks/outlook)  notification's clientState), record_lifecycle
+    (daemon/webhooks/outlook.py)  notification's clientState), record_lifecycle
 
 Lifecycle events (Graph "Reduce missing subscriptions and change notifications"),
 from weakest to strongest, with what the source does about each:
@@ -24,8 +29,27 @@ read the row at `lifecycle_at = t` and acted clears it with `seen_at=t`: an even
 that arrived meanwhile is not cleared and is acted on again by the next run.
 
 Every statement is scoped by tenant; `client_state` never leaves this module
-but in `GraphSubscription.client_state`, which its repr hides. pipeline/ rules
-hold: no web framework, no SDK (CONTRIBUTING.md rule 3).
+but in `GraphSubscription.client_state`, which its repr hides. Nothing here needs
+Graph itself: no SDK, no web framework, only asyncpg.
+
+## Refresh tokens
+
+The newest refresh token of a delegated Outlook mailbox. Entra answers a new
+refresh token with every refresh and may refuse the one it replaced (issue 22
+item 6): a token kept only in memory is lost with the process, and the configured
+one is then refused. The door writes each new token here before it uses it, and
+reads it back at start:
+
+    load_refresh_token(configured_sha256)   the stored token, only if the row was
+                                            written while the configuration named
+                                            the same token (sha256); a changed
+                                            configured token (`inboxd connect
+                                            outlook` again) wins over the row
+    save_refresh_token(...)                 insert or replace, committed with
+                                            synchronous_commit on before it returns
+
+One row per (tenant, mailbox); every statement is scoped by tenant. The token never
+leaves this module but as the return value of `load_refresh_token`; nothing here logs.
 """
 
 from __future__ import annotations
@@ -44,9 +68,11 @@ __all__ = [
     "GraphSubscription",
     "clear_lifecycle",
     "delete_subscriptions",
+    "load_refresh_token",
     "record_lifecycle",
     "record_renew_failure",
     "record_renewal",
+    "save_refresh_token",
     "save_subscription",
     "stronger_event",
     "subscriptions_by_id",
@@ -279,3 +305,52 @@ async def delete_subscriptions(
         None if folders is None else list(folders),
     )
     return sorted(r["subscription_id"] for r in rows)
+
+
+async def load_refresh_token(
+    pool: asyncpg.Pool, tenant_id: str, mailbox_id: str, configured_sha256: str
+) -> str | None:
+    """The stored refresh token of the mailbox, None when there is none or it was
+    stored for another configured token."""
+    validate_id("tenant", tenant_id)
+    validate_id("mailbox", mailbox_id)
+    value = await pool.fetchval(
+        "SELECT refresh_token FROM graph_refresh_tokens"
+        " WHERE tenant_id = $1 AND mailbox_id = $2 AND configured_sha256 = $3",
+        tenant_id,
+        mailbox_id,
+        configured_sha256,
+    )
+    return value if isinstance(value, str) else None
+
+
+async def save_refresh_token(
+    pool: asyncpg.Pool,
+    tenant_id: str,
+    mailbox_id: str,
+    configured_sha256: str,
+    refresh_token: str,
+) -> None:
+    """Keep `refresh_token` as the mailbox's newest, durably: the commit is flushed
+    (synchronous_commit on) before this returns. Raises asyncpg/OS errors."""
+    validate_id("tenant", tenant_id)
+    validate_id("mailbox", mailbox_id)
+    if not refresh_token:
+        raise ValueError("refresh_token must be a non-empty secret")
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        await conn.execute(
+            """
+            INSERT INTO graph_refresh_tokens
+                   (tenant_id, mailbox_id, refresh_token, configured_sha256)
+            VALUES ($1, $2, $3, $4)
+            ON CONFLICT (tenant_id, mailbox_id) DO UPDATE
+               SET refresh_token = EXCLUDED.refresh_token,
+                   configured_sha256 = EXCLUDED.configured_sha256,
+                   updated_at = now()
+            """,
+            tenant_id,
+            mailbox_id,
+            refresh_token,
+            configured_sha256,
+        )

@@ -1,4 +1,4 @@
-"""pipeline/graph_subscriptions.py on a real server: the rows the Outlook source and the
+"""adapters/outlook/tables.py on a real server: the rows the Outlook source and the
 Graph notification routes share."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from inboxd.pipeline import graph_subscriptions as subs
+from inboxd.adapters.outlook import tables as subs
 from inboxd.pipeline.mailbox.status import mailbox_status
 
 T = "acme"
