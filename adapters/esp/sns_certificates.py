@@ -23,16 +23,13 @@ CERT_FAILURE_TTL_S, so a broken path is not asked again for every message.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
-import aiohttp
-import anyio
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
 from inboxd.adapters.esp.base import VerificationUnavailable
+from inboxd.adapters.http_fetch import SingleFlightCache, get_capped
 
 __all__ = [
     "CERT_CACHE_MAX_ENTRIES",
@@ -67,8 +64,6 @@ MAX_CONCURRENT_CERT_FETCHES = 4
 CERT_FAILURE_TTL_S = 60.0
 #: Largest certificate response read, bytes (real SNS certificates are ~2 KB).
 CERT_MAX_BYTES = 64 * 1024
-#: Read size while streaming a certificate response, bytes.
-_READ_CHUNK_BYTES = 8192
 
 #: Fetches a certificate URL (already checked) and returns the response body;
 #: raises VerificationUnavailable when it cannot.
@@ -83,45 +78,24 @@ async def fetch_certificate(url: str) -> bytes:
     and a size cap. Any failure (network, timeout, status other than 200, body
     over CERT_MAX_BYTES) raises VerificationUnavailable; there is no retry here because
     SNS retries the whole delivery after our 503."""
-    try:
-        with anyio.fail_after(CERT_FETCH_TIMEOUT_S):
-            timeout = aiohttp.ClientTimeout(total=CERT_FETCH_TIMEOUT_S)
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url, allow_redirects=False) as response,
-            ):
-                if response.status != 200:
-                    raise VerificationUnavailable(f"sns certificate: HTTP {response.status}")
-                if (response.content_length or 0) > CERT_MAX_BYTES:
-                    raise VerificationUnavailable("sns certificate: response too large")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
-                    body += chunk
-                    if len(body) > CERT_MAX_BYTES:
-                        raise VerificationUnavailable("sns certificate: response too large")
-                return bytes(body)
-    except TimeoutError as exc:
-        raise VerificationUnavailable("sns certificate: fetch timed out") from exc
-    except aiohttp.ClientError as exc:
-        raise VerificationUnavailable(f"sns certificate: {type(exc).__name__}") from exc
+    fetched = await get_capped(
+        url,
+        timeout_s=CERT_FETCH_TIMEOUT_S,
+        max_bytes=CERT_MAX_BYTES,
+        what="sns certificate",
+        failure=VerificationUnavailable,
+    )
+    return fetched.body
 
 
-@dataclass(slots=True)
-class _Flight:
-    """One URL's fetch lock and how many callers hold or wait for it."""
-
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    users: int = 0
-
-
-class CertificateCache:
+class CertificateCache(SingleFlightCache[str, RSAPublicKey]):
     """Signing-certificate public keys by URL: bounded (LRU), expiring, and
     single-flight — concurrent misses for one URL fetch it once.
 
-    Only URLs that passed `is_signing_cert_url` reach it. A failed fetch is
-    remembered for CERT_FAILURE_TTL_S (VerificationUnavailable without a new request),
-    at most MAX_CONCURRENT_CERT_FETCHES run at once; a response that is not one
-    PEM X.509 certificate with an RSA key raises VerificationFailed.
+    Only URLs that passed `is_signing_cert_url` reach it. A failed fetch, or a
+    response that is not one PEM X.509 certificate with an RSA key, is
+    VerificationUnavailable and remembered for CERT_FAILURE_TTL_S (no new request
+    meanwhile); at most MAX_CONCURRENT_CERT_FETCHES run at once.
     """
 
     def __init__(
@@ -132,83 +106,26 @@ class CertificateCache:
         ttl_s: float = CERT_CACHE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._fetch = fetch or fetch_certificate
-        self._max_entries = max_entries
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._keys: OrderedDict[str, tuple[RSAPublicKey, float]] = OrderedDict()
-        self._flights: dict[str, _Flight] = {}
-        self._failed: OrderedDict[str, float] = OrderedDict()  # url → retry not before
-        self._fetching = 0
+        fetch_pem = fetch or fetch_certificate
+
+        async def fetch_key(url: str) -> RSAPublicKey:
+            return load_public_key(await fetch_pem(url))
+
+        super().__init__(
+            fetch_key,
+            ttl_s=ttl_s,
+            failure_ttl_s=CERT_FAILURE_TTL_S,
+            max_entries=max_entries,
+            failure=VerificationUnavailable,
+            what="sns certificate",
+            max_concurrent_fetches=MAX_CONCURRENT_CERT_FETCHES,
+            clock=clock,
+        )
 
     async def public_key(self, url: str) -> RSAPublicKey:
-        """The RSA public key of the certificate at `url`.
-
-        Raises VerificationUnavailable (fetch failed) or VerificationFailed (not a
-        usable certificate).
-        """
-        cached = self._lookup(url)
-        if cached is not None:
-            return cached
-        flight = self._flights.setdefault(url, _Flight())
-        flight.users += 1
-        try:
-            async with flight.lock:
-                # Another caller may have fetched it while this one waited.
-                cached = self._lookup(url)
-                if cached is not None:
-                    return cached
-                served = await self._fetch_once(url)
-                try:
-                    key = load_public_key(served)
-                except VerificationUnavailable:
-                    self._remember_failure(url)
-                    raise
-                self._store(url, key)
-                return key
-        finally:
-            flight.users -= 1
-            if flight.users == 0:
-                del self._flights[url]
-
-    async def _fetch_once(self, url: str) -> bytes:
-        """Fetch `url` unless it failed lately or too many fetches run already."""
-        retry_at = self._failed.get(url)
-        if retry_at is not None and self._clock() < retry_at:
-            raise VerificationUnavailable("sns certificate: failed recently, not fetched again yet")
-        if self._fetching >= MAX_CONCURRENT_CERT_FETCHES:
-            raise VerificationUnavailable("sns certificate: too many fetches at once")
-        self._fetching += 1
-        try:
-            return await self._fetch(url)
-        except VerificationUnavailable:
-            self._remember_failure(url)
-            raise
-        finally:
-            self._fetching -= 1
-
-    def _remember_failure(self, url: str) -> None:
-        self._failed[url] = self._clock() + CERT_FAILURE_TTL_S
-        self._failed.move_to_end(url)
-        while len(self._failed) > self._max_entries:
-            self._failed.popitem(last=False)
-
-    def _lookup(self, url: str) -> RSAPublicKey | None:
-        entry = self._keys.get(url)
-        if entry is None:
-            return None
-        key, expires_at = entry
-        if self._clock() >= expires_at:
-            del self._keys[url]
-            return None
-        self._keys.move_to_end(url)
-        return key
-
-    def _store(self, url: str, key: RSAPublicKey) -> None:
-        self._keys[url] = (key, self._clock() + self._ttl_s)
-        self._keys.move_to_end(url)
-        while len(self._keys) > self._max_entries:
-            self._keys.popitem(last=False)
+        """The RSA public key of the certificate at `url`; VerificationUnavailable
+        when it cannot be had (module docstring)."""
+        return await self.get(url)
 
 
 def load_public_key(pem: bytes) -> RSAPublicKey:

@@ -55,6 +55,7 @@ from inboxd.adapters.extraction.errors import (
     ExtractionUnauthorized,
 )
 from inboxd.adapters.extraction.schema import ResultSchema
+from inboxd.adapters.http_fetch import read_prefix
 from inboxd.adapters.retry_after import retry_after_s
 from inboxd.pipeline.extraction.claims import RETRY_AFTER_MAX_S
 from inboxd.pipeline.extraction.messages import Reads
@@ -79,7 +80,6 @@ UNAUTHORIZED_STATUSES = frozenset({401, 403})
 #: Statuses of a URL that names no parse endpoint: not found (404), method not allowed
 #: (405, RFC 9110 §15.5.5/6); and every 3xx, since redirects are not followed.
 MISCONFIGURED_STATUSES = frozenset({404, 405, *range(300, 400)})
-_READ_CHUNK_BYTES = 64 << 10
 
 
 class HttpBackend:
@@ -162,7 +162,8 @@ class HttpBackend:
                 async with self.session.post(
                     self.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
                 ) as response:
-                    content = await _read_capped(response)
+                    # One byte over the cap tells "too large"; an error page's start is kept.
+                    content = await read_prefix(response, RESPONSE_MAX_BYTES)
                     return response.status, dict(response.headers), content
         except TimeoutError as exc:
             raise ExtractionRetryable(f"endpoint timed out after {self.timeout_s:g} s") from exc
@@ -175,16 +176,6 @@ def unauthorized_wait_s(retry_after: float | None) -> float:
     Retry-After when longer, never past the claim protocol's RETRY_AFTER_MAX_S (a
     far-future date or a typo of a header would otherwise pause the processor for years)."""
     return min(max(retry_after or 0.0, UNAUTHORIZED_RETRY_AFTER_S), RETRY_AFTER_MAX_S)
-
-
-async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
-    """At most RESPONSE_MAX_BYTES + 1 bytes of the body (one more tells "too large")."""
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
-        body += chunk
-        if len(body) > RESPONSE_MAX_BYTES:
-            break
-    return bytes(body)
 
 
 def _json_object(status: int, body: bytes) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from tenacity import (
 
 from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.errors import GmailAuthError, GmailConfigError, GmailUnavailable
-from inboxd.adapters.gmail.http_body import read_capped
+from inboxd.adapters.http_fetch import read_capped
 
 __all__ = [
     "GMAIL_READ_SCOPES",

@@ -83,7 +83,6 @@ from inboxd.adapters.gmail.errors import (
     GmailUnavailable,
     HistoryExpired,
 )
-from inboxd.adapters.gmail.http_body import read_capped
 from inboxd.adapters.gmail.pacer import (
     GET_PROFILE_UNITS,
     HISTORY_LIST_UNITS,
@@ -98,6 +97,7 @@ from inboxd.adapters.gmail.raw_batches import (
     RawBatchFetcher,
     content_id,
 )
+from inboxd.adapters.http_fetch import read_capped
 
 __all__ = [
     "GMAIL_BATCH_SIZE",

@@ -21,19 +21,17 @@ would stall the event loop, so it is not used here.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
-import anyio
 import orjson
 import structlog
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
+from inboxd.adapters.http_fetch import SingleFlightCache, get_capped
 from inboxd.pipeline.errors import RetriableError
 
 log = structlog.get_logger(__name__)
@@ -74,8 +72,6 @@ CERTS_MIN_TTL_S = CERTS_REFETCH_INTERVAL_S
 CERTS_MAX_TTL_S = 6 * 3600.0
 #: Life of a set whose response has no Cache-Control max-age, seconds.
 CERTS_DEFAULT_TTL_S = 300.0
-#: Read size while streaming the certificate document, bytes.
-_READ_CHUNK_BYTES = 8192
 
 
 class UnknownSigningKey(Exception):
@@ -107,27 +103,14 @@ async def fetch_google_certs(url: str) -> FetchedCerts:
     """Default `Fetch`: GET `url` with no redirects, a deadline and a size cap.
     Any failure (network, timeout, status other than 200, body over
     CERTS_MAX_BYTES) is CertsUnavailable; no retry here, Pub/Sub redelivers."""
-    try:
-        with anyio.fail_after(CERTS_FETCH_TIMEOUT_S):
-            timeout = aiohttp.ClientTimeout(total=CERTS_FETCH_TIMEOUT_S)
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url, allow_redirects=False) as response,
-            ):
-                if response.status != 200:
-                    raise CertsUnavailable(f"google certs: HTTP {response.status}")
-                if (response.content_length or 0) > CERTS_MAX_BYTES:
-                    raise CertsUnavailable("google certs: response too large")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
-                    body += chunk
-                    if len(body) > CERTS_MAX_BYTES:
-                        raise CertsUnavailable("google certs: response too large")
-                return FetchedCerts(bytes(body), freshness_s(response.headers))
-    except TimeoutError as exc:
-        raise CertsUnavailable("google certs: fetch timed out") from exc
-    except aiohttp.ClientError as exc:
-        raise CertsUnavailable(f"google certs: {type(exc).__name__}") from exc
+    fetched = await get_capped(
+        url,
+        timeout_s=CERTS_FETCH_TIMEOUT_S,
+        max_bytes=CERTS_MAX_BYTES,
+        what="google certs",
+        failure=CertsUnavailable,
+    )
+    return FetchedCerts(fetched.body, freshness_s(fetched.headers))
 
 
 def freshness_s(headers: Mapping[str, str]) -> float | None:
@@ -179,6 +162,14 @@ def parse_certs(body: bytes) -> dict[str, RSAPublicKey]:
     return keys
 
 
+@dataclass(frozen=True, slots=True)
+class _KeySet:
+    """One fetched set of keys by kid and how long it may be used, seconds."""
+
+    keys: dict[str, RSAPublicKey]
+    ttl_s: float
+
+
 class GoogleCerts:
     """Google's signing keys by kid: cached for the response's max-age (clamped
     to CERTS_MIN_TTL_S..CERTS_MAX_TTL_S), refetched at most once per
@@ -194,12 +185,16 @@ class GoogleCerts:
     ) -> None:
         self._url = certs_url
         self._fetch = fetch or fetch_google_certs
-        self._clock = clock
-        self._keys: dict[str, RSAPublicKey] = {}
-        self._expires_at = -math.inf
-        self._last_fetch_at = -math.inf  # when the last fetch ended, either way
-        self._last_failed = False
-        self._lock = anyio.Lock()
+        self._failing = False  # the last fetch failed: logged once, not every attempt
+        self._sets: SingleFlightCache[str, _KeySet] = SingleFlightCache(
+            self._fetch_keys,
+            ttl_s=lambda fetched: fetched.ttl_s,
+            failure_ttl_s=CERTS_FAILURE_RETRY_S,
+            max_entries=1,  # the one certificate URL
+            failure=CertsUnavailable,
+            what="google certs",
+            clock=clock,
+        )
 
     async def public_key(self, kid: str) -> RSAPublicKey:
         """The RSA key Google signs with under `kid`.
@@ -208,49 +203,28 @@ class GoogleCerts:
         (after the one refetch the rate limit allows) and CertsUnavailable when
         the certificates cannot be fetched.
         """
-        key = self._fresh_key(kid)
-        if key is not None:
-            return key
-        async with self._lock:  # single flight: whoever waited here finds the result
-            key = self._fresh_key(kid)
-            if key is not None:
-                return key
-            now = self._clock()
-            if now < self._expires_at:
-                # A fresh set without this kid: a rotation we have not seen yet, or
-                # a made-up kid. Only one refetch per interval either way.
-                if now < self._last_fetch_at + CERTS_REFETCH_INTERVAL_S:
-                    raise UnknownSigningKey("kid: unknown")
-            elif self._last_failed and now < self._last_fetch_at + CERTS_FAILURE_RETRY_S:
-                raise CertsUnavailable("google certs: failed recently, not fetched again yet")
-            await self._refresh()
-            key = self._keys.get(kid)
-            if key is None:
-                raise UnknownSigningKey("kid: unknown")
-            return key
+        key = (await self._sets.get(self._url)).keys.get(kid)
+        if key is None:
+            # A fresh set without this kid: a rotation we have not seen yet, or a
+            # made-up kid. Only one refetch per interval either way.
+            refetched = await self._sets.get(self._url, refetch_after_s=CERTS_REFETCH_INTERVAL_S)
+            key = refetched.keys.get(kid)
+        if key is None:
+            raise UnknownSigningKey("kid: unknown")
+        return key
 
-    def _fresh_key(self, kid: str) -> RSAPublicKey | None:
-        if self._clock() >= self._expires_at:
-            return None
-        return self._keys.get(kid)
-
-    async def _refresh(self) -> None:
-        """Fetch and replace the whole set (Google drops retired keys from it).
-        A cancelled fetch records nothing, so the next caller fetches."""
+    async def _fetch_keys(self, url: str) -> _KeySet:
+        """Fetch the whole set (Google drops retired keys from it) and its life."""
         try:
-            fetched = await self._fetch(self._url)
+            fetched = await self._fetch(url)
             keys = parse_certs(fetched.body)
         except CertsUnavailable as exc:
-            self._last_fetch_at = self._clock()
-            if not self._last_failed:  # CONTRIBUTING.md rule 8: once, not every attempt
+            if not self._failing:  # CONTRIBUTING.md rule 8: once, not every attempt
                 log.warning("google_certs_unavailable", reason=str(exc))
-            self._last_failed = True
+            self._failing = True
             raise
-        now = self._clock()
-        ttl_s = CERTS_DEFAULT_TTL_S if fetched.max_age_s is None else fetched.max_age_s
-        self._keys = keys
-        self._expires_at = now + min(max(ttl_s, CERTS_MIN_TTL_S), CERTS_MAX_TTL_S)
-        self._last_fetch_at = now
-        if self._last_failed:
+        if self._failing:
             log.info("google_certs_recovered", keys=len(keys))
-        self._last_failed = False
+        self._failing = False
+        ttl_s = CERTS_DEFAULT_TTL_S if fetched.max_age_s is None else fetched.max_age_s
+        return _KeySet(keys, min(max(ttl_s, CERTS_MIN_TTL_S), CERTS_MAX_TTL_S))

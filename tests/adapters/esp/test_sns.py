@@ -627,7 +627,7 @@ async def test_concurrent_misses_fetch_once(certificate: bytes) -> None:
         gate.set()
     assert calls == [CERT_URL]
     assert len(keys) == 5
-    assert cache._flights == {}  # no lock left behind per URL
+    assert cache.flights == 0  # no lock left behind per URL
 
 
 async def test_failed_fetch_is_not_repeated_until_its_pause_has_passed(
