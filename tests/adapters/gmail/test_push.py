@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from helpers.google_jwt import GoogleSigner
 
-from inboxd.adapters.gmail import push
+from inboxd.adapters.gmail import google_certs, push
 from inboxd.adapters.gmail.push import (
     CERTS_FAILURE_RETRY_S,
     CERTS_MAX_BYTES,
@@ -642,7 +642,8 @@ async def test_default_fetch_refuses_redirects_and_errors(
 async def test_default_fetch_has_a_deadline(
     endpoint: tuple[CertsEndpoint, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(push, "CERTS_FETCH_TIMEOUT_S", 0.2)
+    # fetch_google_certs reads the constant where it is defined, not push's re-export.
+    monkeypatch.setattr(google_certs, "CERTS_FETCH_TIMEOUT_S", 0.2)
     with pytest.raises(CertsUnavailable, match="timed out"):
         await push.fetch_google_certs(endpoint[1].replace("/certs", "/hang"))
 
