@@ -44,7 +44,7 @@ reported at its peak and at every 10 % of the rows: flat means memory does not
 depend on the backlog (the summary says "flat" when RSS at 90 % is within 10 MB of
 RSS at 10 %).
 
-Targets: daemon/import messages/s ≥ 0.70; daemon peak RSS < 200 MB, and flat.
+Targets: daemon ÷ import messages/s ≥ 0.70; daemon peak RSS < 200 MB, and flat.
 The machine is shared and noisy: compare the ratio of one run, and use --rounds
 (daemon and import alternate) to see the spread. Databases are named
 bench_daemon_<pid>_<x> and dropped at the end, and the work directory is removed

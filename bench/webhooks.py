@@ -6,7 +6,7 @@
         [--smoke]
 
 One run, one PostgreSQL server. A server process (this file, `_serve`) runs the
-daemon's real listener (`daemon/http/server.py` + `daemon/http/hooks.py`) with
+daemon's real listener (`daemon/http/server.py` + `daemon/webhooks/esp.py`) with
 two sources of one tenant; a second process, wrk (Debian package `wrk`, C, one
 thread), loads it over loopback with pre-signed requests — every request a new
 event, so nothing is deduplicated away. Per scenario, two runs of the same

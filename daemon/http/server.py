@@ -307,7 +307,7 @@ class _QuietServer(web_server.Server):
 class _Runner(web.AppRunner):
     """`web.AppRunner` whose server makes `_QuietRequestHandler`s.
 
-    Pinned by tests/daemon/test_ambiguity.py: an aiohttp upgrade that changes
+    Pinned by tests/daemon/test_http.py ("ambiguity"): an aiohttp upgrade that changes
     these private names fails there (a quoted header), not silently.
     """
 

@@ -2,7 +2,7 @@
 
 Mailboxes in `poll` or `auto` sync mode are polled on their `poll_interval_s`
 (for `auto`: once push has been quiet that long). The claim is one statement
-(pipeline/scheduling.claim_due) that also stamps the claim, so several
+(pipeline/mailbox/scheduling.py `claim_due`) that also stamps the claim, so several
 replicas scanning the same database never ring one mailbox twice per
 interval. Any database error skips one pass, logged; the loop never ends
 before it is cancelled.

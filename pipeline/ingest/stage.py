@@ -7,7 +7,7 @@ One call = one batch of one mailbox = one transaction:
   upsert threads → insert messages / copies / participants / attachments /
   conflicts (one set-based statement each) → promote outbound placeholders
   (pipeline/ingest/write.py) → recompute touched threads → dead items → results
-  (pipeline/ingest/plan.py) → outbox events + NOTIFY → commit.
+  (write.py too) → outbox events + NOTIFY → commit.
 
 Every item gets an Outcome. The batch either commits whole or writes nothing
 (and then every item is retriable_failure): events are only ever seen for rows
@@ -32,14 +32,14 @@ from inboxd.pipeline import cascade, threads
 from inboxd.pipeline.errors import DATABASE_ERRORS, blames_the_data, db_fault, describe
 from inboxd.pipeline.extraction import inbox as extraction_inbox
 from inboxd.pipeline.ingest.objects import AttachmentFetcher, store_dead_raw, store_message_bytes
-from inboxd.pipeline.ingest.plan import (
+from inboxd.pipeline.ingest.rows import PLACEHOLDER_RE, clean, clean_item, insert_dead_items
+from inboxd.pipeline.ingest.write import (
     IngestPlan,
     add_backfill_event,
     assemble_results,
     results_all_duplicate,
+    write_messages,
 )
-from inboxd.pipeline.ingest.rows import PLACEHOLDER_RE, clean, clean_item, insert_dead_items
-from inboxd.pipeline.ingest.write import write_messages
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.outbox import EventBuffer

@@ -1,7 +1,12 @@
-"""The ingest stage's row writes: what one batch's message items become in the tables.
+"""One batch's message items inside the ingest transaction: its plan, its rows, its results.
 
-Inside the batch's transaction, after classification and the object-store side
-(``pipeline/ingest/objects.py``), in this order:
+`IngestPlan` is what a batch learns inside its transaction, per message item
+(index `k` into `items`): the cascade's decision, or for an in-batch follower its
+leader and outcome; the message row it ended on; where its bytes went
+(pipeline/ingest/objects.py); and why it failed, if it did.
+
+`write_messages` turns the plan into rows, after classification and the
+object-store side, in this order:
 
   new and conflicting items: reserve message ids → upsert their threads →
   insert the messages (tier 4: an insert that lost to a concurrent batch
@@ -12,18 +17,26 @@ Inside the batch's transaction, after classification and the object-store side
   events (none in a backfill).
 
 Rows go in one global order (the unique keys'), so two batches carrying the
-same messages cannot deadlock. ``ingest.py`` owns the transaction and calls in
-here; the plan (``pipeline/ingest/plan.py``) records each item's message row and failure.
+same messages cannot deadlock. From the plan (and the batch's dead items) come
+the per-item results, one per batch position, in batch order
+(`assemble_results`), and the one mailbox.sync_completed event a backfill writes
+instead of per-message events. pipeline/ingest/stage.py owns the transaction and
+calls in here.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from inboxd.pipeline import threads
 from inboxd.pipeline.cascade import Decision
-from inboxd.pipeline.ingest.objects import record_retried_attachments
-from inboxd.pipeline.ingest.plan import IngestPlan
+from inboxd.pipeline.ingest.objects import (
+    AttachmentState,
+    DeadRawKeys,
+    record_retried_attachments,
+)
 from inboxd.pipeline.ingest.rows import (
     clean,
     insert_attachments,
@@ -33,9 +46,38 @@ from inboxd.pipeline.ingest.rows import (
     insert_participants,
     promote_outbound,
 )
-from inboxd.pipeline.message import MessageData
+from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.outbox import EventBuffer
-from inboxd.pipeline.outcomes import Outcome
+from inboxd.pipeline.outcomes import ItemResult, Outcome
+
+
+@dataclass(slots=True)
+class IngestPlan:
+    """Working state of one batch inside its transaction."""
+
+    items: list[MessageData]
+    positions: list[int]  # batch index of each message item
+    decisions: dict[int, Decision] = field(default_factory=dict)
+    followers: dict[int, tuple[int, Outcome]] = field(default_factory=dict)
+    message_ids: dict[int, int] = field(default_factory=dict)
+    raw_keys: dict[int, str] = field(default_factory=dict)
+    html_keys: dict[int, str] = field(default_factory=dict)
+    att_state: dict[int, AttachmentState] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+
+    def outcome_of(self, k: int) -> Outcome:
+        """Message item k's outcome: its own decision, or as its in-batch leader's follower."""
+        if k in self.followers:
+            _lead, outcome = self.followers[k]
+            return outcome
+        return self.decisions[k].outcome
+
+    def all_duplicate(self) -> bool:
+        """Every message item is a duplicate with nothing to retry: nothing to write."""
+        return all(
+            d.outcome is Outcome.DUPLICATE and not d.retry_attachments
+            for d in self.decisions.values()
+        ) and all(o is Outcome.DUPLICATE for _, o in self.followers.values())
 
 
 async def write_messages(
@@ -246,3 +288,51 @@ def _add_item_events(
             message_id=plan.message_ids[k],
             payload={"external_id": plan.items[k].external_id},
         )
+
+
+def results_all_duplicate(plan: IngestPlan) -> list[ItemResult]:
+    """Results of a batch whose every item is a duplicate (`IngestPlan.all_duplicate`)."""
+    out: list[ItemResult] = []
+    for k, pos in enumerate(plan.positions):
+        lead = plan.followers[k][0] if k in plan.followers else k
+        out.append(ItemResult(pos, Outcome.DUPLICATE, plan.decisions[lead].existing_id))
+    return out
+
+
+def assemble_results(
+    size: int,
+    plan: IngestPlan,
+    deads: list[tuple[int, DeadItem]],
+    dead_keys: DeadRawKeys,
+) -> list[ItemResult]:
+    """One ItemResult per position of a batch of `size` items, in batch order."""
+    results: list[ItemResult | None] = [None] * size
+    for k, pos in enumerate(plan.positions):
+        if k in plan.failures:
+            results[pos] = ItemResult(pos, Outcome.RETRIABLE_FAILURE, detail=plan.failures[k])
+            continue
+        outcome = plan.outcome_of(k)
+        results[pos] = ItemResult(
+            pos,
+            outcome,
+            plan.message_ids.get(k) or plan.decisions.get(k, Decision(outcome)).existing_id,
+        )
+    for i, dead in deads:
+        if i in dead_keys.failed:
+            results[i] = ItemResult(
+                i, Outcome.RETRIABLE_FAILURE, detail="raw bytes of a dead item not stored"
+            )
+        else:
+            results[i] = ItemResult(
+                i, Outcome.PERMANENT_FAILURE, detail=f"{dead.reason}: {dead.detail}"
+            )
+    return [r for r in results if r is not None]
+
+
+def add_backfill_event(results: list[ItemResult], events: EventBuffer) -> None:
+    """A backfill's one event instead of one per message, when it stored anything."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
+    if counts.get("new") or counts.get("merged") or counts.get("conflict"):
+        events.add("mailbox.sync_completed", payload={"outcomes": counts})

@@ -259,7 +259,7 @@ def _to_message_data(
 
 
 def html_to_text(html: str | None) -> str:
-    """Visible text of an HTML body (scripts/styles dropped), for fingerprints."""
+    """Visible text of an HTML body (scripts and styles dropped), for fingerprints."""
     if not html:
         return ""
     try:

@@ -1,4 +1,4 @@
-"""The extraction claim protocol on a real server (pipeline/extraction_*.py; architecture §10).
+"""The extraction claim protocol on a real server (pipeline/extraction/; architecture §10).
 
 Lease expiry and backoff ends are reached by moving the job's times into the
 past with SQL, never by sleeping.

@@ -1,7 +1,7 @@
 """adapters.esp.mailgun: JSON webhooks, checked against Mailgun's own vector.
 
 The published vector is a fact copied from Mailgun's PHP library,
-mailgun/mailgun-php tests/Api/WebhookTest.php (testVerifyWebhookGood /
+mailgun/mailgun-php:tests/Api/WebhookTest.php (testVerifyWebhookGood /
 testVerifyWebhookBad): signing key, timestamp 1403645220, token and signature,
 and a second token that the same signature does not match. The vector is old,
 so requests pass a received_at next to its timestamp. Other requests are

@@ -3,7 +3,7 @@
 Samples are the example payloads of Postmark's webhook pages
 (https://postmarkapp.com/developer/webhooks/{delivery,bounce,spam-complaint,
 open-tracking,click,subscription-change}-webhook), as also recorded in
-anymail/django-anymail `tests/test_postmark_webhooks.py` (the ManualSuppression
+`anymail/django-anymail:tests/test_postmark_webhooks.py` (the ManualSuppression
 and resubscribe SubscriptionChange samples come from there).
 """
 
