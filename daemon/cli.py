@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     configure_logging(None, level=args.log_level)
     try:
-        return anyio.run(args.handler, args)
+        exit_code: int = anyio.run(args.handler, args)
+        return exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -130,7 +130,8 @@ def load_schema(spec: object, base_dir: Path, *, key: str = "schema") -> dict[st
     file path, relative to `base_dir`. ProcessorConfigError names `key` when the
     file is missing, unreadable, not JSON or not an object."""
     if isinstance(spec, Mapping):
-        return _plain(dict(spec))
+        plain: dict[str, Any] = _plain(dict(spec))
+        return plain
     if not isinstance(spec, str | Path) or not str(spec):
         raise ProcessorConfigError(f"`{key}` must be a JSON file path or an inline table")
     path = Path(spec)

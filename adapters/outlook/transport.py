@@ -39,7 +39,8 @@ from kiota_abstractions.request_information import RequestInformation
 from kiota_abstractions.response_handler import ResponseHandler
 from kiota_http.middleware import ParametersNameDecodingHandler
 from kiota_http.middleware.options import ResponseHandlerOption
-from msgraph import GraphRequestAdapter, GraphServiceClient
+from msgraph.graph_request_adapter import GraphRequestAdapter
+from msgraph.graph_service_client import GraphServiceClient
 from msgraph_core import GraphClientFactory  # type: ignore[import-untyped]
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
@@ -217,7 +218,7 @@ class GraphTransport:
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
             after = getattr(exc, "retry_after_s", None)
-            backoff = min(BACKOFF_MAX_S, self._backoff_s * 2 ** (state.attempt_number - 1))
+            backoff = min(BACKOFF_MAX_S, self._backoff_s * 2.0 ** (state.attempt_number - 1))
             return max(backoff, after or 0.0)
 
         def note(state: RetryCallState) -> None:

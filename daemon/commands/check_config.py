@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
-from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
+from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, emit_json
 from inboxd.daemon.config.main import ConfigReport, inspect_config
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "check-config",
         parents=[parent],
@@ -59,7 +60,7 @@ async def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _as_json(path: Path, report: ConfigReport, tenants: int, mailboxes: int) -> dict:
+def _as_json(path: Path, report: ConfigReport, tenants: int, mailboxes: int) -> dict[str, Any]:
     return {
         "command": "check-config",
         "status": "ok" if report.ok else "invalid",

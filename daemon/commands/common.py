@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import anyio.to_thread
 import asyncpg
@@ -40,6 +40,10 @@ from inboxd.daemon.database import (
 from inboxd.daemon.embedded_pg.data_dir import ENV_DATA_DIR, data_dir_and_origin, default_data_dir
 from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
 from inboxd.daemon.logging import LOG_LEVELS
+
+# What every command module's `register` receives: argparse's subcommand registry
+# (the class is private in argparse; typeshed names it).
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

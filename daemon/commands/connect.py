@@ -65,7 +65,7 @@ from inboxd.adapters.gmail.errors import GmailConfigError
 from inboxd.adapters.outlook.config import OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookConfigError
 from inboxd.daemon.commands import connect_outlook
-from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, emit_json
+from inboxd.daemon.commands.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, emit_json
 from inboxd.daemon.config.main import ConfigError, load_main, load_tenants
 from inboxd.daemon.config.reader import Options, Reader
 
@@ -87,7 +87,7 @@ _SETTINGS: dict[str, tuple[Any, type[ValueError]]] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "connect",
         help="connect a provider mailbox (OAuth sign-in, refresh token kept in a file)",

@@ -28,6 +28,7 @@ import anyio.to_thread
 from inboxd.daemon.commands.common import (
     EXIT_OK,
     CommandError,
+    Subparsers,
     emit_json,
     load_config,
     resolve,
@@ -40,7 +41,7 @@ from inboxd.daemon.embedded_pg.errors import EmbeddedPostgresError
 from inboxd.daemon.embedded_pg.server import stop_embedded
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "db",
         help="the database commands use: print its URL, stop the embedded server",

@@ -33,6 +33,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     emit_json,
     load_config,
     open_pool,
@@ -54,7 +55,7 @@ def note_deprecated_name(args: argparse.Namespace) -> None:
         )
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "delivery",
         aliases=[DEPRECATED_NAME],

@@ -30,6 +30,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     emit_json,
     load_config,
     open_pool,
@@ -74,7 +75,7 @@ JOB_COLUMNS = (
 CONFLICT_COLUMNS = ("CONFLICT", "JOB", "PROCESSOR", "VERSION", "MESSAGE", "NEW MESSAGE", "SEEN")
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "extract",
         help="queue history for a processor, retry an extraction, list extraction jobs",

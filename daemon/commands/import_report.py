@@ -17,10 +17,13 @@ import sys
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inboxd.daemon.commands.common import emit_json
 from inboxd.pipeline.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 # Dead items listed in the human summary (all of them are in --json output).
 DEAD_ITEMS_SHOWN = 20
@@ -110,7 +113,7 @@ class ProgressBar:
     """
 
     def __init__(self) -> None:
-        self._progress: Any = None
+        self._progress: Progress | None = None
         self._task: Any = None
 
     def open(self, total_bytes: int) -> AbstractContextManager[Any]:

@@ -56,6 +56,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     configured_mailboxes,
     database_error,
     load_config,
@@ -96,7 +97,7 @@ DEFAULT_PARSE_MODE: ParseMode = "auto"
 PROCESS_PARSE_MIN_BYTES = 32 * 1024 * 1024
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "import",
         parents=[parent],

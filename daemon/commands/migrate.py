@@ -16,6 +16,7 @@ import asyncpg
 from inboxd.daemon.commands.common import (
     EXIT_OK,
     CommandError,
+    Subparsers,
     database_error,
     emit_json,
     load_config,
@@ -31,7 +32,7 @@ from inboxd.pipeline.schema import SCHEMA_PATH, apply_schema
 MIGRATE_TIMEOUT_S = 120.0
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "migrate",
         parents=[parent],

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 class ProgressBar:
@@ -19,7 +22,7 @@ class ProgressBar:
     def __init__(self, label: str, counted: str) -> None:
         self._label = label
         self._counted = counted
-        self._progress: Any = None
+        self._progress: Progress | None = None
         self._task: Any = None
 
     def open(self, total: int) -> AbstractContextManager[Any]:

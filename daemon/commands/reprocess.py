@@ -39,6 +39,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     database_error,
     emit_json,
     load_config,
@@ -69,7 +70,7 @@ BATCH_FAILURES: tuple[type[BaseException], ...] = (
 POOL_SIZE = 1 + RAW_READ_CONCURRENCY
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "reprocess",
         parents=[parent],

@@ -33,6 +33,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     global_options,
     open_pool,
     resolve,
@@ -67,7 +68,7 @@ GC_THRESHOLDS = (50_000, 50, 100)
 POOL_EXTRA_CONNECTIONS = 6 + DELIVERY_WRITERS + 1
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     del parent  # the shared options, but with --config required (and shown so in --help)
     parser = subparsers.add_parser(
         "run",

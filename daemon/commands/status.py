@@ -34,11 +34,13 @@ import anyio
 import asyncpg
 import orjson
 
+from inboxd.adapters.ses.tables import PollerRow, queue_summary
 from inboxd.daemon.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     configured_mailboxes,
     database_error,
     load_config,
@@ -51,7 +53,6 @@ from inboxd.daemon.database import DsnChoice
 from inboxd.pipeline.errors import DATABASE_ERRORS
 from inboxd.pipeline.mailbox.presence import DaemonRow, daemons
 from inboxd.pipeline.mailbox.status import MailboxStatus, mailbox_status
-from inboxd.pipeline.queue_doors import PollerRow, queue_summary
 from inboxd.pipeline.tenancy import validate_id
 
 # A few small statements; a server that does not answer within this is stuck.
@@ -76,7 +77,7 @@ COLUMNS = (
 )
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "status",
         parents=[parent],

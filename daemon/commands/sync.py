@@ -29,6 +29,7 @@ from inboxd.daemon.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     emit_json,
     load_config,
     open_pool,
@@ -40,7 +41,7 @@ from inboxd.pipeline.mailbox import leases
 from inboxd.pipeline.mailbox import status as mailbox_status
 
 
-def register(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "sync",
         help="cancel a mailbox's running sync, or start one now",

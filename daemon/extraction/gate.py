@@ -84,7 +84,7 @@ class EndpointGate:
         """Doubling with each failure past PAUSE_AFTER_FAILURES, never shorter than the
         endpoint's Retry-After."""
         doublings = min(max(0, self._failed_in_a_row - PAUSE_AFTER_FAILURES), 16)
-        pause = min(ENDPOINT_PAUSE_MIN_S * 2**doublings, ENDPOINT_PAUSE_MAX_S)
+        pause = min(ENDPOINT_PAUSE_MIN_S * 2.0**doublings, ENDPOINT_PAUSE_MAX_S)
         if failed.retry_after_s is not None and math.isfinite(failed.retry_after_s):
             pause = max(pause, failed.retry_after_s)
         return pause
