@@ -102,7 +102,10 @@ class ImportSource:
         self.read_error: SourceError | None = None
         self.vanished: list[str] = []  # planned files deleted before they were read
 
-    async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
+    async def pages(
+        self,
+        cursor: str | None,  # noqa: ARG002 - the Source contract's; imports keep no cursor
+    ) -> AsyncGenerator[Page, None]:
         """Every message of the plan, in order; `cursor` is ignored (imports keep none).
 
         The next page is read and hashed (one worker thread, one pass over the page,

@@ -123,7 +123,7 @@ class ImapConnection:
         # aioimaplib fails no pending command when the connection drops: we notice
         # through its connection-lost callback and stop waiting at once
         self._lost = asyncio.Event()
-        client.protocol.conn_lost_cb = lambda exc: self._lost.set()
+        client.protocol.conn_lost_cb = lambda _exc: self._lost.set()
         self.qresync = False  # ENABLE QRESYNC accepted: EXAMINE reports VANISHED
 
     @property
@@ -365,8 +365,10 @@ class ImapConnection:
         """One command's answer; a dropped connection, BYE or a stall is ImapUnavailable."""
         if self._client is None:
             raise ImapUnavailable(f"imap {self.mailbox.host}: connection closed")
-        command = asyncio.ensure_future(awaitable)
-        lost = asyncio.ensure_future(self._lost.wait())
+        # A race of two awaitables inside this call, not tasks that outlive it: both end
+        # in the finally below (aioimaplib's commands are asyncio futures already).
+        command = asyncio.ensure_future(awaitable)  # noqa: TID251
+        lost = asyncio.ensure_future(self._lost.wait())  # noqa: TID251
         try:
             done, _ = await asyncio.wait(
                 {command, lost}, timeout=COMMAND_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED

@@ -216,7 +216,7 @@ class ImapSource:
             with anyio.CancelScope(shield=True):
                 await connection.close()
 
-    async def settle(self, page: Page, results: list[ItemResult]) -> None:
+    async def settle(self, page: Page, results: list[ItemResult]) -> None:  # noqa: ARG002
         return None  # the cursor is the only state; nothing to do on the server
 
     async def fetch_attachment(self, item: MessageData, attachment: AttachmentData) -> bytes:

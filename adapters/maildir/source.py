@@ -99,7 +99,8 @@ class MaildirSource:
         except OSError as exc:
             raise MaildirMissing(f"cannot create Maildir at {self.root}: {exc.strerror}") from exc
 
-    async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:
+    # The Source contract's cursor goes unused: a Maildir lists new/ whatever it says.
+    async def pages(self, cursor: str | None) -> AsyncGenerator[Page, None]:  # noqa: ARG002
         listed: set[str] = set()  # listed in this run and, at the last pass, still in new/
         while True:
             names, listed = await anyio.to_thread.run_sync(self._list_new, listed)

@@ -186,7 +186,10 @@ class S3Store(StoreContext):
         )
 
     async def put_many(
-        self, items: Sequence[tuple[str, bytes, str]], *, conn: asyncpg.Connection | None = None
+        self,
+        items: Sequence[tuple[str, bytes, str]],
+        *,
+        conn: asyncpg.Connection | None = None,  # noqa: ARG002 - the store contract's; S3 has no tier
     ) -> list[BaseException | None]:
         async def put_one(item: tuple[str, bytes, str]) -> None:
             key, data, content_type = item

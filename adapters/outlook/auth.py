@@ -151,7 +151,9 @@ class GraphTokens(AccessTokenProvider):
     # --- kiota AccessTokenProvider ----------------------------------------------------------
 
     async def get_authorization_token(
-        self, uri: str, additional_authentication_context: dict[str, Any] | None = None
+        self,
+        uri: str,
+        additional_authentication_context: dict[str, Any] | None = None,  # noqa: ARG002 - kiota's
     ) -> str:
         parts = urlsplit(uri)
         if parts.hostname != self._graph_host:

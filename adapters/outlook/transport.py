@@ -114,7 +114,11 @@ class Answer:
 class _Raw(ResponseHandler):
     """Hands the httpx response back untouched: status, headers and bytes are ours."""
 
-    async def handle_response_async(self, response: Any, error_map: Any = None) -> Any:
+    async def handle_response_async(
+        self,
+        response: Any,
+        error_map: Any = None,  # noqa: ARG002 - kiota's ResponseHandler contract
+    ) -> Any:
         await response.aread()
         return response
 

@@ -60,7 +60,7 @@ class _StopRequested(stop_base):
     def __init__(self, event: anyio.Event) -> None:
         self.event = event
 
-    def __call__(self, retry_state: RetryCallState) -> bool:
+    def __call__(self, retry_state: RetryCallState) -> bool:  # noqa: ARG002 - tenacity's
         return self.event.is_set()
 
 

@@ -37,7 +37,7 @@ class SourceDeps:
     pool: asyncpg.Pool
 
 
-def _maildir(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+def _maildir(mailbox: MailboxConfig, page_size: int, _deps: SourceDeps) -> Source:
     source = MaildirSource(
         mailbox.tenant_id,
         mailbox.mailbox_id,
@@ -48,7 +48,7 @@ def _maildir(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source
     return source
 
 
-def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Gmail's own list/history pages (≤ 500 ids), not [workers] batch_size.
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = GmailSettings.from_settings(mailbox.tenant_settings)
@@ -78,7 +78,7 @@ def _gmail(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
     )
 
 
-def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+def _outlook(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Graph's delta pages (Prefer: odata.maxpagesize), not [workers] batch_size.
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = OutlookSettings.from_settings(mailbox.tenant_settings)
@@ -102,7 +102,7 @@ def _outlook(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source
     )
 
 
-def _imap(mailbox: MailboxConfig, page_size: int, deps: SourceDeps) -> Source:
+def _imap(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages are UID windows (adapters/imap/source.py IMAP_WINDOW), not [workers] batch_size.
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
 

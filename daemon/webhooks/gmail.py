@@ -97,7 +97,7 @@ class GmailPush:
     def routes(self) -> list[web.RouteDef]:
         return [web.post(PUSH_PATH, self.handle)]
 
-    def body_limit(self, request: web.Request) -> int | None:
+    def body_limit(self, request: web.Request) -> int | None:  # noqa: ARG002 - one limit
         return MAX_PUSH_BODY_BYTES
 
     def check_before_body(self, request: web.Request) -> None:

@@ -223,7 +223,7 @@ class OutlookPush:
     def routes(self) -> list[web.RouteDef]:
         return [web.post(NOTIFICATION_PATH, self.handle), web.post(LIFECYCLE_PATH, self.handle)]
 
-    def body_limit(self, request: web.Request) -> int | None:
+    def body_limit(self, request: web.Request) -> int | None:  # noqa: ARG002 - one limit
         return MAX_NOTIFICATION_BODY_BYTES
 
     def check_before_body(self, request: web.Request) -> None:

@@ -125,7 +125,11 @@ class LocalDirectoryStore(StoreContext):
         return base / f"{_FAN_MARK}{digest[:2]}" / name
 
     async def put(
-        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_type: str = "application/octet-stream",  # noqa: ARG002 - files keep no type
     ) -> None:
         path = self.path_for(key)
         data = object_bytes(data)
@@ -135,7 +139,10 @@ class LocalDirectoryStore(StoreContext):
             raise ObjectStoreError(f"writing object {key!r} failed: {exc}") from exc
 
     async def put_many(
-        self, items: Sequence[tuple[str, bytes, str]], *, conn: asyncpg.Connection | None = None
+        self,
+        items: Sequence[tuple[str, bytes, str]],
+        *,
+        conn: asyncpg.Connection | None = None,  # noqa: ARG002 - the store contract's
     ) -> list[BaseException | None]:
         """Write every object, then make them durable together before returning.
 

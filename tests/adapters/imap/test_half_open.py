@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 from collections.abc import AsyncIterator
 
@@ -69,10 +70,9 @@ class SilentRelay:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._writers += [writer, up_writer]
-        await asyncio.gather(
-            self._pump(reader, up_writer, from_client=True),
-            self._pump(up_reader, writer, from_client=False),
-        )
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(functools.partial(self._pump, reader, up_writer, from_client=True))
+            pumps.start_soon(functools.partial(self._pump, up_reader, writer, from_client=False))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[SilentRelay]:
