@@ -15,17 +15,10 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.adapters.base import Source
-from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-from inboxd.adapters.gmail.source import GmailSource
-from inboxd.adapters.imap.config import ImapMailbox
-from inboxd.adapters.imap.source import ImapSource
-from inboxd.adapters.maildir import MaildirSource
-from inboxd.adapters.maildir.config import MaildirConfig
-from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
-from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.pipeline.copies import known_copies, live_copies_under
 from inboxd.pipeline.errors import ConfigError, NotConnected
+from inboxd.pipeline.mailbox.scheduling import record_watch_expiry
 
 __all__ = ["SourceDeps", "build_source"]
 
@@ -37,7 +30,14 @@ class SourceDeps:
     pool: asyncpg.Pool
 
 
+# Each builder imports its door when a configured mailbox uses it: a daemon without
+# Outlook mailboxes never loads msgraph-sdk (docs/architecture.md "The Outlook door").
+
+
 def _maildir(mailbox: MailboxConfig, page_size: int, _deps: SourceDeps) -> Source:
+    from inboxd.adapters.maildir import MaildirSource
+    from inboxd.adapters.maildir.config import MaildirConfig
+
     source = MaildirSource(
         mailbox.tenant_id,
         mailbox.mailbox_id,
@@ -50,6 +50,9 @@ def _maildir(mailbox: MailboxConfig, page_size: int, _deps: SourceDeps) -> Sourc
 
 def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Gmail's own list/history pages (≤ 500 ids), not [workers] batch_size.
+    from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
+    from inboxd.adapters.gmail.source import GmailSource
+
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = GmailSettings.from_settings(mailbox.tenant_settings)
     gmail = GmailMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
@@ -65,7 +68,7 @@ def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
         return await known_copies(deps.pool, tenant, mailbox_id, ids)
 
     async def record_watch(expires_at: datetime) -> None:
-        await _record_watch(deps.pool, tenant, mailbox_id, expires_at)
+        await record_watch_expiry(deps.pool, tenant, mailbox_id, expires_at)
 
     return GmailSource(
         tenant,
@@ -80,6 +83,9 @@ def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
 
 def _outlook(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Graph's delta pages (Prefer: odata.maxpagesize), not [workers] batch_size.
+    from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
+    from inboxd.adapters.outlook.source import OutlookSource
+
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = OutlookSettings.from_settings(mailbox.tenant_settings)
     outlook = OutlookMailbox.from_settings(mailbox.settings, address=mailbox.address or None)
@@ -95,7 +101,7 @@ def _outlook(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Sourc
         return await known_copies(deps.pool, tenant, mailbox_id, ids)
 
     async def record_watch(expires_at: datetime | None) -> None:
-        await _record_watch(deps.pool, tenant, mailbox_id, expires_at)
+        await record_watch_expiry(deps.pool, tenant, mailbox_id, expires_at)
 
     return OutlookSource(
         tenant, mailbox_id, settings, outlook, known, deps.pool, record_watch=record_watch
@@ -104,6 +110,9 @@ def _outlook(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Sourc
 
 def _imap(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages are UID windows (adapters/imap/source.py IMAP_WINDOW), not [workers] batch_size.
+    from inboxd.adapters.imap.config import ImapMailbox
+    from inboxd.adapters.imap.source import ImapSource
+
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
 
     async def stored_under(prefix: str) -> list[str]:
@@ -115,19 +124,6 @@ def _imap(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
         ImapMailbox.from_settings(mailbox.settings),
         stored_under=stored_under,
     )
-
-
-async def _record_watch(
-    pool: asyncpg.Pool, tenant: str, mailbox_id: str, expires_at: datetime | None
-) -> None:
-    """When the mailbox's push channel (Gmail watch, Graph subscriptions) lapses."""
-    async with pool.acquire() as conn:
-        await conn.execute(
-            "UPDATE mailboxes SET watch_expires_at = $3 WHERE tenant_id = $1 AND mailbox_id = $2",
-            tenant,
-            mailbox_id,
-            expires_at,
-        )
 
 
 _BUILDERS: dict[str, Callable[[MailboxConfig, int, SourceDeps], Source]] = {

@@ -443,6 +443,19 @@ async def record_push(
     return True
 
 
+async def record_watch_expiry(
+    conn: Executor, tenant_id: str, mailbox_id: str, expires_at: datetime | None
+) -> None:
+    """When the mailbox's push channel (Gmail watch, Graph subscriptions) lapses
+    unless renewed; None: it has none. `inboxd status` shows it."""
+    await conn.execute(
+        "UPDATE mailboxes SET watch_expires_at = $3 WHERE tenant_id = $1 AND mailbox_id = $2",
+        tenant_id,
+        mailbox_id,
+        expires_at,
+    )
+
+
 # --- helpers -----------------------------------------------------------------------------
 
 
