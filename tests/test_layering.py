@@ -220,3 +220,52 @@ def test_every_source_folder_is_an_installed_package() -> None:
             f'remove the line: "{package}",'
         )
     assert not problems, "\n".join(problems)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A private name imported from another module is a seam in the wrong place
+    (CONTRIBUTING.md "Shape"): what two modules share is public in one of them."""
+    problems = []
+    for folder in PACKAGE_DIRS.values():
+        for source in sources(folder):
+            tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ImportFrom):
+                    continue
+                base = _resolve_from(source, node)
+                if not _is_within(base, "inboxd") or base == source.module:
+                    continue
+                private = [
+                    a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"
+                ]
+                if private:
+                    problems.append(
+                        f"{source.rel}:{node.lineno}: {ast.unparse(node)}  "
+                        f"(private: {', '.join(private)}; make it public where it lives, "
+                        f"or move it to the module both use)"
+                    )
+    assert not problems, "private names across modules\n" + "\n".join(problems)
+
+
+#: The module names every door folder has (CONTRIBUTING.md "Adding a door"): its
+#: errors, and the module implementing its kind of door (adapters/base.py), a pull
+#: `Source` in source.py or a `QueueDoor` in door.py.
+DOOR_MODULES = ("__init__.py", "errors.py")
+DOOR_CONTRACT_MODULES = ("source.py", "door.py")
+
+
+def test_every_door_folder_has_the_fixed_module_names() -> None:
+    root = REPO / PACKAGE_DIRS["inboxd.adapters"]
+    doors = [
+        d
+        for d in sorted(root.iterdir())
+        if d.is_dir() and any((d / name).is_file() for name in DOOR_CONTRACT_MODULES)
+    ]
+    assert doors, "no door folder found under adapters/"
+    problems = [
+        f"adapters/{d.name}/ lacks {name}"
+        for d in doors
+        for name in DOOR_MODULES
+        if not (d / name).is_file()
+    ]
+    assert not problems, "door folders (CONTRIBUTING.md, Adding a door)\n" + "\n".join(problems)

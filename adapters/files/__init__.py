@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from .pages import IMPORT_PAGE_MAX_BYTES, IMPORT_PAGE_SIZE, ImportSource, PageRefs
-from .source import (
+from .errors import SourceError
+from .reader import (
     ImportPlan,
     RawMessage,
-    SourceError,
     SourceFile,
     iter_messages,
     plan_import,
 )
+from .source import IMPORT_PAGE_MAX_BYTES, IMPORT_PAGE_SIZE, ImportSource, PageRefs
 
 __all__ = [
     "IMPORT_PAGE_MAX_BYTES",

@@ -76,7 +76,7 @@ class PageSettler:
         are still retriable after BATCH_ATTEMPTS (counted in the summary)."""
         refs = page.context
         assert isinstance(refs, PageRefs)
-        # already stored: never parsed (adapters/files/pages.py), reported as duplicates
+        # already stored: never parsed (adapters/files/source.py), reported as duplicates
         self.summary.outcomes[Outcome.DUPLICATE.value] += refs.known
         if not page.items:
             return

@@ -1,260 +1,148 @@
-"""adapters.files: which files an import reads, in which order, and the exact bytes.
+"""ImportSource's pages: what is already stored is never parsed again.
 
-Messages are corpus files (tests/corpus/mime); mbox files and Maildirs are
-built from them in tmp_path, so every expected byte string is a corpus file.
+A re-import of a stored corpus must cost hashing and one query per page, not a
+parse per message (issue 15). The `known` callable stands in for the database
+query (pipeline.copies.known_copies, tested with the cascade); the parser is
+watched through `pipeline.mime.workers.parse_many`, which every parse goes through.
 """
 
 from __future__ import annotations
 
-import os
-import re
+import hashlib
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
-from inboxd.adapters.files import SourceError, iter_messages, plan_import
+from inboxd.adapters.files import ImportSource, PageRefs, plan_import
+from inboxd.pipeline.message import MessageData
+from inboxd.pipeline.mime import workers as parsing
 
-# Three corpus messages that stress mbox framing: body lines starting with "From "
-# (CRLF, ends with an empty line), an embedded postmark-like line, and a
-# message/rfc822 part whose inner message starts with a postmark.
-MBOX_SAMPLES = (
-    "mikel-mail/error_emails__cant_parse_from.eml",
-    "mailgun-flanker/complaints__yahoo.eml",
-    "mikel-mail/attachment_emails__attachment_message_rfc822.eml",
-)
-# A corpus .eml whose first line is a "From " postmark.
-POSTMARK_EML = "mikel-mail/plain_emails__raw_email.eml"
-PLAIN_EMLS = (
+NAMES = (
     "axllent-mailpit/plain-text.eml",
     "axllent-mailpit/tags.eml",
     "axllent-mailpit/mime-attachment.eml",
+    "axllent-mailpit/mixed-attachment.eml",
 )
-POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
-_FROM_LINE = re.compile(rb"(?m)^(>*From )")
-
-
-def write_mbox(path: Path, messages: list[bytes], *, separator: bytes = b"\n") -> None:
-    """mboxrd writer: postmark, ">"-quoted From lines, newline-terminated, separator."""
-    with path.open("wb") as fh:
-        for raw in messages:
-            fh.write(POSTMARK)
-            fh.write(_FROM_LINE.sub(rb">\1", raw))
-            if not raw.endswith(b"\n"):
-                fh.write(b"\n")
-            fh.write(separator)
 
 
 @pytest.fixture
-def mime(corpus: Path) -> Path:
-    return corpus / "mime"
+def files(corpus: Path, tmp_path: Path) -> list[Path]:
+    out = []
+    for i, name in enumerate(NAMES):
+        path = tmp_path / "in" / f"m{i}.eml"
+        path.parent.mkdir(exist_ok=True)
+        shutil.copyfile(corpus / "mime" / name, path)
+        out.append(path)
+    return out
 
 
-def _copy(src: Path, dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    return dst
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _maildir(root: Path) -> Path:
-    for part in ("cur", "new", "tmp"):
-        (root / part).mkdir(parents=True)
-    return root
+async def pages_of(source: ImportSource) -> list[tuple[list[MessageData], PageRefs]]:
+    out = []
+    async for page in source.pages(None):
+        assert isinstance(page.context, PageRefs)
+        out.append(([i for i in page.items if isinstance(i, MessageData)], page.context))
+    return out
 
 
-def test_directory_walk_is_sorted_and_counts_skipped_files(mime: Path, tmp_path: Path) -> None:
-    top = tmp_path / "in"
-    _copy(mime / PLAIN_EMLS[0], top / "b.eml")
-    _copy(mime / PLAIN_EMLS[1], top / "A" / "c.EML")
-    _copy(mime / "axllent-mailpit" / "SOURCE.md", top / "notes.md")
-    box = _maildir(top / "mdir")
-    _copy(mime / PLAIN_EMLS[2], box / "cur" / "1.host:2,S")
-    _copy(mime / MBOX_SAMPLES[0], box / "new" / "2.host")
-    _copy(mime / MBOX_SAMPLES[1], box / "tmp" / "3.host")  # delivery in progress
-    write_mbox(top / "z.mbox", [(mime / MBOX_SAMPLES[2]).read_bytes()])
+async def test_stored_messages_are_left_out_unparsed(
+    files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+    real = parsing.parse_many
 
-    plan = plan_import([top])
+    def watched(raws: Sequence[bytes], *args: object, **kwargs: object) -> list:
+        parsed.extend(raws)
+        return real(raws, *args, **kwargs)  # type: ignore[arg-type]
 
-    assert [(f.path.relative_to(top).as_posix(), f.kind) for f in plan.files] == [
-        ("A/c.EML", "message"),
-        ("b.eml", "message"),
-        ("mdir/new/2.host", "maildir"),
-        ("mdir/cur/1.host:2,S", "maildir"),
-        ("z.mbox", "mbox"),
-    ]
-    assert plan.skipped == (top / "notes.md",)
-    raws = [m.raw for m in iter_messages(plan)]
-    assert raws == [
-        (mime / name).read_bytes()
-        for name in (PLAIN_EMLS[1], PLAIN_EMLS[0], MBOX_SAMPLES[0], PLAIN_EMLS[2], MBOX_SAMPLES[2])
-    ]
+    monkeypatch.setattr(parsing, "parse_many", watched)
+    asked: list[list[str]] = []
+    stored = {sha(files[0]), sha(files[2])}
 
+    async def known(ids: Sequence[str]) -> set[str]:
+        asked.append(list(ids))
+        return stored & set(ids)
 
-def test_mbox_gives_back_the_exact_bytes(mime: Path, tmp_path: Path) -> None:
-    originals = [(mime / name).read_bytes() for name in MBOX_SAMPLES]
-    path = tmp_path / "archive"  # no extension: recognised by its first line
-    write_mbox(path, originals)
-
-    plan = plan_import([path])
-    messages = list(iter_messages(plan))
-
-    assert [f.kind for f in plan.files] == ["mbox"]
-    assert [m.raw for m in messages] == originals
-    assert [m.source_ref for m in messages] == [f"{path}#{n}" for n in (1, 2, 3)]
-    assert sum(m.span_bytes for m in messages) == path.stat().st_size == plan.total_bytes
-
-
-def test_mbox_unquotes_exactly_one_level(mime: Path, tmp_path: Path) -> None:
-    # Variant of MBOX_SAMPLES[0] whose body lines already read ">From ": the writer
-    # stores them as ">>From ", the reader must give ">From " back.
-    original = (mime / MBOX_SAMPLES[0]).read_bytes().replace(b"\nFrom ", b"\n>From ")
-    assert b"\n>From " in original
-    path = tmp_path / "quoted.mbox"
-    write_mbox(path, [original])
-
-    assert b"\n>>From " in path.read_bytes()
-    assert [m.raw for m in iter_messages(plan_import([path]))] == [original]
-
-
-def test_mbox_without_blank_separator_lines_still_splits(mime: Path, tmp_path: Path) -> None:
-    originals = [(mime / name).read_bytes() for name in MBOX_SAMPLES[1:]]
-    path = tmp_path / "tight.mbox"
-    write_mbox(path, originals, separator=b"")
-
-    assert [m.raw for m in iter_messages(plan_import([path]))] == originals
-
-
-def test_an_eml_starting_with_a_postmark_is_one_message(mime: Path, tmp_path: Path) -> None:
-    src = mime / POSTMARK_EML
-    assert src.read_bytes().startswith(b"From ")
-    top = tmp_path / "in"
-    _copy(src, top / "one.eml")
-
-    plan = plan_import([top])
-
-    assert [f.kind for f in plan.files] == ["message"]
-    assert [m.raw for m in iter_messages(plan)] == [src.read_bytes()]
-
-
-def test_explicit_file_is_read_whatever_its_name(mime: Path, tmp_path: Path) -> None:
-    path = _copy(mime / PLAIN_EMLS[0], tmp_path / "message.txt")
-
-    plan = plan_import([path])
-
-    assert [(f.path, f.kind) for f in plan.files] == [(path, "message")]
-    assert plan.skipped == ()
-
-
-def test_a_file_reached_twice_is_read_once(mime: Path, tmp_path: Path) -> None:
-    path = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
-
-    plan = plan_import([path, tmp_path / "in", path])
-
-    assert [f.path for f in plan.files] == [path]
-
-
-def test_symlinked_directories_are_not_followed(mime: Path, tmp_path: Path) -> None:
-    _copy(mime / PLAIN_EMLS[0], tmp_path / "real" / "a.eml")
-    top = tmp_path / "in"
-    top.mkdir()
-    (top / "link").symlink_to(tmp_path / "real", target_is_directory=True)
-
-    plan = plan_import([top])
-
-    assert plan.files == ()
-    assert plan.skipped == (top / "link",)
-
-
-def test_symlink_loops_and_dangling_links_are_skipped(mime: Path, tmp_path: Path) -> None:
-    top = tmp_path / "in"
-    good = _copy(mime / PLAIN_EMLS[0], top / "a.eml")
-    (top / "self").symlink_to("self")  # ln -s self self: ELOOP, whatever its name
-    (top / "loop.eml").symlink_to("loop.eml")
-    (top / "gone.eml").symlink_to("nowhere.eml")
-    box = _maildir(top / "Maildir")
-    (box / "new" / "1700000000.M1P1.host").symlink_to("1700000000.M1P1.host")
-
-    plan = plan_import([top])
-
-    assert [f.path for f in plan.files] == [good]
-    assert sorted(plan.skipped) == sorted(
-        [
-            box / "new" / "1700000000.M1P1.host",
-            top / "gone.eml",
-            top / "loop.eml",
-            top / "self",
-        ]
+    source = ImportSource(
+        "acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True, known=known
     )
+    [(items, refs)] = await pages_of(source)
+
+    assert asked == [[sha(p) for p in files]]  # one question for the page
+    assert sorted(parsed) == sorted([files[1].read_bytes(), files[3].read_bytes()])
+    assert [i.external_id for i in items] == [sha(files[1]), sha(files[3])]
+    assert refs.refs == [str(files[1]), str(files[3])]
+    assert refs.known == 2
+    assert refs.span_bytes == sum(p.stat().st_size for p in files)
 
 
-def test_maildir_message_moved_to_cur_while_importing(mime: Path, tmp_path: Path) -> None:
-    box = _maildir(tmp_path / "Maildir")
-    _copy(mime / PLAIN_EMLS[0], box / "new" / "1700000000.M1P1.host")
-    plan = plan_import([box])
-    # A mail client reads it between our planning and our reading.
-    os.rename(box / "new" / "1700000000.M1P1.host", box / "cur" / "1700000000.M1P1.host:2,S")
+async def test_a_page_of_stored_messages_has_no_items(files: list[Path], tmp_path: Path) -> None:
+    async def known(ids: Sequence[str]) -> set[str]:
+        return set(ids)
 
-    assert [m.raw for m in iter_messages(plan)] == [(mime / PLAIN_EMLS[0]).read_bytes()]
+    source = ImportSource(
+        "acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True, known=known
+    )
+    [(items, refs)] = await pages_of(source)
 
-
-def test_a_file_removed_after_planning_is_a_source_error(mime: Path, tmp_path: Path) -> None:
-    path = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
-    plan = plan_import([path])
-    path.unlink()
-
-    with pytest.raises(SourceError, match=r"a\.eml"):
-        list(iter_messages(plan))
+    assert (items, refs.refs, refs.known) == ([], [], len(files))
 
 
-def test_files_removed_after_planning_are_listed_as_vanished(mime: Path, tmp_path: Path) -> None:
-    keep = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
-    archive = tmp_path / "in" / "b.mbox"
-    write_mbox(archive, [(mime / PLAIN_EMLS[1]).read_bytes()])
-    box = _maildir(tmp_path / "in" / "Maildir")
-    delivered = _copy(mime / PLAIN_EMLS[2], box / "new" / "1700000000.M1P1.host")
-    plan = plan_import([tmp_path / "in"])
-    archive.unlink()
-    delivered.unlink()
-    vanished: list[str] = []
+async def test_without_known_every_message_is_parsed(files: list[Path], tmp_path: Path) -> None:
+    source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
+    [(items, refs)] = await pages_of(source)
 
-    raws = [m.raw for m in iter_messages(plan, vanished)]
-
-    assert raws == [keep.read_bytes()]
-    assert sorted(vanished) == sorted([str(archive), str(delivered)])
+    assert [i.external_id for i in items] == [sha(p) for p in files]
+    assert refs.known == 0
 
 
-@pytest.mark.parametrize("name", ["missing.eml", "missing-dir/"])
-def test_missing_path_is_a_one_line_error(tmp_path: Path, name: str) -> None:
-    with pytest.raises(SourceError) as info:
-        plan_import([tmp_path / name])
+async def test_a_database_that_does_not_answer_the_lookup_means_parsing_the_page(
+    files: list[Path], tmp_path: Path
+) -> None:
+    async def known(ids: Sequence[str]) -> set[str]:
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed")
 
-    assert str(info.value) == f"{tmp_path / name}: no such file or directory"
+    source = ImportSource(
+        "acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True, known=known
+    )
+    [(items, refs)] = await pages_of(source)
 
-
-def test_a_bad_path_fails_the_whole_plan(mime: Path, tmp_path: Path) -> None:
-    good = _copy(mime / PLAIN_EMLS[0], tmp_path / "a.eml")
-
-    with pytest.raises(SourceError, match="nope"):
-        plan_import([good, tmp_path / "nope"])
-
-
-def test_special_files_are_refused(tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-
-    with pytest.raises(SourceError, match="not a regular file or directory"):
-        plan_import([fifo])
+    # the lookup only saves work: the page goes to ingest whole, which meets the outage
+    assert [i.external_id for i in items] == [sha(p) for p in files]
+    assert refs.known == 0
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_file_is_refused_before_reading(mime: Path, tmp_path: Path) -> None:
-    path = _copy(mime / PLAIN_EMLS[0], tmp_path / "in" / "a.eml")
-    path.chmod(0)
+async def test_a_file_deleted_after_planning_is_skipped_and_listed(
+    files: list[Path], tmp_path: Path
+) -> None:
+    source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
+    files[1].unlink()  # expunged by a mail client between planning and reading
 
-    with pytest.raises(SourceError, match="permission denied"):
-        plan_import([tmp_path / "in"])
+    [(items, refs)] = await pages_of(source)
+
+    assert refs.refs == [str(files[0]), str(files[2]), str(files[3])]
+    assert [i.external_id for i in items] == [sha(files[0]), sha(files[2]), sha(files[3])]
+    assert source.vanished == [str(files[1])]
+    assert source.read_error is None
 
 
-def test_no_path_at_all() -> None:
-    with pytest.raises(SourceError, match="no path"):
-        plan_import([])
+async def test_a_read_error_keeps_what_was_read_before_it_in_the_same_page(
+    files: list[Path], tmp_path: Path
+) -> None:
+    source = ImportSource("acme", "inbox", plan_import([tmp_path / "in"]), parse_in_thread=True)
+    files[2].unlink()
+    files[2].mkdir()  # opens, but reading it fails (EISDIR): not a vanished file
+
+    [(items, refs)] = await pages_of(source)
+
+    assert refs.refs == [str(files[0]), str(files[1])]
+    assert [i.external_id for i in items] == [sha(files[0]), sha(files[1])]
+    assert source.read_error is not None
+    assert str(source.read_error).startswith(f"{files[2]}: ")
+    assert source.vanished == []
