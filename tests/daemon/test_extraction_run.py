@@ -18,7 +18,11 @@ from fakes.parse_api import Answer, FakeParseApi
 from harness import DaemonProcess, deliver, maildir, write_config
 from helpers import run_cli_async
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 TOKEN_ENV = {"PARSE_TOKEN": "t0ken-for-tests"}
 SCHEMA = '{type = "object", properties = {order = {type = "string"}}, required = ["order"]}'

@@ -20,7 +20,7 @@ MAILBOXES = 100
 NEEDED = FDS_BASE + MAILBOXES * FDS_PER_MAILBOX["maildir"]
 READY_TIMEOUT_S = 120.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_database]  # daemon subprocesses (tests/conftest.py)
 
 
 def _events_of_run(tmp: Path, dsn: str, soft: int, hard: int) -> list[dict]:

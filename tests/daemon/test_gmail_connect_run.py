@@ -13,7 +13,11 @@ from helpers.google_jwt import GoogleSigner
 from test_gmail_reset_run import daemon_life
 from test_gmail_run import SUPPORT, GatedGmail, _cursor, tenant_file
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 
 async def test_a_mailbox_waits_as_needs_connect_until_a_reload_brings_its_token(

@@ -33,7 +33,11 @@ from test_gmail_run import (
     tenant_file,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 DAY_MS = 86_400_000
 # A numeric backfill window and a late delivery well outside it.

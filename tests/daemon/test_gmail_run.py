@@ -28,7 +28,11 @@ from harness import DaemonProcess, generated_messages, write_config
 from helpers import cli_env, run_cli
 from helpers.google_jwt import GoogleSigner
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 AUDIENCE = "https://inboxd.acme.example/push/gmail/acme"
 PUSHER = "gmail-push@acme-mail.iam.gserviceaccount.com"

@@ -16,7 +16,11 @@ import pytest
 from harness import generated_messages
 from test_gmail_run import SUPPORT, _cursor, _cursor_is, _has_copy, gmail_daemon
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 # How long the fake's watches last. The daemon renews at half the remaining life
 # (adapters/gmail/watch.py), so a renewal may be ~3 s late on a busy machine.

@@ -335,6 +335,7 @@ async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:
     assert len(await stored(pool)) == 1
 
 
+@pytest.mark.own_database  # ALTER DATABASE … ALLOW_CONNECTIONS
 async def test_database_outage_is_503_and_the_retry_is_stored(
     pool, db_dsn, server_dsn, store, sw
 ) -> None:

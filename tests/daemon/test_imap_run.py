@@ -33,7 +33,11 @@ from helpers.dovecot import DovecotServer, ImapAccount
 
 from inboxd.adapters.imap.client import COMMAND_TIMEOUT_S
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 WAIT_S = 60
 # Issue 13: with IDLE, a delivered message is stored within 2 s.

@@ -11,7 +11,11 @@ import pytest
 from harness import DaemonProcess, deliver, generated_messages, maildir, write_config
 from helpers import run_cli_async
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 # An Outlook .msg (CFB) file saved as .eml: not RFC 5322 mail, so a dead item.
 NOT_MAIL = Path(__file__).parents[1] / "corpus/mime/spamscope-mail-parser/mail_outlook_1.eml"

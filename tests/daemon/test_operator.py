@@ -120,6 +120,7 @@ async def test_port_in_use_is_one_line(tmp_path: Path, db_dsn: str) -> None:
     assert "Traceback" not in result.stderr and "asyncio" not in result.stderr
 
 
+@pytest.mark.own_database  # a daemon subprocess
 @pytest.mark.slow
 async def test_daemon_reports_capacity_tenant_name_and_what_it_watches(
     tmp_path: Path, db_dsn: str

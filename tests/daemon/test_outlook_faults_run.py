@@ -15,7 +15,11 @@ import pytest
 from harness import generated_messages
 from test_outlook_run import OPS, Box, _equals, _state_is, outlook_daemon
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 
 async def _last_error(run, mailbox: str) -> str:

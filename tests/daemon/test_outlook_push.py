@@ -358,6 +358,7 @@ async def test_lifecycle_keeps_the_strongest_event_and_ignores_unknown_ones(
 # --- the database away -----------------------------------------------------------------------
 
 
+@pytest.mark.own_database  # ALTER DATABASE … ALLOW_CONNECTIONS
 async def test_database_outage_is_503_and_the_retry_rings(
     pool, db_dsn, server_dsn, store, subscribed
 ) -> None:
@@ -420,6 +421,7 @@ def test_tenants_with_an_outlook_table_are_served(tmp_path: Path) -> None:
     assert served["acme"].mailboxes == frozenset({"ops"})
 
 
+@pytest.mark.own_database  # a daemon subprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_inboxd_run_serves_the_outlook_routes_and_a_reload_adds_a_tenant(

@@ -19,7 +19,11 @@ from harness import generated_messages
 from helpers import eventually
 from test_outlook_run import OPS, Box, _equals, _state_is, outlook_daemon
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 #: Graph's $filter takes whole seconds: the stale mail is received at least this
 #: long before the daemon starts again, so "ge <the reset>" would leave it out.

@@ -34,7 +34,11 @@ from fakes.graph import FakeGraph
 from harness import DaemonProcess, generated_messages, write_config
 from helpers import WaitTimeout, cli_env, eventually, run_cli
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 OPS, SALES = "ops@contoso.example", "sales@contoso.example"
 API_TOKEN = "acme-api-token-for-tests"

@@ -16,7 +16,11 @@ import asyncpg
 import pytest
 from harness import DaemonProcess, deliver, generated_messages, maildir, write_config
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 # The fault: every 200 ms for 15 s, every backend of the daemon goes.
 TERMINATE_EVERY_S = 0.2

@@ -28,7 +28,11 @@ from harness import (
 from helpers import run_cli, run_cli_async
 
 # Real `inboxd run` processes (make test-fast skips them).
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 
 async def count(dsn: str, sql: str, *args) -> int:

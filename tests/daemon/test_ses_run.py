@@ -32,7 +32,11 @@ from helpers import CliResult, cli_env, run_cli_async
 from helpers.ses_queue import Aws, make_queue, ses_notification
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
+]
 
 SUPPORT = "support@acme.example"
 WAIT_S = 60

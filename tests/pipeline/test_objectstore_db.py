@@ -114,6 +114,7 @@ async def test_with_the_callers_connection_the_bytes_commit_or_roll_back_with_it
     assert await rows(pool) == {("acme", "raw/acme/kept"): b"kept"}
 
 
+@pytest.mark.own_database  # adds a constraint
 async def test_a_failed_insert_does_not_abort_the_callers_transaction(
     tier: DatabaseTierStore, pool: asyncpg.Pool
 ) -> None:
@@ -160,6 +161,7 @@ async def test_many_small_objects_are_split_into_bounded_statements(
     assert len(await pool.fetch("SELECT DISTINCT xmin FROM small_objects")) == 13
 
 
+@pytest.mark.own_database  # drops a table
 async def test_a_database_failure_fails_the_small_items_only(
     large: LocalDirectoryStore, db_dsn: str
 ) -> None:

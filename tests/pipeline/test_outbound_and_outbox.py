@@ -181,6 +181,7 @@ async def test_fallback_never_matches_another_sender_or_outside_the_window(
     assert outcomes == [Outcome.NEW, Outcome.NEW]
 
 
+@pytest.mark.own_database  # creates a trigger
 async def test_failed_batch_leaves_no_rows_and_no_events(stage, pool, inbox) -> None:
     # a serialization failure mid-batch (after messages were inserted) rolls back everything
     async with pool.acquire() as conn:
@@ -199,6 +200,7 @@ async def test_failed_batch_leaves_no_rows_and_no_events(stage, pool, inbox) -> 
     assert {r.outcome for r in results} == {Outcome.NEW}
 
 
+@pytest.mark.own_database  # creates a trigger
 async def test_poison_item_is_isolated_and_neighbours_commit(stage, pool, inbox) -> None:
     async with pool.acquire() as conn:
         await conn.execute("""
@@ -219,6 +221,7 @@ async def test_poison_item_is_isolated_and_neighbours_commit(stage, pool, inbox)
     assert tuple(dead) == (items[1].external_id, "rejected")
 
 
+@pytest.mark.own_database  # creates a trigger
 async def test_server_trouble_is_never_blamed_on_an_item(stage, pool, inbox) -> None:
     # disk full (53100) fails the big insert but not a tiny dead-item insert: it
     # must not turn good mail into dead items

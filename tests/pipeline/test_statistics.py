@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from factories import message
 
 from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
@@ -14,6 +15,7 @@ async def reltuples(pool) -> float:
     )
 
 
+@pytest.mark.own_database  # counts on the planner's statistics of new tables
 async def test_a_backfill_analyzes_the_ingest_tables_once_they_have_rows(
     pool, stage: IngestStage, make_mailbox
 ) -> None:

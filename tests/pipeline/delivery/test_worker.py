@@ -150,6 +150,7 @@ async def test_correlates_with_the_outbound_message(pool: asyncpg.Pool, make_mai
     assert updated and updated[0]["status"] == "delivered"
 
 
+@pytest.mark.own_database  # creates a trigger
 async def test_failing_event_retries_then_dies_and_replays(pool: asyncpg.Pool) -> None:
     # A poison condition the worker cannot get past: evidence for this recipient fails.
     async with pool.acquire() as conn:
@@ -273,6 +274,7 @@ async def test_replay_in_small_batches_never_takes_evidence_back(pool: asyncpg.P
     assert (await evidence(pool), await outbox(pool)) == before
 
 
+@pytest.mark.own_database  # renames a table
 async def test_worker_outlives_database_errors(pool: asyncpg.Pool, db_dsn: str) -> None:
     import anyio
 
