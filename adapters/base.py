@@ -1,4 +1,8 @@
-"""The source contract: what every door (Gmail, Outlook, SES, IMAP, Maildir, import) does.
+"""The door contracts: what every door (Gmail, Outlook, SES, IMAP, Maildir, import) does.
+
+Two kinds of door: a *source* (`Source`, optionally `Watchable`) syncs one
+mailbox and keeps a cursor; a *queue door* (`QueueDoor`, the SES door) receives
+from a queue for many mailboxes and reaches the daemon through one `QueueSink`.
 
 A *source* syncs one mailbox. It yields *pages*: a list of MessageData (or
 DeadItem for what it could not turn into one) plus the cursor position that
@@ -38,12 +42,18 @@ messages whose outcome is new.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from inboxd.pipeline.message import AttachmentData, DeadItem, MessageData
 from inboxd.pipeline.outcomes import ItemResult
+
+if TYPE_CHECKING:  # annotations only: every adapter imports this module
+    import anyio
+    from anyio.abc import TaskStatus
+
+    from inboxd.pipeline.ingest.stage import IngestBatch
 
 
 @dataclass(slots=True)
@@ -100,16 +110,113 @@ class Source(Protocol):
         ...
 
 
-# Optional, beside the Source methods: a door with a push channel of its own that
-# needs a live connection (IMAP IDLE) or upkeep on a schedule (Gmail's users.watch
-# renewal) defines
-#
-#     async def watch(self, ring: Callable[[], None]) -> None
-#
-# which the runner runs for its whole life in push and auto mode: it calls ring()
-# when the server says there is new mail (or pushes may have been lost), retries
-# with backoff on its own, never moves the cursor, and returns only when
-# cancelled. Polling on poll_interval_s goes on regardless.
+@runtime_checkable
+class Watchable(Protocol):
+    """A Source with a push channel of its own, beside its Source methods.
+
+    A door whose server pushes over a live connection (IMAP IDLE) or whose push
+    needs upkeep on a schedule (Gmail's users.watch renewal) has `watch`; the
+    runner (daemon/sync/runner.py) checks `isinstance(source, Watchable)` and runs
+    it for its whole life in push and auto mode. Polling on poll_interval_s goes
+    on regardless.
+    """
+
+    async def watch(self, ring: Callable[[], None]) -> None:
+        """Call ring() when the server says there is new mail (or pushes may have
+        been lost); retry with backoff on its own; never move the cursor; return
+        only when cancelled."""
+        ...
 
 
 AttachmentFetcher = Callable[[MessageData, AttachmentData], Awaitable[bytes]]
+
+
+# --- queue doors ------------------------------------------------------------------------
+#
+# A queue door (SES: SQS messages pointing at S3 objects) is not a Source: no mailbox
+# of its own, no cursor, no lease. One door serves every mailbox configured for its
+# provider, routing each message to the mailboxes of its recipients, and the queue
+# itself is the position: a message is deleted from it only once every item it
+# produced is settled (its rows committed, or recorded dead), so a crash anywhere
+# redelivers it and the cascade answers `duplicate`. The daemon runs the door
+# (QueueDoor) and hands it one QueueSink: everything the door needs of the daemon.
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMailbox:
+    """One configured mailbox a queue door routes to: ids and its `settings` as
+    written in the tenant file (the door parses them)."""
+
+    tenant_id: str
+    mailbox_id: str
+    settings: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted:
+    """A queue message that belongs to no tenant (no recipient is ours, the pointer
+    is unreadable, a forged envelope): kept with its body for replay."""
+
+    external_id: str
+    reason: str
+    detail: str
+    body: str
+    recipients: tuple[str, ...] = ()
+
+
+class QueueSink(Protocol):
+    """What a queue door needs from the daemon that runs it (daemon/ses_door.py).
+
+    Counters (`counted`) name what happened to messages: received, stored,
+    duplicate, dead, unrouted, poison, left (for redelivery), released, deleted;
+    `failed` keeps the last error. Both are the door's status: the daemon turns
+    them into metrics and `inboxd status` rows."""
+
+    async def ingest(self, batch: IngestBatch) -> list[ItemResult]:
+        """Hand a batch to the ingest stage and wait for one result per item,
+        returned after the ingest transaction committed (or failed)."""
+        ...
+
+    async def wait_for_room(self) -> None:
+        """Return once a batch would be queued without waiting: the door receives
+        nothing it could not hand over within the messages' visibility timeout."""
+        ...
+
+    async def record_unrouted(self, item: Unrouted) -> None:
+        """Record a message that belongs to no tenant (repeats count attempts)."""
+        ...
+
+    async def stored_in(self, mailboxes: Sequence[tuple[str, str]], external_id: str) -> bool:
+        """Whether a copy with this external id is stored in any (tenant, mailbox)."""
+        ...
+
+    async def database_ready(self) -> bool:
+        """Whether the database answers now (after a batch left messages behind)."""
+        ...
+
+    def counted(self, what: str, n: int = 1) -> None: ...
+
+    def failed(self, error: str) -> None: ...
+
+
+class QueueDoor(Protocol):
+    """One queue door, as the daemon runs it.
+
+    `name` says which queue (`ses:<queue name>`): its status rows and metrics carry
+    it. `provider` is the provider of the tenant mailboxes it serves; `reload`
+    gets those mailboxes (at start through the constructor, at SIGHUP here) and
+    swaps the routing whole: the next batch routes by it.
+    """
+
+    name: str
+    provider: str
+
+    async def run(
+        self, sink: QueueSink, stop: anyio.Event, *, task_status: TaskStatus[None] = ...
+    ) -> None:
+        """Receive until `stop` is set (`task_status.started()` once connected);
+        return once the messages in flight are settled and deleted, or released
+        for another consumer if cancelled."""
+        ...
+
+    def reload(self, mailboxes: Iterable[QueueMailbox]) -> None: ...

@@ -49,7 +49,7 @@ from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.attention import refresh_attention
 from inboxd.daemon.metrics.extraction import refresh_extraction_backlog
 from inboxd.daemon.metrics.registry import Metrics
-from inboxd.daemon.ses_door import SesDoor
+from inboxd.daemon.ses_door import ses_door
 from inboxd.daemon.sync.fleet import MailboxFleet
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
@@ -131,7 +131,7 @@ class Daemon:
             push_quiet_after_s=main.push_quiet_after_s,
         )
         self.ses = (
-            SesDoor(
+            ses_door(
                 main.ses,
                 tenants,
                 pool=pool,

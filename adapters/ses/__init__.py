@@ -1,4 +1,5 @@
-"""SES door: mail forwarded to Amazon SES, stored in S3, announced on SQS (poller.py).
+"""SES door: mail forwarded to Amazon SES, stored in S3, announced on SQS; a queue door
+(door.py, adapters/base.py QueueDoor) around the SQS poller (poller.py).
 
 The names below load on first use (PEP 562): `check-config` reads `inboxd.adapters.ses.config`
 alone, and importing this package eagerly pulled aioboto3 (~0.2 s of the command's
@@ -13,27 +14,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inboxd.adapters.ses.aws import AwsClients
     from inboxd.adapters.ses.config import SesMailbox, SesSettings
-    from inboxd.adapters.ses.poller import PollerEvents, SesPoller, Unrouted
+    from inboxd.adapters.ses.door import SesDoor
+    from inboxd.adapters.ses.poller import SesPoller
     from inboxd.adapters.ses.routing import Router
 
 _HOMES = {
     "AwsClients": "aws",
-    "PollerEvents": "poller",
     "Router": "routing",
     "SesMailbox": "config",
+    "SesDoor": "door",
     "SesPoller": "poller",
     "SesSettings": "config",
-    "Unrouted": "poller",
 }
 
 __all__ = [
     "AwsClients",
-    "PollerEvents",
     "Router",
+    "SesDoor",
     "SesMailbox",
     "SesPoller",
     "SesSettings",
-    "Unrouted",
 ]
 
 

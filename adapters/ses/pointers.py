@@ -20,7 +20,7 @@ without raw message delivery puts the payload, as a string, in `Message`):
 `parse_pointers` answers the pointers (one per S3 record; an empty list for a test
 event) or raises SesPermanent("invalid_pointer"): a body we cannot read will not
 become readable on redelivery. SNS signatures are not checked here but before the
-pointers are followed (settle.py's CheckBody: daemon/ses_sns.py verifies them like
+pointers are followed (settle.py's CheckBody: envelope.py verifies them like
 the SNS delivery webhooks); for a body without an envelope, the queue's access
 policy and `[ses] buckets` are the trust boundary.
 """

@@ -15,7 +15,8 @@ One SQS message, from receipt to deletion:
 
 "Dead": a dead_items row in each mailbox the message routes to, or, when it
 routes nowhere (no recipient is ours, the pointer is unreadable), an unrouted
-record with no tenant (pipeline/unrouted.py) that `inboxd status` shows.
+record with no tenant (the sink's record_unrouted; tables.py) that `inboxd status`
+shows.
 
 A message left alone is redelivered by SQS after its visibility timeout; while
 one is being processed a heartbeat extends its visibility, so a slow ingest is
@@ -33,27 +34,19 @@ so an outage does not spend the messages' receive counts.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
 import structlog
 
+from inboxd.adapters.base import QueueSink
 from inboxd.adapters.ses.aws import AwsClients, QueueMessage
 from inboxd.adapters.ses.config import SesSettings
 from inboxd.adapters.ses.errors import SesTransient
 from inboxd.adapters.ses.routing import Router
-from inboxd.adapters.ses.settle import (
-    BatchSettler,
-    CheckBody,
-    Ingest,
-    PollerEvents,
-    RecordUnrouted,
-    StoredIn,
-    Unrouted,
-    Work,
-)
+from inboxd.adapters.ses.settle import BatchSettler, CheckBody, Work
 
-__all__ = ["PollerEvents", "SesPoller", "Unrouted"]
+__all__ = ["SesPoller"]
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +62,8 @@ RECEIVE_BACKOFF_MAX_S = 60.0
 
 
 class SesPoller:
-    """`pollers` receive loops on one queue, plus the visibility heartbeat."""
+    """`pollers` receive loops on one queue, plus the visibility heartbeat; the
+    daemon's `sink` takes what they settle (adapters/base.py QueueSink)."""
 
     def __init__(
         self,
@@ -77,31 +71,15 @@ class SesPoller:
         aws: AwsClients,
         *,
         router: Router,
-        ingest: Ingest,
-        room: Callable[[], Awaitable[None]],
-        record_unrouted: RecordUnrouted,
-        events: PollerEvents,
-        stored: StoredIn,
-        ready: Callable[[], Awaitable[bool]],
+        sink: QueueSink,
         check_body: CheckBody | None = None,
     ) -> None:
         self.settings = settings
         self._aws = aws
-        self._room = room
-        self._ready = ready
-        self._settler = BatchSettler(
-            settings,
-            aws,
-            router=router,
-            ingest=ingest,
-            record_unrouted=record_unrouted,
-            events=events,
-            stored=stored,
-            check_body=check_body,
-        )
+        self._sink = sink
+        self._settler = BatchSettler(settings, aws, router=router, sink=sink, check_body=check_body)
         self._receiving = anyio.Event()  # cleared while receiving is paused
         self._receiving.set()
-        self._events = events
         self._in_flight: dict[str, QueueMessage] = {}
 
     @property
@@ -110,7 +88,7 @@ class SesPoller:
 
     @router.setter
     def router(self, router: Router) -> None:
-        """A SIGHUP's new routes (daemon/ses_door.py): the next batch settles by them."""
+        """A SIGHUP's new routes (door.py): the next batch settles by them."""
         self._settler.router = router
 
     async def run(self, stop: anyio.Event) -> None:
@@ -128,7 +106,7 @@ class SesPoller:
             try:
                 messages = await self._receive_unless(stop)
             except SesTransient as exc:
-                self._events.failed(str(exc))
+                self._sink.failed(str(exc))
                 log.warning("ses_receive_failed", poller=number, error=str(exc), retry_s=backoff)
                 with anyio.move_on_after(backoff):
                     await stop.wait()
@@ -143,7 +121,7 @@ class SesPoller:
             try:
                 left = await self.process(messages)
             except Exception as exc:  # a bug must not stop the queue: SQS redelivers them
-                self._events.failed(f"{type(exc).__name__}: {exc}")
+                self._sink.failed(f"{type(exc).__name__}: {exc}")
                 log.exception("ses_batch_crashed", poller=number, size=len(messages))
                 left = True
             if left:
@@ -158,7 +136,7 @@ class SesPoller:
         self._receiving = anyio.Event()
         backoff = RECEIVE_BACKOFF_MIN_S
         try:
-            while not stop.is_set() and not await self._ready():
+            while not stop.is_set() and not await self._sink.database_ready():
                 log.info("ses_receiving_paused", reason="database not ready", retry_s=backoff)
                 with anyio.move_on_after(backoff):
                     await stop.wait()
@@ -179,19 +157,19 @@ class SesPoller:
 
             tg.start_soon(watch)
             await self._receiving.wait()  # no loop receives while the database is down
-            await self._room()
+            await self._sink.wait_for_room()
             tg.cancel_scope.cancel()
         if stop.is_set():
             return []
         received = await self._aws.receive()
         if received:
-            self._events.counted("received", len(received))
+            self._sink.counted("received", len(received))
         return received
 
     async def _release(self, messages: Sequence[QueueMessage]) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S):
             await self._aws.set_visibility(list(messages), 0)
-        self._events.counted("released", len(messages))
+        self._sink.counted("released", len(messages))
 
     # --- one received batch -----------------------------------------------------------------
 
@@ -225,7 +203,7 @@ class SesPoller:
         their S3 objects); the others wait for SQS to redeliver them."""
         done = [w for w in works if not w.failed and w.pending == 0]
         stale = await self._aws.delete([w.message for w in done])
-        self._events.counted("deleted", len(done) - len(stale))
+        self._sink.counted("deleted", len(done) - len(stale))
         # objects last, and only of messages that left the queue: one that comes back
         # still finds its object (and a later redelivery is told apart from a loss by
         # _stored_already)

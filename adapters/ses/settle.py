@@ -6,8 +6,8 @@ Per message (the poller, poller.py, receives and deletes):
     │   is stored already: its deletes were lost, a duplicate); an envelope still
     │   unverifiable then is poison recorded unrouted, saying why
     ├─ body → pointers (pointers.py); invalid → dead
-    ├─ an SNS envelope carrying a signature is verified (`CheckBody`, the daemon's
-    │   daemon/ses_sns.py): forged or foreign → dead, its pointers never followed;
+    ├─ an SNS envelope carrying a signature is verified (`CheckBody`,
+    │   envelope.py): forged or foreign → dead, its pointers never followed;
     │   not verifiable now (certificate unreachable) → leave the message
     ├─ a pointer to a bucket outside [ses] buckets (when set) → dead, nothing read
     ├─ fetch each object from S3, streamed and size-limited (aws.py)
@@ -21,6 +21,8 @@ Per message (the poller, poller.py, receives and deletes):
 A message is settled when none of its items is pending and it was not left; only
 settled messages are deleted. "Dead" is a dead_items row in each mailbox the
 message routes to, or, when it routes nowhere, an unrouted record with no tenant.
+Everything outside the door (ingest, records, counters) goes through the daemon's
+QueueSink (adapters/base.py).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
-from typing import Protocol
 
 import anyio
 import structlog
 
+from inboxd.adapters.base import QueueSink, Unrouted
 from inboxd.adapters.ses.aws import AwsClients, QueueMessage
 from inboxd.adapters.ses.config import SesSettings
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
@@ -43,9 +45,9 @@ from inboxd.adapters.ses.routing import Route, Router
 from inboxd.pipeline.ingest.stage import IngestBatch
 from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.mime.workers import parse_in_workers
-from inboxd.pipeline.outcomes import ItemResult, Outcome
+from inboxd.pipeline.outcomes import Outcome
 
-__all__ = ["BatchSettler", "CheckBody", "PollerEvents", "Unrouted", "Work"]
+__all__ = ["BatchSettler", "CheckBody", "Unrouted", "Work"]
 
 log = structlog.get_logger(__name__)
 
@@ -55,30 +57,6 @@ _HEADER_SNIFF_BYTES = 256 * 1024
 _PARSE_TENANT = "-"  # items are parsed once, then copied to each mailbox they route to
 
 
-@dataclass(frozen=True, slots=True)
-class Unrouted:
-    """A message that belongs to no tenant (module docstring), for pipeline/unrouted.py."""
-
-    external_id: str
-    reason: str
-    detail: str
-    body: str
-    recipients: tuple[str, ...] = ()
-
-
-class PollerEvents(Protocol):
-    """What the daemon hears of the poller: counters (received, stored, duplicate,
-    dead, unrouted, poison, left, released, deleted) and the last error."""
-
-    def counted(self, what: str, n: int = 1) -> None: ...
-
-    def failed(self, error: str) -> None: ...
-
-
-Ingest = Callable[[IngestBatch], Awaitable[list[ItemResult]]]
-RecordUnrouted = Callable[[Unrouted], Awaitable[None]]
-# Is this external id stored in any of these (tenant, mailbox)?
-StoredIn = Callable[[list[tuple[str, str]], str], Awaitable[bool]]
 # Checks an SQS body before its pointers are followed: returns when they may be,
 # raises SesPermanent (never: a forged envelope) or SesTransient (cannot tell now).
 CheckBody = Callable[[str], Awaitable[None]]
@@ -105,20 +83,14 @@ class BatchSettler:
         aws: AwsClients,
         *,
         router: Router,
-        ingest: Ingest,
-        record_unrouted: RecordUnrouted,
-        events: PollerEvents,
-        stored: StoredIn,
+        sink: QueueSink,
         check_body: CheckBody | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
         self._check_body = check_body
         self._aws = aws
-        self._ingest = ingest
-        self._record_unrouted = record_unrouted
-        self._stored = stored
-        self._events = events
+        self._sink = sink
 
     async def settle(self, works: list[Work]) -> None:
         """Take each message of a batch as far as it goes: items committed or dead,
@@ -246,14 +218,14 @@ class BatchSettler:
         self, tenant: str, mailbox: str, entries: list[tuple[Work, MessageData | DeadItem]]
     ) -> None:
         batch = IngestBatch(tenant, mailbox, [item for _, item in entries])
-        results = await self._ingest(batch)
+        results = await self._sink.ingest(batch)
         for (work, _), result in zip(entries, results, strict=True):
             outcome = result.outcome
             if outcome is Outcome.RETRIABLE_FAILURE:
                 self._leave(work, result.detail or "ingest retriable")
                 continue
             work.pending -= 1
-            self._events.counted(_COUNTER.get(outcome, "stored"))
+            self._sink.counted(_COUNTER.get(outcome, "stored"))
 
     async def _stored_already(self, work: Work, pointer: Pointer) -> bool:
         """True when the message a pointer names is stored in a mailbox it reaches
@@ -263,12 +235,12 @@ class BatchSettler:
         routes = self.router.route(pointer.recipients) if pointer.recipients else []
         candidates = [(r.tenant_id, r.mailbox_id) for r in routes] or self.router.mailboxes()
         try:
-            stored = await self._stored(candidates, pointer.external_id)
+            stored = await self._sink.stored_in(candidates, pointer.external_id)
         except Exception as exc:  # the database: decide when SQS redelivers
             self._leave(work, f"stored copy not checked: {type(exc).__name__}")
             return True
         if stored:
-            self._events.counted("duplicate")
+            self._sink.counted("duplicate")
         return stored
 
     # --- permanent failures ----------------------------------------------------------------
@@ -301,7 +273,7 @@ class BatchSettler:
         pointers = [p for p in work.pointers if not await self._stored_already(work, p)]
         if work.failed or not pointers:
             return  # stored already (its deletes were lost): a duplicate, not poison
-        self._events.counted("poison")
+        self._sink.counted("poison")
         for pointer in pointers:
             where = f"s3://{pointer.bucket}/{pointer.key} "
             if unverified is not None:
@@ -321,11 +293,11 @@ class BatchSettler:
         for route in routes:
             item = DeadItem(route.tenant_id, route.mailbox_id, pointer.external_id, reason, detail)
             batch = IngestBatch(route.tenant_id, route.mailbox_id, [item])
-            [result] = await self._ingest(batch)
+            [result] = await self._sink.ingest(batch)
             if result.outcome is Outcome.RETRIABLE_FAILURE:
                 self._leave(work, result.detail or "dead item not recorded")
                 return
-            self._events.counted("dead")
+            self._sink.counted("dead")
 
     async def _unrouted(
         self,
@@ -343,20 +315,20 @@ class BatchSettler:
             recipients=tuple(recipients),
         )
         try:
-            await self._record_unrouted(record)
+            await self._sink.record_unrouted(record)
         except Exception as exc:  # the database: try again when SQS redelivers
             self._leave(work, f"unrouted record not written: {type(exc).__name__}")
             return
         log.warning(
             "ses_unrouted", reason=reason, detail=detail, sqs_message=work.message.message_id
         )
-        self._events.counted("unrouted")
+        self._sink.counted("unrouted")
 
     def _leave(self, work: Work, error: str) -> None:
         if not work.failed:
             work.failed = True
-            self._events.counted("left")
-        self._events.failed(error)
+            self._sink.counted("left")
+        self._sink.failed(error)
 
 
 _COUNTER = {

@@ -37,7 +37,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from inboxd.adapters.base import Page, Source
+from inboxd.adapters.base import Page, Source, Watchable
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
@@ -135,10 +135,12 @@ class MailboxRunner:
         try:
             with self._life:
                 async with anyio.create_task_group() as tg:
-                    watch = getattr(self.source, "watch", None)
-                    if watch is not None and self.config.sync_mode in ("push", "auto"):
+                    if isinstance(self.source, Watchable) and self.config.sync_mode in (
+                        "push",
+                        "auto",
+                    ):
                         # the door's own push channel (IMAP IDLE) rings this runner
-                        tg.start_soon(watch, self.ring)
+                        tg.start_soon(self.source.watch, self.ring)
                     task_status.started()
                     await self._serve()
                     tg.cancel_scope.cancel()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -10,18 +10,51 @@ import asyncpg
 import pytest
 from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
-from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings, Unrouted
+from inboxd.adapters.base import Unrouted
+from inboxd.adapters.ses import AwsClients, Router, SesMailbox, SesPoller, SesSettings
+from inboxd.adapters.ses.tables import record_unrouted
 from inboxd.pipeline.copies import known_copies
-from inboxd.pipeline.ingest.stage import IngestStage
-from inboxd.pipeline.queue_doors import record_unrouted
+from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
+from inboxd.pipeline.outcomes import ItemResult
 
 
 @dataclass
-class Events:
-    """PollerEvents that remembers what it heard."""
+class Sink:
+    """A QueueSink (adapters/base.py) over the test's ingest stage and database, that
+    remembers the counters and errors it heard. `ingest` / `pool` (where unrouted
+    records are written and copies looked up) / `ready` replace the real ones."""
 
+    ingest_with: Callable[[IngestBatch], Awaitable[list[ItemResult]]]
+    pool: asyncpg.Pool
+    ready: Callable[[], Awaitable[bool]] | None = None
     counts: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+
+    async def ingest(self, batch: IngestBatch) -> list[ItemResult]:
+        return await self.ingest_with(batch)
+
+    async def wait_for_room(self) -> None:
+        return None
+
+    async def record_unrouted(self, item: Unrouted) -> None:
+        await record_unrouted(
+            self.pool,
+            TEST_DOOR,
+            item.external_id,
+            item.reason,
+            item.detail,
+            item.body,
+            item.recipients,
+        )
+
+    async def stored_in(self, mailboxes: Sequence[tuple[str, str]], external_id: str) -> bool:
+        for tenant, mailbox in mailboxes:
+            if await known_copies(self.pool, tenant, mailbox, [external_id]):
+                return True
+        return False
+
+    async def database_ready(self) -> bool:
+        return True if self.ready is None else await self.ready()
 
     def counted(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -39,7 +72,8 @@ def aws(moto_endpoint: str) -> Aws:
 @pytest.fixture
 def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
     """Factory: `async with make_poller(mailboxes, **settings) as (poller, events)`, an
-    SesPoller on the test's queue; mailboxes as (tenant, mailbox, SesMailbox).
+    SesPoller on the test's queue with a `Sink` (its `counts`, `errors`); mailboxes as
+    (tenant, mailbox, SesMailbox).
     `ingest` / `unrouted_pool` / `ready` replace the real ingest stage / the pool
     unrouted records are written to / the database probe (a database that is down);
     `check_body` is the SNS envelope check (none by default)."""
@@ -53,7 +87,7 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
         ready: Callable | None = None,
         check_body: Callable | None = None,
         **settings: object,
-    ) -> AsyncIterator[tuple[SesPoller, Events]]:
+    ) -> AsyncIterator[tuple[SesPoller, Sink]]:
         config = SesSettings.from_settings(
             {
                 "queue_url": aws.queue_url,
@@ -63,46 +97,13 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
                 **settings,
             }
         )
-        events = Events()
-
-        async def unrouted(item: Unrouted) -> None:
-            await record_unrouted(
-                unrouted_pool or pool,
-                TEST_DOOR,
-                item.external_id,
-                item.reason,
-                item.detail,
-                item.body,
-                item.recipients,
-            )
-
-        async def room() -> None:
-            return None
-
-        async def always_ready() -> bool:
-            return True
-
-        async def stored(mailboxes: list[tuple[str, str]], external_id: str) -> bool:
-            for tenant, mailbox in mailboxes:
-                if await known_copies(unrouted_pool or pool, tenant, mailbox, [external_id]):
-                    return True
-            return False
-
+        sink = Sink(ingest or stage.ingest, unrouted_pool or pool, ready)
         async with AwsClients(config) as clients:
             yield (
                 SesPoller(
-                    config,
-                    clients,
-                    router=Router(mailboxes),
-                    ingest=ingest or stage.ingest,
-                    room=room,
-                    record_unrouted=unrouted,
-                    events=events,
-                    stored=stored,
-                    ready=ready or always_ready,
-                    check_body=check_body,
+                    config, clients, router=Router(mailboxes), sink=sink, check_body=check_body
                 ),
-                events,
+                sink,
             )
 
     return make

@@ -2,7 +2,8 @@
 signature is verified like the SNS delivery webhooks before its pointer is followed.
 
 The poller runs in process against moto's SQS and S3 with the daemon's check
-(daemon/ses_sns.py), its certificate fetch serving a test certificate
+(adapters/ses/envelope.py, with the daemon's SnsVerifier of daemon/ses_door.py), its
+certificate fetch serving a test certificate
 (helpers.keys): a forged envelope must never make it read a bucket.
 """
 
@@ -28,7 +29,8 @@ from helpers.ses_queue import (
 
 from inboxd.adapters.esp.sns_certificates import CERT_FAILURE_TTL_S, CertificateCache
 from inboxd.adapters.ses import SesMailbox
-from inboxd.daemon.ses_sns import SnsEnvelopeCheck
+from inboxd.adapters.ses.envelope import SnsEnvelopeCheck
+from inboxd.daemon.ses_door import SnsVerifier
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +53,7 @@ def signed(document: dict[str, Any], key: Any = SNS_KEY, **fields: str) -> dict[
 
 
 def check(fetch: FakeFetch, topics: frozenset[str] = frozenset(), **cache: Any) -> SnsEnvelopeCheck:
-    return SnsEnvelopeCheck(topics, CertificateCache(fetch, **cache))
+    return SnsEnvelopeCheck(topics, SnsVerifier(CertificateCache(fetch, **cache)))
 
 
 @pytest.fixture

@@ -23,45 +23,69 @@ a bucket of their choosing:
                                     leave the signature out)
     verified, TopicArn in `sns_topic_arns` (or any topic when none is set)
                                   → its pointers are followed
-    VerificationFailed            → SesPermanent("sns_unverified"): recorded dead
+    EnvelopeRejected              → SesPermanent("sns_unverified"): recorded dead
                                     with its body (replayable), deleted, no object
                                     read
-    VerificationUnavailable       → SesTransient: the certificate could not be
+    EnvelopeUnverifiable          → SesTransient: the certificate could not be
                                     fetched (SNS briefly unreachable); SQS
                                     redelivers, and a message still unverifiable
                                     past max_receive_count is poison (a dead item)
 
-It lives in the daemon because it joins two adapters (an adapter imports no
-other, tests/test_layering.py); adapters/ses sees only settle.CheckBody.
+The signature itself is checked by the SNS webhooks' verification, which is
+another adapter's (adapters/esp/sns.py); an adapter imports no other
+(tests/test_layering.py), so the daemon hands it in as a `VerifyEnvelope`
+(daemon/ses_door.py) and this module decides which bodies it sees.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import orjson
 
-from inboxd.adapters.esp.base import VerificationFailed, VerificationUnavailable
-from inboxd.adapters.esp.sns import NOTIFICATION, verify_sns_message
-from inboxd.adapters.esp.sns_certificates import CertificateCache
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
 
-__all__ = ["SIGNATURE_KEYS", "SnsEnvelopeCheck"]
+__all__ = [
+    "NOTIFICATION",
+    "SIGNATURE_KEYS",
+    "EnvelopeRejected",
+    "EnvelopeUnverifiable",
+    "SnsEnvelopeCheck",
+    "VerifyEnvelope",
+]
 
 # A body carrying any of these is verified in full (a missing one fails it).
 SIGNATURE_KEYS = ("Signature", "SigningCertURL", "SignatureVersion")
+# The `Type` of an SNS envelope that carries a message (SNS message formats).
+NOTIFICATION = "Notification"
+
+
+class EnvelopeRejected(Exception):
+    """The envelope is not SNS's: a bad signature, a foreign certificate host or topic,
+    a missing field. Its text names the check that failed, never a secret."""
+
+
+class EnvelopeUnverifiable(Exception):
+    """The envelope cannot be verified now (SNS's signing certificate unreachable)."""
+
+
+class VerifyEnvelope(Protocol):
+    """Verifies an SNS envelope's signature against `topic_arns`; returns when it is
+    SNS's, raises EnvelopeRejected or EnvelopeUnverifiable otherwise."""
+
+    async def __call__(self, body: bytes, topic_arns: frozenset[str]) -> None: ...
 
 
 class SnsEnvelopeCheck:
     """settle.CheckBody for `[ses] verify_sns_signature = true` (module docstring).
 
     `topic_arns` is `[ses] sns_topic_arns` (empty: any topic SNS signed for);
-    `certificates` is shared by every check of the door (one fetch per signing
-    certificate), replaced in tests to serve a test certificate."""
+    `verify` checks the signature (one certificate cache for every check of the
+    door)."""
 
-    def __init__(
-        self, topic_arns: frozenset[str], certificates: CertificateCache | None = None
-    ) -> None:
+    def __init__(self, topic_arns: frozenset[str], verify: VerifyEnvelope) -> None:
         self._topic_arns = topic_arns
-        self._certificates = certificates or CertificateCache()
+        self._verify = verify
 
     async def __call__(self, body: str) -> None:
         try:
@@ -84,10 +108,8 @@ class SnsEnvelopeCheck:
             topic = document.get("TopicArn")
             topics = frozenset({topic}) if isinstance(topic, str) else frozenset()
         try:
-            await verify_sns_message(
-                body.encode(), topic_arns=topics, certificates=self._certificates
-            )
-        except VerificationFailed as exc:  # names the check that failed, never a secret
+            await self._verify(body.encode(), topics)
+        except EnvelopeRejected as exc:
             raise SesPermanent("sns_unverified", f"SNS envelope not verified: {exc}") from exc
-        except VerificationUnavailable as exc:
+        except EnvelopeUnverifiable as exc:
             raise SesTransient(f"SNS envelope not verified yet: {exc}") from exc

@@ -1,5 +1,6 @@
-"""Tenant-less bookkeeping of the queue doors (the SES SQS poller): what belongs to no
-tenant, and what each daemon's poller did.
+"""The SES door's tables: `unrouted_items` and `queue_pollers` (schema.sql), the
+tenant-less bookkeeping of a queue door: what belongs to no tenant, and what each
+daemon's poller did.
 
     record_unrouted   a queue message that routes to no tenant (unreadable pointer,
                       no configured recipient): one row per (door, external id),
@@ -10,7 +11,8 @@ tenant, and what each daemon's poller did.
     queue_summary     both, for `inboxd status`
 
 These are the only tables without a tenant column: they hold what the daemon
-could not (yet) attribute to one, and no tenant API reads them.
+could not (yet) attribute to one, and no tenant API reads them. The daemon's
+QueueSink (daemon/ses_door.py) writes them; `inboxd status` reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from inboxd.pipeline.ingest.rows import clean
 __all__ = ["PollerRow", "queue_summary", "record_unrouted", "write_totals"]
 
 # Pollers that have not written for this long are gone (crashed or stopped); the
-# status shows live ones. Pollers write every few seconds (daemon/queue_poller.py).
+# status shows live ones. Pollers write every few seconds (daemon/ses_door.py).
 LIVE_POLLER_S = 120
 
 
