@@ -114,3 +114,30 @@ async def record_outbound(
             events.add("message.recorded", thread_id=tid, message_id=message_id, payload=payload)
             await events.flush(conn, tenant_id, mailbox_id)
     return message_id
+
+
+async def find_placeholder(
+    conn: asyncpg.Connection, tenant_id: str, mailbox_id: str, placeholder_id: str
+) -> asyncpg.Record | None:
+    """The message row a placeholder id names in the mailbox (`message_id`,
+    `message_id_norm`), None when there is none: a repeated `POST /v1/outbound`."""
+    return await conn.fetchrow(
+        "SELECT message_id, message_id_norm FROM messages"
+        " WHERE tenant_id = $1 AND mailbox_id = $2 AND external_id = $3",
+        tenant_id,
+        mailbox_id,
+        placeholder_id,
+    )
+
+
+async def find_attachment(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, attachment_id: int
+) -> asyncpg.Record | None:
+    """An attachment's name, type and where its bytes are (`filename`,
+    `content_type`, `storage_key`, `stored`), for `GET /v1/attachments/{id}`."""
+    return await conn.fetchrow(
+        "SELECT filename, content_type, storage_key, stored FROM attachments"
+        " WHERE tenant_id = $1 AND attachment_id = $2",
+        tenant_id,
+        attachment_id,
+    )

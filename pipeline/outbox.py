@@ -76,3 +76,33 @@ class EventBuffer:
             NOTIFY_CHANNEL,
             orjson.dumps({"tenant": tenant_id, "last_event_id": last}).decode(),
         )
+
+
+# --- reading the outbox (GET /v1/events) --------------------------------------------------
+
+_EVENTS_AFTER = """
+SELECT event_id, kind, mailbox_id, thread_id, message_id, payload::text AS payload,
+       created_at, payload->>'client_id' AS client_id
+  FROM events
+ WHERE tenant_id = $1 AND event_id > $2
+ ORDER BY event_id
+ LIMIT $3
+"""
+
+
+async def events_after(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, after: int, limit: int
+) -> list[asyncpg.Record]:
+    """The tenant's next `limit` events after `after`, oldest first; the payload as
+    JSON text and its `client_id` beside it (the stream may leave a client's own out)."""
+    rows: list[asyncpg.Record] = await conn.fetch(_EVENTS_AFTER, tenant_id, after, limit)
+    return rows
+
+
+async def last_event_id(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> int:
+    """The tenant's newest event id, 0 when it has none: where a new stream starts."""
+    return int(
+        await conn.fetchval(
+            "SELECT coalesce(max(event_id), 0) FROM events WHERE tenant_id = $1", tenant_id
+        )
+    )

@@ -57,6 +57,11 @@ async def mailbox_exists(conn: asyncpg.Connection, tenant_id: str, mailbox_id: s
     )
 
 
+async def tenant_ids(conn: asyncpg.Connection) -> list[str]:
+    """Every tenant the database has, in no particular order."""
+    return [r["tenant_id"] for r in await conn.fetch("SELECT tenant_id FROM tenants")]
+
+
 async def ensure_tenants(
     conn: asyncpg.Connection, tenants: Mapping[str, str] | Iterable[str]
 ) -> None:

@@ -13,6 +13,7 @@ No database: these tests only read files.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -269,3 +270,52 @@ def test_every_door_folder_has_the_fixed_module_names() -> None:
         if not (d / name).is_file()
     ]
     assert not problems, "door folders (CONTRIBUTING.md, Adding a door)\n" + "\n".join(problems)
+
+
+#: A string that starts like an SQL statement (after blank space).
+SQL_STATEMENT = re.compile(
+    r"^\s*(SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|WITH\s+\w+\s+AS|CREATE|ALTER|"
+    r"DROP|TRUNCATE|LOCK\s+TABLE|COPY|LISTEN|UNLISTEN|NOTIFY)\b",  # as the code writes SQL
+)
+#: Statements that read no table: a liveness probe and the name of the database.
+SQL_PROBES = frozenset({"SELECT 1", "SELECT current_database()"})
+
+
+def _docstring_nodes(tree: ast.Module) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def test_sql_lives_in_pipeline_or_in_a_doors_tables_module() -> None:
+    """SQL is written in pipeline/ or in a door's own tables.py (CONTRIBUTING.md
+    "Adding a door"), so every statement on a table is found in one of those places.
+    The embedded server's bootstrap (daemon/embedded_pg/) creates the database itself."""
+    problems = []
+    for package in ("inboxd.daemon", "inboxd.adapters"):
+        for source in sources(PACKAGE_DIRS[package]):
+            rel = source.rel
+            if rel.startswith("daemon/embedded_pg/") or (
+                rel.startswith("adapters/") and rel.endswith("/tables.py")
+            ):
+                continue
+            tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
+            docstrings = _docstring_nodes(tree)
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                    and SQL_STATEMENT.match(node.value)
+                    and node.value.strip() not in SQL_PROBES
+                ):
+                    first = node.value.strip().splitlines()[0][:60]
+                    problems.append(f"{rel}:{node.lineno}: {first}")
+    assert not problems, (
+        "SQL outside pipeline/ and the doors' tables.py (move it into a function there)\n"
+        + "\n".join(problems)
+    )

@@ -40,7 +40,7 @@ from inboxd.daemon.commands.common import (
     resolve,
 )
 from inboxd.daemon.commands.status import database_call, format_time, valid_id_option
-from inboxd.pipeline.delivery.worker import replay_events
+from inboxd.pipeline.delivery.worker import delivery_status, replay_events
 
 # The command's name before 2026-12 (`inboxd events …`), kept working with a note.
 DEPRECATED_NAME = "events"
@@ -90,28 +90,13 @@ def register(subparsers: Subparsers, parent: argparse.ArgumentParser) -> None:
     status.set_defaults(handler=run_status)
 
 
-_STATUS = """
-SELECT tenant_id, source,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'applied') AS applied,
-       count(*) FILTER (WHERE state = 'dead') AS dead,
-       min(received_at) FILTER (WHERE state = 'pending') AS oldest_pending,
-       (array_agg(last_error ORDER BY received_at DESC) FILTER (WHERE state = 'dead'))[1]
-           AS last_dead_error
-  FROM delivery_events
- WHERE $1::text IS NULL OR tenant_id = $1
- GROUP BY tenant_id, source
- ORDER BY tenant_id, source
-"""
-
-
 async def run_status(args: argparse.Namespace) -> int:
     note_deprecated_name(args)
     tenant = valid_id_option("tenant", args.tenant)
     choice = await resolve(args, load_config(args.config), start=False)
     async with open_pool(choice, max_size=1) as pool, pool.acquire() as conn:
         with database_call(choice):
-            rows = [dict(r) for r in await conn.fetch(_STATUS, tenant)]
+            rows = await delivery_status(conn, tenant)
     if args.json:
         for row in rows:
             if row["oldest_pending"] is not None:

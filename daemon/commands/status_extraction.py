@@ -21,6 +21,7 @@ import asyncpg
 
 from inboxd.pipeline.extraction.inbox import inbox_depth
 from inboxd.pipeline.extraction.review import Backlog, backlog
+from inboxd.pipeline.tenancy import tenant_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +56,7 @@ class TenantExtraction:
 async def extraction_status(pool: asyncpg.Pool, tenant: str | None) -> list[TenantExtraction]:
     """The backlog of `tenant` (None: every tenant), tenants with nothing left out."""
     async with pool.acquire() as conn:
-        tenants = (
-            [tenant]
-            if tenant is not None
-            else [r["tenant_id"] for r in await conn.fetch("SELECT tenant_id FROM tenants")]
-        )
+        tenants = [tenant] if tenant is not None else await tenant_ids(conn)
         rows = await backlog(conn, tenants)
         depth = await inbox_depth(conn, tenants)
     by_tenant: dict[str, list[Backlog]] = {}

@@ -64,8 +64,8 @@ from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error, json_
 from inboxd.pipeline.delivery.intake_rows import storable_time
 from inboxd.pipeline.identity import is_placeholder_id, normalise_message_id, normalise_subject
 from inboxd.pipeline.objectstore.store import ObjectNotFound, ObjectStoreError
-from inboxd.pipeline.outbound import record_outbound
-from inboxd.pipeline.tenancy import validate_id
+from inboxd.pipeline.outbound import find_attachment, find_placeholder, record_outbound
+from inboxd.pipeline.tenancy import mailbox_exists, validate_id
 
 __all__ = ["ATTACHMENT_URL_TTL_S", "attachment_handler", "content_disposition", "outbound_handler"]
 
@@ -105,16 +105,6 @@ _SEND_STATUSES = ("pending", "sent")
 _MIME_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
 # RFC 5987 §3.2.1 attr-char, beyond the ALPHA / DIGIT / "_.-~" that quote() keeps anyway.
 _ATTR_CHAR_SAFE = "!#$&+^`|"
-
-_FIND_MAILBOX = "SELECT 1 FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2"
-_FIND_PLACEHOLDER = """
-SELECT message_id, message_id_norm FROM messages
- WHERE tenant_id = $1 AND mailbox_id = $2 AND external_id = $3
-"""
-_FIND_ATTACHMENT = """
-SELECT filename, content_type, storage_key, stored FROM attachments
- WHERE tenant_id = $1 AND attachment_id = $2
-"""
 
 
 def _parse_outbound(body: dict[str, Any]) -> dict[str, Any]:
@@ -253,18 +243,15 @@ async def outbound_handler(request: web.Request) -> web.Response:
     bound = log.bind(tenant=tenant, mailbox=fields["mailbox_id"])
     with anyio.fail_after(DB_TIMEOUT_S):
         async with state.pool.acquire() as conn:
-            if await conn.fetchval(_FIND_MAILBOX, tenant, fields["mailbox_id"]) is None:
+            if not await mailbox_exists(conn, tenant, fields["mailbox_id"]):
                 json_error(404, "mailbox_not_found")
             try:
                 message_id = await record_outbound(conn, tenant_id=tenant, announce=True, **fields)
             except ValueError as exc:
                 json_error(422, "invalid_request", detail=str(exc))
             except asyncpg.UniqueViolationError:
-                existing = await conn.fetchrow(
-                    _FIND_PLACEHOLDER,
-                    tenant,
-                    fields["mailbox_id"],
-                    fields["placeholder_message_id"],
+                existing = await find_placeholder(
+                    conn, tenant, fields["mailbox_id"], fields["placeholder_message_id"]
                 )
                 if existing is not None and existing["message_id_norm"] == normalise_message_id(
                     fields["message_id_header"]
@@ -306,7 +293,7 @@ async def attachment_handler(request: web.Request) -> web.StreamResponse:
     if attachment_id > _MAX_ATTACHMENT_ID:
         json_error(404, "not_found")
     with anyio.fail_after(DB_TIMEOUT_S):
-        row = await state.pool.fetchrow(_FIND_ATTACHMENT, tenant, attachment_id)
+        row = await find_attachment(state.pool, tenant, attachment_id)
     if row is None:
         json_error(404, "not_found")
     if not row["stored"] or not row["storage_key"]:

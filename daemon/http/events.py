@@ -62,7 +62,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from inboxd.daemon.http.state import HTTP_STATE, authenticate, json_error
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS
-from inboxd.pipeline.outbox import NOTIFY_CHANNEL
+from inboxd.pipeline.outbox import NOTIFY_CHANNEL, events_after, last_event_id
 
 __all__ = ["EVENT_HUB", "SSE_HEARTBEAT_S", "SSE_PAGE_SIZE", "EventHub", "events_handler"]
 
@@ -91,16 +91,6 @@ LISTEN_RETRY_MAX_WAIT_S = 30.0
 LISTENER_APP_NAME = "inboxd-sse-listener"
 _MAX_EVENT_ID = 2**63 - 1  # events.event_id is bigint
 _MAX_CLIENT_ID_LENGTH = 200
-
-_FETCH = """
-SELECT event_id, kind, mailbox_id, thread_id, message_id, payload::text AS payload,
-       created_at, payload->>'client_id' AS client_id
-  FROM events
- WHERE tenant_id = $1 AND event_id > $2
- ORDER BY event_id
- LIMIT $3
-"""
-_HEAD = "SELECT coalesce(max(event_id), 0) FROM events WHERE tenant_id = $1"
 
 
 class _Subscriber:
@@ -339,7 +329,7 @@ async def events_handler(request: web.Request) -> web.StreamResponse:
     with hub.subscribe(tenant) as sub:
         if after is None:
             with anyio.fail_after(EVENTS_QUERY_TIMEOUT_S):
-                after = int(await state.pool.fetchval(_HEAD, tenant))
+                after = await last_event_id(state.pool, tenant)
         response = web.StreamResponse(
             headers={
                 hdrs.CONTENT_TYPE: "text/event-stream",
@@ -356,7 +346,7 @@ async def events_handler(request: web.Request) -> web.StreamResponse:
             await _send(response, b"retry: %d\n\n" % SSE_RETRY_MS)
             while not sub.closed:
                 with anyio.fail_after(EVENTS_QUERY_TIMEOUT_S):
-                    rows = await state.pool.fetch(_FETCH, tenant, after, SSE_PAGE_SIZE)
+                    rows = await events_after(state.pool, tenant, after, SSE_PAGE_SIZE)
                 if rows:
                     after = rows[-1]["event_id"]
                     chunk = [

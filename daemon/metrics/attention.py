@@ -16,6 +16,7 @@ import structlog
 
 from inboxd.daemon.metrics.registry import OPERATOR_STATES, Metrics
 from inboxd.pipeline.errors import DATABASE_ERRORS
+from inboxd.pipeline.mailbox.status import mailboxes_in_states
 
 log = structlog.get_logger(__name__)
 
@@ -24,11 +25,6 @@ log = structlog.get_logger(__name__)
 ATTENTION_REFRESH_INTERVAL_S = 15.0
 # The query reads a few rows; past this the database is in trouble and /readyz says so.
 ATTENTION_QUERY_TIMEOUT_S = 5.0
-
-
-_NEEDS_OPERATOR = (
-    "SELECT tenant_id, mailbox_id, sync_state FROM mailboxes WHERE sync_state = ANY($1::text[])"
-)
 
 
 async def refresh_attention(
@@ -48,7 +44,7 @@ async def refresh_attention(
     while True:
         try:
             with anyio.fail_after(ATTENTION_QUERY_TIMEOUT_S):
-                rows = await pool.fetch(_NEEDS_OPERATOR, list(OPERATOR_STATES))
+                rows = await mailboxes_in_states(pool, OPERATOR_STATES)
         except DATABASE_ERRORS as exc:
             if not failing:
                 log.warning("attention_refresh_unavailable", error=type(exc).__name__)

@@ -222,12 +222,7 @@ class MailboxRunner:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async with pool.acquire() as conn:
-            throttled_s = await conn.fetchval(
-                "SELECT extract(epoch FROM throttle_until - now())::float8 FROM mailboxes"
-                " WHERE tenant_id = $1 AND mailbox_id = $2 AND throttle_until > now()",
-                tenant,
-                mailbox,
-            )
+            throttled_s = await scheduling.throttled_for_s(conn, tenant, mailbox)
             if throttled_s is not None:
                 self._log.debug("sync_skipped_throttled", for_s=throttled_s)
                 self._deferred_s = throttled_s  # this ring is run when the throttle ends
@@ -286,11 +281,7 @@ class MailboxRunner:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async with pool.acquire() as conn:
-            cursor = await conn.fetchval(
-                "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
-                tenant,
-                mailbox,
-            )
+            cursor = await leases.read_cursor(conn, tenant, mailbox)
         for _ in range(MAX_CURSOR_RESETS):
             try:
                 return await unwrap_single(self._read_from(token, cursor))

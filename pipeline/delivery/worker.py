@@ -35,7 +35,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import asyncpg
@@ -336,3 +336,27 @@ async def _finish_batch(work: Awaitable[T]) -> T:
     with anyio.CancelScope(shield=True), anyio.fail_after(BATCH_DEADLINE_S):
         result = await work
     return result
+
+
+_STATUS = """
+SELECT tenant_id, source,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'applied') AS applied,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       min(received_at) FILTER (WHERE state = 'pending') AS oldest_pending,
+       (array_agg(last_error ORDER BY received_at DESC) FILTER (WHERE state = 'dead'))[1]
+           AS last_dead_error
+  FROM delivery_events
+ WHERE $1::text IS NULL OR tenant_id = $1
+ GROUP BY tenant_id, source
+ ORDER BY tenant_id, source
+"""
+
+
+async def delivery_status(
+    conn: asyncpg.Connection, tenant_id: str | None
+) -> list[dict[str, Any]]:
+    """Per tenant and source, what the worker has: pending, applied and dead events,
+    the oldest pending one's arrival and the newest dead one's error (`inboxd
+    delivery status`); every tenant when `tenant_id` is None."""
+    return [dict(r) for r in await conn.fetch(_STATUS, tenant_id)]

@@ -264,6 +264,16 @@ async def commit_cursor(
     return bool(await conn.fetchval(_COMMIT_CURSOR, tenant_id, mailbox_id, token, cursor))
 
 
+async def read_cursor(conn: Executor, tenant_id: str, mailbox_id: str) -> str | None:
+    """The mailbox's committed cursor; None before its first committed page."""
+    cursor = await conn.fetchval(
+        "SELECT cursor FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2",
+        tenant_id,
+        mailbox_id,
+    )
+    return None if cursor is None else str(cursor)
+
+
 async def reset_cursor(
     conn: Executor,
     tenant_id: str,

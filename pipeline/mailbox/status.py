@@ -9,8 +9,11 @@ failed and that the sweep (pipeline/reprocess/attachments.py) has not re-derived
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+
+import asyncpg
 
 from inboxd.pipeline.mailbox.leases import Executor
 
@@ -99,3 +102,14 @@ async def tenants_of_mailbox(conn: Executor, mailbox_id: str) -> list[str]:
         "SELECT tenant_id FROM mailboxes WHERE mailbox_id = $1 ORDER BY tenant_id", mailbox_id
     )
     return [r[0] for r in rows]
+
+
+async def mailboxes_in_states(conn: Executor, states: Iterable[str]) -> list[asyncpg.Record]:
+    """`tenant_id`, `mailbox_id`, `sync_state` of every mailbox in one of `states`
+    (the operator's gauges: needs_attention, needs_connect)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT tenant_id, mailbox_id, sync_state FROM mailboxes"
+        " WHERE sync_state = ANY($1::text[])",
+        list(states),
+    )
+    return rows
