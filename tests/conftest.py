@@ -22,6 +22,7 @@ as plugins: `moto_endpoint` (moto's S3/SQS server, tests/helpers/moto_server.py)
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import tempfile
 import uuid
@@ -163,7 +164,20 @@ async def _dropper(server_dsn: str) -> AsyncIterator[_Dropper]:
 OWN_DATABASE_MARK = "own_database"
 
 
+def restore_interrupts() -> None:
+    """Give this process Python's own SIGINT handler if it started with SIGINT ignored.
+
+    A shell without job control starts a background command (`make test &`, two
+    suites at once from a script) with SIGINT ignored, and every process the tests
+    start inherits that: the commands the tests interrupt (connect, import, extract,
+    run) then never see the SIGINT and the test waits out its deadline. A handler,
+    unlike an ignored signal, is reset to the default in a child at exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    restore_interrupts()
     config.addinivalue_line(
         "markers",
         f"{OWN_DATABASE_MARK}: db_dsn is a fresh copy of the template, not the process's "

@@ -12,22 +12,37 @@ bench/vocabulary.py is a module of words, not a benchmark.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import asyncpg
 import pytest
+from helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-#: One script's whole smoke run; each takes 5-30 s on 2 shared cores.
-DEADLINE_S = 150
+#: A smoke run prints a line per figure as it goes; one that prints nothing for this
+#: long is stuck, however busy the machine (its quietest stretch, one figure's timed
+#: loop, takes seconds on 2 idle cores).
+SILENT_S = 240
+#: The whole run's bound, generous: each takes 5-30 s on 2 idle cores, and more than
+#: the 150 s this once was next to a second suite. The verdict is the exit status; this
+#: only ends a run that keeps printing and never finishes.
+DEADLINE_S = 900
 #: pytest-timeout's limit per test: the deadline plus the database checks.
 TEST_TIMEOUT_S = DEADLINE_S + 30
 #: Lines of output shown when a run fails.
 SHOWN_LINES = 60
+#: How often a run is checked for having exited or gone quiet.
+POLL_S = 0.5
+#: The reader has the rest of the output once the process is gone; a grandchild that
+#: kept the pipe open is not waited for longer than this.
+READER_JOIN_S = 10
 
 # Under `make test` (pytest-xdist) these run one after another on one worker: each
 # loads both cores by itself (tests/helpers/xdist_groups.py).
@@ -35,20 +50,50 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_TIMEOUT_S)]
 
 
 def run_bench(script: str, *args: str) -> tuple[int, str]:
-    """Run bench/<script> with a deadline; (its pid, stdout + stderr). Asserts exit 0."""
+    """Run bench/<script> until it exits (SILENT_S, DEADLINE_S); (its pid, stdout +
+    stderr). Asserts exit 0."""
     proc = subprocess.Popen(
         [sys.executable, str(BENCH / script), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # each line as it is printed
     )
+    lines: list[str] = []
+    last_line_at = [time.monotonic()]
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            last_line_at[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def silent() -> str | None:
+        quiet_s = time.monotonic() - last_line_at[0]
+        return f"{script} printed nothing for {quiet_s:.0f} s" if quiet_s > SILENT_S else None
+
     try:
-        output, _ = proc.communicate(timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # its finally blocks do not run: the database check drops what is left
-        output, _ = proc.communicate()
-        pytest.fail(f"{script} {' '.join(args)} still running after {DEADLINE_S} s:\n{output}")
+        wait_for(
+            proc.poll,
+            DEADLINE_S,
+            what=f"{script} {' '.join(args)} to exit",
+            until=lambda code: code is not None,
+            poll_s=POLL_S,
+            abort=silent,
+            context=lambda: "".join(lines[-SHOWN_LINES:]),
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # its finally blocks do not run: the database check drops what is left
+            proc.wait()
+        reader.join(timeout=READER_JOIN_S)
+        if not reader.is_alive():
+            proc.stdout.close()  # type: ignore[union-attr]  # PIPE above
+    output = "".join(lines)
     tail = "\n".join(output.splitlines()[-SHOWN_LINES:])
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{tail}"
     assert "PROBLEM" not in output and "FAILED" not in output, tail
