@@ -264,11 +264,6 @@ async def unrouted(pool: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-def corpus_files(corpus: Path, n: int) -> list[bytes]:
-    files = sorted(p for p in (corpus / "mime").rglob("*.eml"))[:n]
-    return [p.read_bytes() for p in files]
-
-
 def corpus_file(corpus: Path, name: str) -> bytes:
     """One corpus message by its path under tests/corpus/mime."""
     return (corpus / "mime" / name).read_bytes()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from helpers.corpus import corpus_files
 
 from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
 from inboxd.pipeline.message import DeadItem, MessageData
@@ -20,10 +21,6 @@ from inboxd.pipeline.outcomes import Outcome
 
 BATCH = 40
 TRIPLES = ("lhost-exchange2007-01", "lhost-postfix-01")
-
-
-def corpus_files(corpus: Path) -> list[Path]:
-    return sorted((corpus / "mime").rglob("*.eml"))
 
 
 async def import_all(stage: IngestStage, files: list[Path]) -> dict[Path, Outcome]:
@@ -44,12 +41,12 @@ async def import_all(stage: IngestStage, files: list[Path]) -> dict[Path, Outcom
 @pytest.fixture
 async def imported(stage, make_mailbox, corpus) -> dict[Path, Outcome]:
     await make_mailbox("acme", "inbox")
-    return await import_all(stage, corpus_files(corpus))
+    return await import_all(stage, corpus_files(corpus / "mime"))
 
 
 @pytest.mark.slow
 async def test_every_file_is_accounted_for(imported, corpus) -> None:
-    files = corpus_files(corpus)
+    files = corpus_files(corpus / "mime")
     assert len(files) == 394
     assert set(imported) == set(files)
     counts = collections.Counter(imported.values())
@@ -65,7 +62,7 @@ async def test_second_import_is_all_duplicates_and_writes_nothing(
 ) -> None:
     async with pool.acquire() as conn:
         before = await _table_counts(conn)
-    again = await import_all(stage, corpus_files(corpus))
+    again = await import_all(stage, corpus_files(corpus / "mime"))
     counts = collections.Counter(again.values())
     assert counts[Outcome.DUPLICATE] == 393
     assert counts[Outcome.PERMANENT_FAILURE] == 1  # reported again, not stored again
@@ -101,7 +98,7 @@ async def test_line_ending_triples_are_one_message(imported, pool: asyncpg.Pool,
 
 def _reused_mid_groups(corpus: Path) -> dict[str, list[Path]]:
     groups: dict[str, list[Path]] = collections.defaultdict(list)
-    for f in corpus_files(corpus):
+    for f in corpus_files(corpus / "mime"):
         item = parse_raw(f.read_bytes(), tenant_id="acme", mailbox_id="inbox")
         if isinstance(item, MessageData) and item.message_id_norm:
             groups[item.message_id_norm].append(f)
@@ -240,7 +237,7 @@ async def test_raw_bytes_are_recoverable_byte_exact(
     for sha, key in rows:
         assert key == f"raw/acme/{sha}"
         assert hashlib.sha256(await store.get(key)).hexdigest() == sha
-    for f in corpus_files(corpus):
+    for f in corpus_files(corpus / "mime"):
         assert hashlib.sha256(f.read_bytes()).hexdigest() in {r[0] for r in rows}, f
 
 
@@ -275,7 +272,7 @@ async def test_dead_item_keeps_reason_and_raw(imported, pool: asyncpg.Pool) -> N
 
 
 def test_parse_never_raises_and_dead_only_for_non_mail(corpus) -> None:
-    for f in corpus_files(corpus):
+    for f in corpus_files(corpus / "mime"):
         item = parse_raw(f.read_bytes(), tenant_id="t", mailbox_id="m")
         if isinstance(item, DeadItem):
             assert f.name == "mail_outlook_1.eml"

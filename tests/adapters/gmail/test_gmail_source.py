@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from fakes.gmail import FakeGmail
 from helpers import eventually
+from helpers.corpus import corpus_files
 
 from inboxd.adapters.gmail.config import Backfill, GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.source import RELIST_CURSOR, GmailSource
@@ -66,10 +67,6 @@ class Rig:
             self.rows, DEADLINE_S, what=f"{until_rows} copies", until=lambda n: n == until_rows
         )
         await eventually(lambda: not self.runner._running, DEADLINE_S, what="the run ended")
-
-
-def corpus_files(n: int) -> list[Path]:
-    return sorted(p for p in CORPUS.iterdir() if p.suffix == ".raw" or p.name.endswith(".eml"))[:n]
 
 
 @asynccontextmanager
@@ -136,7 +133,7 @@ async def rig(
 async def test_backfill_then_incremental_stores_each_message_once(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(12)
+    files = corpus_files(CORPUS, 12)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:8])
@@ -158,7 +155,7 @@ async def test_backfill_then_incremental_stores_each_message_once(
 async def test_an_expired_cursor_resyncs_without_losing_doubling_or_redownloading(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(10)
+    files = corpus_files(CORPUS, 10)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:6])
@@ -178,7 +175,7 @@ async def test_an_expired_cursor_resyncs_without_losing_doubling_or_redownloadin
 async def test_a_reset_cut_short_goes_on_as_a_reset_not_as_a_first_sync(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(3)
+    files = corpus_files(CORPUS, 3)
     async with rig(pool, store, make_mailbox, backfill="none") as r:
         box = r.fake.mailbox(USER)
         r.runner.ring()  # the first sync of backfill "none": no list, a cursor
@@ -207,7 +204,7 @@ async def test_a_reset_cut_short_goes_on_as_a_reset_not_as_a_first_sync(
 async def test_a_message_deleted_before_fetch_is_settled_and_does_not_pin_the_cursor(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(4)
+    files = corpus_files(CORPUS, 4)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
@@ -225,7 +222,7 @@ async def test_a_message_deleted_before_fetch_is_settled_and_does_not_pin_the_cu
 async def test_a_per_part_429_holds_the_cursor_and_the_next_run_completes(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(4)
+    files = corpus_files(CORPUS, 4)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
@@ -249,7 +246,7 @@ async def test_a_per_part_429_holds_the_cursor_and_the_next_run_completes(
 async def test_deletions_and_label_changes_reach_the_stored_copies(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(3)
+    files = corpus_files(CORPUS, 3)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         a, b, c = box.add_files(files)
@@ -279,7 +276,7 @@ async def test_deletions_and_label_changes_reach_the_stored_copies(
 
 @pytest.mark.parametrize("label", ["SENT"])
 async def test_sent_copies_are_outbound(pool, store, make_mailbox, label: str) -> None:
-    files = corpus_files(1)
+    files = corpus_files(CORPUS, 1)
     async with rig(pool, store, make_mailbox, labels=("INBOX", label)) as r:
         r.fake.mailbox(USER).add_files(files, label_ids=[label])
         await r.sync(1)
@@ -319,7 +316,7 @@ async def test_3000_new_messages_in_one_history_window_are_all_stored(
 ) -> None:
     async with rig(pool, store, make_mailbox, units_per_s=FAST_QUOTA_UNITS_PER_S) as r:
         box = r.fake.mailbox(USER)
-        box.add_files(corpus_files(1))
+        box.add_files(corpus_files(CORPUS, 1))
         await r.sync(1)
         box.add_generated(3000)  # history paging: several pages of one window
         r.runner.ring()
@@ -335,12 +332,12 @@ async def test_the_watch_is_renewed_on_its_schedule_without_syncs_or_cursor_move
     topic = "projects/acme-project/topics/gmail"
     # a renewal every second (WATCH_RENEW_MIN_WAIT_S) instead of every day
     async with rig(pool, store, make_mailbox, topic=topic, watch_renew_period_s=1.0) as r:
-        r.fake.mailbox(USER).add_files(corpus_files(2))
+        r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)
         cursor = await r.cursor()
         syncs = r.fake.counters.calls_of("users.history.list", USER)
         watches = r.fake.counters.calls_of("users.watch", USER)
-        r.fake.mailbox(USER).add_files(corpus_files(1))  # waits behind the cursor
+        r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 1))  # waits behind the cursor
         await eventually(
             lambda: r.fake.counters.calls_of("users.watch", USER),
             DEADLINE_S,
@@ -355,7 +352,7 @@ async def test_the_watch_is_renewed_on_its_schedule_without_syncs_or_cursor_move
 async def test_in_poll_mode_a_sync_renews_a_watch_that_is_due(pool, store, make_mailbox) -> None:
     topic = "projects/acme-project/topics/gmail"
     async with rig(pool, store, make_mailbox, topic=topic, sync_mode="poll") as r:
-        r.fake.mailbox(USER).add_files(corpus_files(2))
+        r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)
         assert r.fake.counters.calls_of("users.watch", USER) == 1
         cursor = await r.cursor()
@@ -376,7 +373,7 @@ async def test_a_watch_gmail_refuses_does_not_stop_the_sync(pool, store, make_ma
     topic = "projects/acme-project/topics/gmail"
     async with rig(pool, store, make_mailbox, topic=topic) as r:
         r.fake.faults.fail_next_calls(1, status=403, methods={"users.watch"})
-        r.fake.mailbox(USER).add_files(corpus_files(2))
+        r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)  # synced all the same; the watch is tried again next run
         assert await r.cursor() is not None
 
@@ -389,7 +386,7 @@ async def test_a_topic_gmail_may_not_publish_to_needs_attention_and_mail_still_s
     a log line nobody reads; polling still stores mail, and once the right is
     granted the next renewal clears it."""
     topic = "projects/acme-project/topics/gmail"
-    files = corpus_files(2)
+    files = corpus_files(CORPUS, 2)
     async with rig(
         pool, store, make_mailbox, topic=topic, watch_renew_period_s=0.2, gmail_setup=no_topics
     ) as r:

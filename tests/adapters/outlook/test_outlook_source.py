@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from fakes.graph import FakeGraph
 from helpers import eventually
+from helpers.corpus import corpus_files
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
 from inboxd.adapters.outlook.config import OutlookMailbox, OutlookSettings
@@ -96,10 +97,6 @@ class Rig:
         assert self.fake.counters.throttled.get(USER, 0) == 0  # no self-inflicted 429
 
 
-def corpus_files(n: int) -> list[Path]:
-    return sorted(p for p in CORPUS.iterdir() if p.suffix == ".raw" or p.name.endswith(".eml"))[:n]
-
-
 @asynccontextmanager
 async def rig(
     pool: asyncpg.Pool,
@@ -141,7 +138,7 @@ async def rig(
 
 
 async def test_backfill_then_delta_stores_each_message_once(pool, store, make_mailbox) -> None:
-    files = corpus_files(14)
+    files = corpus_files(CORPUS, 14)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:8])
@@ -173,7 +170,7 @@ async def copy_row(pool: asyncpg.Pool, external_id: str) -> asyncpg.Record | Non
 async def test_a_move_between_synced_folders_keeps_one_row_and_a_delete_is_recorded(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(4)
+    files = corpus_files(CORPUS, 4)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         moved, deleted, _, _ = box.add_files(files)
@@ -201,7 +198,7 @@ async def test_a_move_between_synced_folders_keeps_one_row_and_a_delete_is_recor
 async def test_an_expired_delta_restarts_only_that_folder_and_downloads_nothing_twice(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(8)
+    files = corpus_files(CORPUS, 8)
     async with rig(pool, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:4])
@@ -219,7 +216,7 @@ async def test_an_expired_delta_restarts_only_that_folder_and_downloads_nothing_
 async def test_a_body_throttled_past_every_retry_holds_the_cursor_then_completes(
     pool, store, make_mailbox
 ) -> None:
-    files = corpus_files(5)
+    files = corpus_files(CORPUS, 5)
     async with rig(pool, store, make_mailbox, folders=("inbox",)) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
@@ -245,7 +242,7 @@ async def test_a_body_throttled_past_every_retry_holds_the_cursor_then_completes
 
 async def test_a_revoked_grant_needs_attention_with_the_reason(pool, store, make_mailbox) -> None:
     async with rig(pool, store, make_mailbox, delegated=True) as r:
-        r.fake.mailbox(USER).add_files(corpus_files(1))
+        r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 1))
         await r.sync(1)
         assert r.refresh_token is not None
         r.fake.revoke_refresh_token(r.refresh_token)
@@ -335,7 +332,7 @@ async def test_backfill_none_stores_mail_exchange_stamps_before_our_clock_said_n
     round after it, a reset's included) is ours. With ours two minutes ahead, mail
     arriving right after the mailbox was added is stamped below the bound: no
     round would ever report it."""
-    files = corpus_files(2)
+    files = corpus_files(CORPUS, 2)
     async with rig(pool, store, make_mailbox, folders=("inbox",), backfill="none") as r:
         box = r.fake.mailbox(USER)
         await r.sync()  # the first round: nothing to store

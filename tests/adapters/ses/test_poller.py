@@ -17,11 +17,11 @@ import asyncpg
 import pytest
 import structlog
 from botocore.exceptions import ClientError
+from helpers.corpus import corpus_files
 from helpers.ses_queue import (
     TEST_DOOR,
     copies,
     corpus_file,
-    corpus_files,
     dead,
     drain,
     s3_event,
@@ -146,7 +146,7 @@ async def test_s3_test_event_is_deleted_and_recorded_nowhere(aws, make_poller, p
 
 async def test_run_receives_until_stopped(aws, make_poller, make_mailbox, pool, corpus) -> None:
     await make_mailbox("acme", "support", provider="ses")
-    for i, raw in enumerate(corpus_files(corpus, 4)):
+    for i, raw in enumerate(p.read_bytes() for p in corpus_files(corpus / "mime", 4)):
         aws.put(f"in/{i}", raw)
         aws.send(ses_notification(aws.bucket, f"in/{i}", f"ses-{i}", [SUPPORT]))
     stop = anyio.Event()

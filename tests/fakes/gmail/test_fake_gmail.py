@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import anyio
 from helpers import eventually
+from helpers.corpus import corpus_files
 
 from fakes.gmail import FakeGmail
 from fakes.gmail.testkit import (
@@ -23,7 +24,6 @@ from fakes.gmail.testkit import (
     ManualClock,
     batch_body,
     bearer,
-    corpus_files,
     get_json,
     parse_answer,
     refresh,
@@ -34,7 +34,7 @@ from fakes.gmail.testkit import (
 async def test_full_sync_pages_every_message_once_with_exact_bytes(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
-    files = corpus_files(corpus, 7)
+    files = corpus_files(corpus / "mime" / "mailgun-flanker", 7)
     seeded = fake.seed_files(ALICE, files)
     status, token_body = await refresh(http, fake, fake.issue_refresh_token(ALICE))
     assert status == 200 and token_body["token_type"] == "Bearer"
@@ -76,7 +76,7 @@ async def test_list_filters_labels_dates_and_spam_trash(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
     box = fake.mailbox(ALICE)
-    raw = corpus_files(corpus, 1)[0].read_bytes()
+    raw = corpus_files(corpus / "mime" / "mailgun-flanker", 1)[0].read_bytes()
     old = box.add_message(raw, internal_date_ms=1_600_000_000_000)
     new = box.add_message(raw, internal_date_ms=1_700_000_000_000, label_ids=["SENT"])
     spam = box.add_message(raw, internal_date_ms=1_700_000_000_000, label_ids=["SPAM"])
@@ -105,7 +105,7 @@ async def test_newer_than_and_older_than_count_back_from_now_on_internal_date(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
     box = fake.mailbox(ALICE)
-    raw = corpus_files(corpus, 1)[0].read_bytes()
+    raw = corpus_files(corpus / "mime" / "mailgun-flanker", 1)[0].read_bytes()
     now_ms = int(time.time() * 1000)
     day_ms = 86_400_000
     recent = box.add_message(raw, internal_date_ms=now_ms - 2 * day_ms)
@@ -132,13 +132,13 @@ async def test_history_grows_pages_and_filters(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
     box = fake.mailbox(ALICE)
-    first, second = box.add_files(corpus_files(corpus, 2))
+    first, second = box.add_files(corpus_files(corpus / "mime" / "mailgun-flanker", 2))
     token = fake.issue_access_token(ALICE)
     base = f"{fake.api_url}/users/me"
     _, profile = await get_json(http, f"{base}/profile", token)
     start = profile["historyId"]
 
-    third = box.add_message(corpus_files(corpus, 3)[2].read_bytes())
+    third = box.add_message(corpus_files(corpus / "mime" / "mailgun-flanker", 3)[2].read_bytes())
     box.modify_labels(first.id, add=["STARRED"], remove=["UNREAD"])
     box.delete_message(second.id)
     assert box.history_id > int(start)
@@ -183,10 +183,11 @@ async def test_history_older_than_the_window_is_404(
         token = fake.issue_access_token(ALICE)
         url = f"{fake.api_url}/users/me/history"
         start = str(box.history_id)
-        box.add_files(corpus_files(corpus, 2))
+        box.add_files(corpus_files(corpus / "mime" / "mailgun-flanker", 2))
         status, ok = await get_json(http, url, token, {"startHistoryId": start})
         assert status == 200 and len(ok["history"]) == 2
-        box.add_files(corpus_files(corpus, 1))  # the window keeps 2 records: start fell out
+        # the window keeps 2 records: start fell out
+        box.add_files(corpus_files(corpus / "mime" / "mailgun-flanker", 1))
         status, body = await get_json(http, url, token, {"startHistoryId": start})
         assert status == 404
         assert body["error"]["status"] == "NOT_FOUND"
@@ -203,7 +204,7 @@ async def test_history_older_than_the_window_is_404(
 async def test_batch_round_trip_with_a_per_part_429(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
-    messages = fake.seed_files(ALICE, corpus_files(corpus, 3))
+    messages = fake.seed_files(ALICE, corpus_files(corpus / "mime" / "mailgun-flanker", 3))
     token = fake.issue_access_token(ALICE)
     fake.faults.fail_message(messages[1].id, 429, retry_after_s=2)
     fake.faults.shuffle_batch = True
@@ -220,7 +221,7 @@ async def test_batch_round_trip_with_a_per_part_429(
         status, _, payload = answers[f"<response-item{n}>"]
         assert status == 200
         raw = base64.urlsafe_b64decode(json.loads(payload)["raw"])
-        assert raw == corpus_files(corpus, 3)[n].read_bytes()
+        assert raw == corpus_files(corpus / "mime" / "mailgun-flanker", 3)[n].read_bytes()
     assert fake.counters.batch_sizes == [3]
     assert fake.counters.calls_of("users.messages.get") == 3
 
@@ -248,7 +249,7 @@ async def test_quota_answers_429_with_retry_after_and_recovers(
     http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
     async with FakeGmail([ALICE], quota_units_per_s=10, clock=clock) as fake:
-        message = fake.seed_files(ALICE, corpus_files(corpus, 1))[0]
+        message = fake.seed_files(ALICE, corpus_files(corpus / "mime" / "mailgun-flanker", 1))[0]
         token = fake.issue_access_token(ALICE)
         url = f"{fake.api_url}/users/me/messages/{message.id}"
         for _ in range(2):
@@ -358,7 +359,7 @@ async def test_a_live_watch_publishes_watched_changes_and_a_lapsed_one_nothing(
     fake: FakeGmail, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
     box = fake.mailbox(ALICE)
-    raw = corpus_files(corpus, 1)[0].read_bytes()
+    raw = corpus_files(corpus / "mime" / "mailgun-flanker", 1)[0].read_bytes()
     box.add_message(raw)  # no watch yet: published to no one
     token = fake.issue_access_token(ALICE)
     body = {"topicName": "projects/p/topics/gmail", "labelIds": ["INBOX"]}
@@ -377,7 +378,7 @@ async def test_batch_is_charged_per_call_and_quota_is_per_user(
     http: aiohttp.ClientSession, corpus: Path, clock: ManualClock
 ) -> None:
     async with FakeGmail([ALICE, BOB], quota_units_per_s=10, clock=clock) as fake:
-        messages = fake.seed_files(ALICE, corpus_files(corpus, 3))
+        messages = fake.seed_files(ALICE, corpus_files(corpus / "mime" / "mailgun-flanker", 3))
         alice, bob = fake.issue_access_token(ALICE), fake.issue_access_token(BOB)
         paths = [f"/gmail/v1/users/me/messages/{m.id}?format=metadata" for m in messages]
         headers = bearer(alice) | {"Content-Type": "multipart/mixed; boundary=xyz-boundary"}

@@ -5,7 +5,6 @@ the shape the batch guide documents (independently of the client's batch codec).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,10 +24,6 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def corpus_files(corpus: Path, count: int) -> list[Path]:
-    return sorted((corpus / "mime" / "mailgun-flanker").glob("*.eml"))[:count]
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
+from helpers.corpus import corpus_files
 
 from fakes.graph import FakeGraph
 from fakes.graph.testkit import (
@@ -22,7 +23,6 @@ from fakes.graph.testkit import (
     BOB,
     ManualClock,
     app_token,
-    corpus_files,
     delta_round,
     get_json,
     headers,
@@ -39,7 +39,7 @@ def inbox_delta(fake: FakeGraph, user: str = ALICE, spelling: str = "delta()") -
 async def test_first_round_pages_every_message_and_serves_exact_bytes(
     fake: FakeGraph, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
-    files = corpus_files(corpus, 7)
+    files = corpus_files(corpus / "mime" / "mailgun-flanker", 7)
     seeded = fake.mailbox(ALICE).add_files(files)
     fake.mailbox(ALICE).add_generated(2, folder="archive")  # another folder: not in the round
     token = await app_token(http, fake)
@@ -320,7 +320,7 @@ async def test_tokens_users_and_mailboxes(
 async def test_batch_value_bodies_are_base64_and_inner_requests_fail_alone(
     fake: FakeGraph, http: aiohttp.ClientSession, corpus: Path
 ) -> None:
-    files = corpus_files(corpus, 3)
+    files = corpus_files(corpus / "mime" / "mailgun-flanker", 3)
     messages = fake.mailbox(ALICE).add_files(files)
     token = await app_token(http, fake)
     prefer = {"Prefer": 'IdType="ImmutableId"'}

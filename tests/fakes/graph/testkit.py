@@ -6,7 +6,6 @@ notifications (so tests wait on an event, never sleep).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -28,10 +27,6 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def corpus_files(corpus: Path, count: int, source: str = "mailgun-flanker") -> list[Path]:
-    return sorted((corpus / "mime" / source).glob("*.eml"))[:count]
 
 
 def headers(
