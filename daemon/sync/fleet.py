@@ -104,12 +104,13 @@ class MailboxFleet:
         if runner is not None:
             runner.ring()
 
-    def polled(self) -> list[Key]:
-        """The mailboxes the poll scanner may claim: in a polled mode, and not busy —
-        claiming one whose (first) sync this process is running made it sync twice
-        in a row (3,500 page commits for 3,000 pages, issue 25)."""
+    def polled(self) -> list[tuple[Key, float]]:
+        """The mailboxes the poll scanner may claim, with the seconds between their
+        polls: in a polled mode, and not busy — claiming one whose (first) sync this
+        process is running made it sync twice in a row (3,500 page commits for 3,000
+        pages, issue 25). A push mailbox's poll is the daily safety sync."""
         return [
-            key
+            (key, scheduling.poll_every_s(r.config.sync_mode, r.config.poll_interval_s))
             for key, r in self.runners.items()
             if r.config.sync_mode in POLLED_MODES and not r.busy
         ]

@@ -253,26 +253,52 @@ NEEDS_ATTENTION_EVENT = "mailbox.needs_attention"
 # A push-mode mailbox is still synced once a day: a lost notification is caught up,
 # and its watch is renewed (Gmail's lapses after 7 days without a users.watch call).
 PUSH_SAFETY_SYNC_S = 24 * 3600.0
+
+
+def poll_every_s(sync_mode: str, poll_interval_s: float) -> float:
+    """Seconds between a mailbox's polls: its interval, or for a push mailbox the
+    daily safety sync when that is longer (the claim's rule, `_DUE_AT`)."""
+    if sync_mode == "push":
+        return max(poll_interval_s, PUSH_SAFETY_SYNC_S)
+    return poll_interval_s
+
+
 _DUE_AT = (
     "greatest(m.last_polled_at, m.last_success_at) + make_interval(secs => "
     f"CASE WHEN m.sync_mode = 'push' THEN greatest(m.poll_interval_s, {PUSH_SAFETY_SYNC_S}) "
     "ELSE m.poll_interval_s END)"
 )
 
-_CLAIM_DUE = f"""
-WITH due AS (
-    SELECT m.tenant_id, m.mailbox_id
-      FROM mailboxes m
-      JOIN unnest($2::text[], $3::text[]) AS w (tenant_id, mailbox_id)
-        ON m.tenant_id = w.tenant_id AND m.mailbox_id = w.mailbox_id
-     WHERE coalesce({_DUE_AT}, '-infinity') <= now()
+_IS_DUE = f"""
+       coalesce({_DUE_AT}, '-infinity') <= now()
        AND coalesce(m.next_poll_at, '-infinity') <= now()
        AND coalesce(m.throttle_until, '-infinity') <= now()
        AND NOT (m.sync_mode = 'auto'
                 AND coalesce(m.last_push_at, '-infinity') > now() - make_interval(secs => $6))
        AND (m.lease_owner IS NULL OR m.lease_owner = $1
-            OR coalesce(m.lease_expires_at, '-infinity') <= now())
-     ORDER BY {_DUE_AT} NULLS FIRST, m.tenant_id, m.mailbox_id
+            OR coalesce(m.lease_expires_at, '-infinity') <= now())"""
+
+# Tenant-fair: each tenant's due mailboxes are ranked by how overdue they are, and
+# the claim takes rank 1 of every tenant before rank 2 of any, so a tenant with
+# thousands of due mailboxes cannot push another's one mailbox past the limit. The
+# ranking cannot lock (PostgreSQL allows no FOR UPDATE beside window functions), so
+# the locking pass re-checks every condition on the rows it takes.
+_CLAIM_DUE = f"""
+WITH ranked AS (
+    SELECT m.tenant_id, m.mailbox_id,
+           row_number() OVER (PARTITION BY m.tenant_id
+                              ORDER BY {_DUE_AT} NULLS FIRST, m.mailbox_id) AS tenant_rank
+      FROM mailboxes m
+      JOIN unnest($2::text[], $3::text[]) AS w (tenant_id, mailbox_id)
+        ON m.tenant_id = w.tenant_id AND m.mailbox_id = w.mailbox_id
+     WHERE {_IS_DUE}
+),
+due AS (
+    SELECT m.tenant_id, m.mailbox_id
+      FROM mailboxes m
+      JOIN ranked r ON m.tenant_id = r.tenant_id AND m.mailbox_id = r.mailbox_id
+     WHERE {_IS_DUE}
+     ORDER BY r.tenant_rank, {_DUE_AT} NULLS FIRST, m.tenant_id, m.mailbox_id
      LIMIT $5
        FOR UPDATE OF m SKIP LOCKED
 )
@@ -312,7 +338,9 @@ async def claim_due(
       `push_quiet_after_s` seconds (a mailbox whose pushes arrive is not polled);
     * its lease is free, expired or held by `owner`.
 
-    Most overdue first. In the same statement the claimed rows get
+    Fair across tenants, then most overdue first: every tenant's most overdue
+    mailbox comes before any tenant's second (when `limit` cuts the list, no
+    tenant is starved by another's backlog). In the same statement the claimed rows get
     last_polled_at = now() and next_poll_at = now() + cooldown_s. The rows are
     picked `FOR UPDATE SKIP LOCKED`, and a row another scanner claimed in the
     meantime fails the re-check, so concurrent scanners (threads, processes,

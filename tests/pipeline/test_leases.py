@@ -504,6 +504,25 @@ async def test_claim_due_limit_takes_most_overdue_first(pool, make_mailbox) -> N
     ]
 
 
+async def test_claim_due_limit_serves_every_tenant_before_a_backlog(pool) -> None:
+    # "big" has 50 mailboxes long overdue; "small" has one that only just became due.
+    # Most-overdue-first alone would spend a limit of 10 on "big" alone.
+    rows = [MailboxRow("big", f"mb-{i:02d}", "imap") for i in range(50)]
+    rows.append(MailboxRow("small", "only", "imap"))
+    await scheduling.upsert_configured_mailboxes(pool, rows)
+    await pool.execute(
+        "UPDATE mailboxes SET last_polled_at = now() - interval '1 day' WHERE tenant_id = 'big'"
+    )
+    await pool.execute(
+        "UPDATE mailboxes SET last_polled_at = now() - interval '301 seconds'"
+        " WHERE tenant_id = 'small'"
+    )
+    every = [(r.tenant_id, r.mailbox_id) for r in rows]
+    claimed = await scheduling.claim_due(pool, "me", mailboxes=every, cooldown_s=60, limit=10)
+    assert ("small", "only") in claimed
+    assert len(claimed) == 10
+
+
 async def test_concurrent_scanners_never_claim_one_mailbox_twice(
     pool, db_dsn, make_mailbox
 ) -> None:
