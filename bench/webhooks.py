@@ -215,13 +215,13 @@ def write_requests(path: Path, requests: list[tuple[dict[str, str], bytes]]) -> 
 async def serve(args: argparse.Namespace) -> None:
     """`_serve`: the daemon's listener with the two bench sources, until stdin closes."""
     from inboxd.adapters.esp.registry import build_esp_receiver
+    from inboxd.adapters.webhook_budgets import RateLimiter
     from inboxd.daemon.commands.run import tune_gc
     from inboxd.daemon.http import HttpState, TokenTable, serve_http
     from inboxd.daemon.logging import configure_logging
     from inboxd.daemon.metrics.registry import Metrics
     from inboxd.daemon.webhooks import Webhooks
     from inboxd.daemon.webhooks.esp import DeliveryHook, EspHooks, HookTable
-    from inboxd.daemon.webhooks.ratelimit import RateLimiter
     from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
     from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 

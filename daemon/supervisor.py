@@ -7,7 +7,8 @@ Task tree (every task belongs to one of these groups; nothing is detached):
               └─ outer (below)   ends first, so in-flight webhooks still commit
     outer ─┬─ signals            SIGTERM/SIGINT stop, SIGHUP reload, SIGUSR1 cancel syncs
            ├─ http listener      /healthz /readyz /metrics /v1/… /hooks/… /push/gmail/…
-           │                     /push/outlook/… (daemon/http/, daemon/webhooks/)
+           │                     /push/outlook/… (daemon/http/, daemon/webhooks/,
+           │                     the doors' push routes in adapters/gmail/, adapters/outlook/)
            └─ workers scope ─┬─ ingest workers × N   drain the bounded queue (sync/queue.py)
                              ├─ SES poller          SQS receive loops (daemon/ses_door.py),
                              │                      stops receiving at the stop signal
@@ -41,6 +42,9 @@ import anyio
 import asyncpg
 import structlog
 
+from inboxd.adapters.gmail.push_route import GmailPush, GmailPushTable
+from inboxd.adapters.outlook.notifications import OutlookPush, OutlookPushTable
+from inboxd.adapters.webhook_routes import RouteContext
 from inboxd.daemon import systemd
 from inboxd.daemon.config.main import MainConfig, load_tenants
 from inboxd.daemon.config.tenant import QUEUE_PROVIDERS, MailboxConfig, TenantConfig
@@ -57,9 +61,7 @@ from inboxd.daemon.sync.runner import RunnerDeps
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
-from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable
 from inboxd.daemon.webhooks.gmail_config import build_gmail_push
-from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push
 from inboxd.pipeline.delivery.intake import DeliveryIntake
 from inboxd.pipeline.delivery.worker import run_worker as run_delivery_worker
@@ -310,6 +312,7 @@ class Daemon:
     # http -----------------------------------------------------------------------------
 
     def _http_state(self) -> HttpState:
+        routes = RouteContext(pool=self.pool, metrics=self.metrics)
         return HttpState(
             pool=self.pool,
             dsn=self.dsn,
@@ -322,8 +325,8 @@ class Daemon:
             forwarded_header=self.main.forwarded_header,
             webhooks=Webhooks(
                 EspHooks(self.hooks, self.intake, confirm_subscription),
-                GmailPush(self.gmail_push),
-                OutlookPush(self.outlook_push),
+                GmailPush(self.gmail_push, routes),
+                OutlookPush(self.outlook_push, routes),
             ),
         )
 

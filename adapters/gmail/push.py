@@ -4,7 +4,7 @@ Gmail announces mailbox changes by publishing to a Pub/Sub topic; a push
 subscription POSTs each message to our route with `Authorization: Bearer <JWT>`,
 an OpenID Connect ID token Google signs with RS256 ("Authentication for push
 subscriptions", cloud.google.com/pubsub/docs/authenticate-push-subscriptions).
-The route (daemon/webhooks/, docs/architecture.md §2 "Tracing one webhook")
+The route (adapters/gmail/push_route.py, docs/architecture.md "Tracing one Gmail push")
 calls, in this order:
 
     PushVerifier.verify(Authorization)   PushUnauthorized → 401, nothing recorded

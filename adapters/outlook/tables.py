@@ -13,7 +13,7 @@ health and a pending lifecycle event. Two writers share the rows:
                                record_renew_failure, clear_lifecycle, delete_subscriptions;
                                reads them with subscriptions_of
     the notification routes    subscriptions_by_id (one query per POST, to compare each
-    (daemon/webhooks/outlook.py)  notification's clientState), record_lifecycle
+    (notifications.py)         notification's clientState), record_lifecycle
 
 Lifecycle events (Graph "Reduce missing subscriptions and change notifications"),
 from weakest to strongest, with what the source does about each:

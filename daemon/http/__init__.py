@@ -1,10 +1,12 @@
 """The daemon's HTTP listener: probes, `/metrics`, SSE events and the application API.
 
 The supervisor builds an `HttpState` and runs
-`port = await tg.start(serve_http, host, port, state)`. Webhook routes live in
-daemon/webhooks/ and reach the listener as `HttpState.webhooks`; their handlers
-find the state at `request.app[HTTP_STATE]` and the size-checked body at
-`await request.read()`.
+`port = await tg.start(serve_http, host, port, state)`. Webhook routes (the ESP
+hooks in daemon/webhooks/, the doors' push routes in their adapter folders) reach
+the listener as `HttpState.webhooks`; their handlers find the size-checked body at
+`await request.read()`, the ESP hooks the state at `request.app[HTTP_STATE]` and
+a door's routes the pool and metrics in their `RouteContext`
+(adapters/webhook_routes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The client's address behind a reverse proxy: `[listener] trusted_proxies`.
 
 Behind a proxy every request's TCP peer is the proxy, so every sender would share one
-failure budget per webhook source (daemon/webhooks/ratelimit.py), one line in the logs
+failure budget per webhook source (adapters/webhook_budgets.py), one line in the logs
 and one label in the metrics: a flood of unsigned requests from one sender would have
 every signed event of every other sender answered 429 (measured: 30 of 30 at ~4,000
 req/s). With trusted proxies configured, `client_middleware` replaces

@@ -1,8 +1,11 @@
 """What the HTTP listener is given, and the helpers every route shares.
 
 `HttpState` is the listener's whole dependency list, built by the supervisor.
-Handlers reach it through `request.app[HTTP_STATE]` (the webhook routes of
-daemon/webhooks/, given as `HttpState.webhooks`, do the same).
+The daemon's handlers reach it through `request.app[HTTP_STATE]`. The webhook
+routes (`HttpState.webhooks`) follow the contract of adapters/webhook_routes.py,
+where `WebhookRoutes`, `ApiError`, `json_error` and `json_response` live so a
+door's routes can answer like the built-in ones without importing the daemon;
+they are named here too, for the daemon's handlers and the error middleware.
 """
 
 from __future__ import annotations
@@ -10,12 +13,11 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
 
 import asyncpg
-import orjson
 from aiohttp import hdrs, web
 
+from inboxd.adapters.webhook_routes import ApiError, WebhookRoutes, json_error, json_response
 from inboxd.daemon.config.main import FORWARDED_HEADERS, TrustedProxies
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.objectstore.store import ObjectStore
@@ -36,23 +38,6 @@ __all__ = [
 #: Default request-body limit: an outbound record with a large HTML body fits;
 #: ESP webhook batches (SES/SNS 256 KiB, Postmark, SendGrid) are far below it.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-
-
-class WebhookRoutes(Protocol):
-    """Routes a provider calls (daemon/webhooks/), served with the listener's middlewares.
-
-    `body_limit(request)` may name a smaller limit than the listener's for a
-    request (a webhook source's own); None means `max_body_bytes`.
-    `check_before_body(request)` runs after the size check and before a byte of
-    the body is read; it may raise `ApiError` (a webhook's 404/415/429) so that
-    a request refused anyway costs no body read.
-    """
-
-    def routes(self) -> list[web.RouteDef]: ...
-
-    def body_limit(self, request: web.Request) -> int | None: ...
-
-    def check_before_body(self, request: web.Request) -> None: ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -137,42 +122,6 @@ class TokenTable:
 
     def __repr__(self) -> str:
         return f"TokenTable({len(self._entries)} tenants)"
-
-
-def json_response(
-    body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    """A JSON response serialised with orjson."""
-    return web.Response(
-        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
-    )
-
-
-class ApiError(Exception):
-    """An error answer: `status` with the JSON body `{"error": error, **fields}`.
-
-    Raised by handlers (through `json_error`) and turned into a response by the
-    error middleware, which gives aiohttp's own `web.HTTPException`s (404, 405,
-    413 …) the same JSON shape.
-    """
-
-    def __init__(
-        self, status: int, error: str, *, headers: Mapping[str, str] | None = None, **fields: Any
-    ) -> None:
-        super().__init__(error)
-        self.status = status
-        self.body: dict[str, Any] = {"error": error, **fields}
-        self.headers = dict(headers or {})
-
-    def response(self) -> web.Response:
-        return json_response(self.body, status=self.status, headers=self.headers)
-
-
-def json_error(
-    status: int, error: str, *, headers: Mapping[str, str] | None = None, **fields: Any
-) -> NoReturn:
-    """Raise `ApiError(status, error, **fields)`."""
-    raise ApiError(status, error, headers=headers, **fields)
 
 
 def authenticate(request: web.Request) -> str:

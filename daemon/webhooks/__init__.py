@@ -1,28 +1,32 @@
-"""Webhook-style routes: requests a provider sends us, verified on raw bytes first.
+"""Webhook-style routes: requests a provider calls, verified on raw bytes first.
 
-    esp.py          POST /hooks/esp/{tenant}/{source}: delivery events of sending
-                    providers (the served table, the route, its per-source limits)
-    esp_config.py   `[[delivery_sources]]` tables → the served table; SNS confirmation
-    ratelimit.py    the token buckets behind the 429s: a source's verified requests,
-                    each peer's failed verifications (budgets: esp.py docstring)
-    gmail.py        POST /push/gmail/{tenant}: Gmail's Pub/Sub push (verify, record,
-                    ring); gmail_config.py builds its table from the tenants
-    outlook.py      POST /push/outlook/{tenant}[/lifecycle]: Microsoft Graph's change
-                    and lifecycle notifications (validation echo, clientState against
-                    graph_subscriptions, record, ring); outlook_config.py: its table
+    esp.py              POST /hooks/esp/{tenant}/{source}: delivery events of sending
+                        providers (the served table, the route, its per-source limits)
+    esp_config.py       `[[delivery_sources]]` tables → the served table; SNS confirmation
+    gmail_config.py     the tenants' `[gmail]` tables → the served table of
+                        POST /push/gmail/{tenant} (adapters/gmail/push_route.py)
+    outlook_config.py   the tenants' `[outlook]` tables → the served table of
+                        POST /push/outlook/{tenant}[/lifecycle]
+                        (adapters/outlook/notifications.py)
+
+A door's push routes live in its own folder and import nothing of the daemon:
+what they share with the ESP hooks (the route contract, error answers, the token
+buckets behind the 429s) is adapters/webhook_routes.py and
+adapters/webhook_budgets.py, and what they need at run time (the pool, the
+metrics) comes in a `RouteContext` given by daemon/supervisor.py.
 
 Each route set gives the listener its routes, each request's body limit and the
 checks that run before a byte of the body is read; `Webhooks` joins the sets into
-the one `WebhookRoutes` the listener takes (daemon/http/state.py). A handler
-verifies, records, rings a doorbell and answers: no sync and no event processing
-runs inside a request.
+the one `WebhookRoutes` the listener takes (`HttpState.webhooks`,
+daemon/http/state.py). A handler verifies, records, rings a doorbell and
+answers: no sync and no event processing runs inside a request.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from inboxd.daemon.http.state import WebhookRoutes
+from inboxd.adapters.webhook_routes import WebhookRoutes
 
 __all__ = ["Webhooks"]
 

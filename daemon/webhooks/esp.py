@@ -41,7 +41,7 @@ neither hold a tenant's events back nor cost unbounded CPU:
   recently charged dropped first; a dropped bucket is a full one).
 
 A peer is `request.remote`: the TCP peer (an IPv6 one is its /64,
-daemon/webhooks/ratelimit.py `peer_key`), or, when the TCP peer is one of
+adapters/webhook_budgets.py `peer_key`), or, when the TCP peer is one of
 `[listener] trusted_proxies`, the client address the proxy forwarded
 (daemon/http/forwarded.py). Behind a proxy that is not listed there every
 request has the proxy's address, so all senders share ONE failure budget per
@@ -68,8 +68,9 @@ from inboxd.adapters.esp.base import (
     VerificationUnavailable,
     WebhookRequest,
 )
-from inboxd.daemon.http.state import HTTP_STATE, ApiError, json_error, json_response
-from inboxd.daemon.webhooks.ratelimit import PeerBudgets, RateLimiter, peer_key
+from inboxd.adapters.webhook_budgets import PeerBudgets, RateLimiter, peer_key
+from inboxd.adapters.webhook_routes import ApiError, json_error, json_response
+from inboxd.daemon.http.state import HTTP_STATE
 from inboxd.pipeline.delivery.intake import (
     DeliveryIntake,
     IntakeUnavailable,
@@ -220,7 +221,8 @@ def _rate_limited() -> NoReturn:
 
 
 class EspHooks:
-    """The ESP hook route with its per-source limits: a `WebhookRoutes` (http/state.py)."""
+    """The ESP hook route with its per-source limits: a `WebhookRoutes`
+    (adapters/webhook_routes.py)."""
 
     def __init__(self, table: HookTable, intake: DeliveryIntake, confirm: Confirm) -> None:
         self.table = table

@@ -26,6 +26,7 @@ import aiohttp
 
 from inboxd.adapters.esp.base import DeliveryConfigError
 from inboxd.adapters.esp.registry import build_esp_receiver
+from inboxd.adapters.webhook_budgets import RateLimiter
 from inboxd.daemon.config.reader import ConfigProblem
 from inboxd.daemon.config.secrets import Secret, SecretError
 from inboxd.daemon.config.tenant import TenantConfig
@@ -35,7 +36,6 @@ from inboxd.daemon.webhooks.esp import (
     DEFAULT_RATE_PER_S,
     DeliveryHook,
 )
-from inboxd.daemon.webhooks.ratelimit import RateLimiter
 from inboxd.pipeline.delivery.intake import SourcePolicy
 
 __all__ = ["build_delivery_hooks", "confirm_subscription"]

@@ -1,4 +1,5 @@
-"""Turning the tenants' `[gmail]` tables into the served Gmail push table.
+"""Turning the tenants' `[gmail]` tables into the served Gmail push table (the
+route is adapters/gmail/push_route.py).
 
 A tenant is served at `POST /push/gmail/<tenant>` when its `[gmail]` table has
 both `push_audience` (the audience of its Pub/Sub push subscription) and
@@ -17,9 +18,9 @@ from collections.abc import Mapping
 from inboxd.adapters.gmail.config import GmailSettings
 from inboxd.adapters.gmail.errors import GmailConfigError
 from inboxd.adapters.gmail.push import GoogleCerts, PushVerifier
+from inboxd.adapters.gmail.push_route import GmailPushTenant
 from inboxd.daemon.config.reader import ConfigProblem
 from inboxd.daemon.config.tenant import TenantConfig
-from inboxd.daemon.webhooks.gmail import GmailPushTenant
 
 __all__ = ["build_gmail_push"]
 

@@ -4,7 +4,7 @@ A tenant is served at `POST /push/outlook/<tenant>` (and `…/lifecycle`) when i
 has an `[outlook]` table that parses. `notification_url` is not required: without
 it no new subscription is created, but those created before it was removed keep
 notifying until they expire, and their notifications still verify against their
-rows (daemon/webhooks/outlook.py). Nothing here is a secret: each notification is
+rows (adapters/outlook/notifications.py). Nothing here is a secret: each notification is
 checked against its subscription's `client_state` in the database, so a tenant's
 entry is only its id and its Outlook mailboxes.
 """
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from inboxd.adapters.outlook.config import OutlookSettings
 from inboxd.adapters.outlook.errors import OutlookConfigError
+from inboxd.adapters.outlook.notifications import OutlookPushTenant
 from inboxd.daemon.config.reader import ConfigProblem
 from inboxd.daemon.config.tenant import TenantConfig
-from inboxd.daemon.webhooks.outlook import OutlookPushTenant
 
 __all__ = ["build_outlook_push"]
 

@@ -18,10 +18,11 @@ from helpers import eventually
 from helpers.google_jwt import GoogleSigner
 
 from inboxd.adapters.gmail.push import GoogleCerts, PushVerifier
+from inboxd.adapters.gmail.push_route import GmailPush, GmailPushTable, GmailPushTenant
+from inboxd.adapters.webhook_routes import RouteContext
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
-from inboxd.daemon.webhooks.gmail import GmailPush, GmailPushTable, GmailPushTenant
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 from inboxd.pipeline.objectstore.store import ObjectStore
 
@@ -64,14 +65,15 @@ async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore) -> AsyncIter
     async def ready() -> bool:
         return True
 
+    metrics = Metrics()
     state = HttpState(
         pool=pool,
         dsn=dsn,
         store=store,
-        metrics=Metrics(),
+        metrics=metrics,
         tenant_for_token=TokenTable({}),
         ready=ready,
-        webhooks=Webhooks(GmailPush(table)),
+        webhooks=Webhooks(GmailPush(table, RouteContext(pool, metrics))),
     )
     listener = await asyncpg.connect(dsn)
     rings: list[tuple[str, str] | None] = []

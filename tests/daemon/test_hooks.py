@@ -26,6 +26,7 @@ from helpers import eventually
 from helpers.keys import make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp.registry import build_esp_receiver
+from inboxd.adapters.webhook_budgets import PeerBudgets, RateLimiter, peer_key
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
@@ -36,7 +37,6 @@ from inboxd.daemon.webhooks.esp import (
     EspHooks,
     HookTable,
 )
-from inboxd.daemon.webhooks.ratelimit import PeerBudgets, RateLimiter, peer_key
 from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
 from inboxd.pipeline.delivery.worker import apply_due
 from inboxd.pipeline.objectstore.store import ObjectStore

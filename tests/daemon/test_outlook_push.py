@@ -29,11 +29,16 @@ from harness import DaemonProcess, write_config
 from helpers import eventually
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
+from inboxd.adapters.outlook.notifications import (
+    OutlookPush,
+    OutlookPushTable,
+    OutlookPushTenant,
+)
+from inboxd.adapters.webhook_routes import RouteContext
 from inboxd.daemon.config.main import load_main, load_tenants
 from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.webhooks import Webhooks
-from inboxd.daemon.webhooks.outlook import OutlookPush, OutlookPushTable, OutlookPushTenant
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push
 from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 
@@ -78,7 +83,7 @@ async def serving(pool: asyncpg.Pool, dsn: str, store) -> AsyncIterator[Served]:
         metrics=metrics,
         tenant_for_token=TokenTable({}),
         ready=ready,
-        webhooks=Webhooks(OutlookPush(table)),
+        webhooks=Webhooks(OutlookPush(table, RouteContext(pool, metrics))),
     )
     listener = await asyncpg.connect(dsn)
     rings: list[tuple[str, str] | None] = []

@@ -4,6 +4,8 @@
 `PeerBudgets` is a bounded table of buckets by key — (tenant, source, peer) —
 the budget of failed verifications of each peer at each source (the budget
 design is in the docstring of daemon/webhooks/esp.py). `peer_key` names the peer.
+Shared by every route set a provider calls: the ESP hooks and the doors' push
+routes (adapters/gmail/push_route.py, adapters/outlook/notifications.py).
 """
 
 from __future__ import annotations

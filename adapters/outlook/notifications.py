@@ -47,6 +47,12 @@ renews, recreates or resyncs and clears it. An event Graph may add later is
 acknowledged, logged and ignored. A change notification's content (resource,
 changeType) is not used: the runner's delta sync reads what changed, and any
 number of rings coalesce into one sync and one follow-up.
+
+The routes are a `WebhookRoutes` (adapters/webhook_routes.py): the daemon builds
+them with the served table and a `RouteContext` (the pool they record into, the
+metrics they count refusals in) and adds them to its `Webhooks`
+(daemon/supervisor.py); daemon/webhooks/outlook_config.py fills the table from the
+tenants' `[outlook]` tables.
 """
 
 from __future__ import annotations
@@ -63,8 +69,8 @@ import structlog
 from aiohttp import hdrs, web
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
-from inboxd.daemon.http.state import HTTP_STATE, json_error
-from inboxd.daemon.webhooks.ratelimit import PeerBudgets, peer_key
+from inboxd.adapters.webhook_budgets import PeerBudgets, peer_key
+from inboxd.adapters.webhook_routes import RouteContext, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
 
@@ -96,7 +102,8 @@ MAX_VALIDATION_TOKEN_CHARS = 1024
 MAX_SUBSCRIPTION_ID_CHARS = 128
 #: Rejected subscription ids named in one log line.
 LOGGED_REJECTED_IDS = 5
-# The Gmail push route's budget of failed requests and its reasoning (gmail.py).
+# The Gmail push route's budget of failed requests and its reasoning
+# (adapters/gmail/push_route.py).
 FAILED_PUSH_RATE_PER_S = 5.0
 FAILED_PUSH_BURST = 20.0
 MAX_TRACKED_PUSH_PEERS = 10_000
@@ -215,10 +222,11 @@ def _verify(
 
 class OutlookPush:
     """The Graph notification routes with their checks: a `WebhookRoutes`
-    (daemon/http/state.py)."""
+    (adapters/webhook_routes.py), recording into `context.pool`."""
 
-    def __init__(self, table: OutlookPushTable) -> None:
+    def __init__(self, table: OutlookPushTable, context: RouteContext) -> None:
         self.table = table
+        self.context = context
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(NOTIFICATION_PATH, self.handle), web.post(LIFECYCLE_PATH, self.handle)]
@@ -248,10 +256,9 @@ class OutlookPush:
             self.table.failures.charge(_failure_key(request, tenant))
             log.info("outlook_push_malformed", tenant=tenant.tenant_id, error=str(exc))
             json_error(400, "malformed_payload")
-        state = request.app[HTTP_STATE]
         try:
             with anyio.fail_after(RECORD_DEADLINE_S):
-                verdict = await self._record(state.pool, tenant, notes)
+                verdict = await self._record(self.context.pool, tenant, notes)
         except DATABASE_ERRORS as exc:  # TimeoutError included: the deadline above
             log.warning("outlook_push_not_recorded", tenant=tenant.tenant_id, error=describe(exc))
             _unavailable(503, "unavailable")
@@ -292,7 +299,7 @@ class OutlookPush:
         a body that says nothing about which check failed."""
         # one count per request that carried any (the metric counts requests, as for
         # every webhook); the log line says how many of its notifications
-        request.app[HTTP_STATE].metrics.webhook_verification_failed(f"{tenant.tenant_id}/outlook")
+        self.context.metrics.webhook_verification_failed(f"{tenant.tenant_id}/outlook")
         refused = verdict.accepted == 0
         log.info(
             "outlook_push_rejected",

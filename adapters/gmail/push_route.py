@@ -18,8 +18,14 @@ Order of checks, cheapest and least trusting first:
 The handler never syncs: the doorbell rings the mailbox's runner, which
 coalesces any number of rings into one running sync and one follow-up, so a
 storm of notifications for one mailbox costs at most two syncs. A failed
-verification spends the peer's failure budget (daemon/webhooks/ratelimit.py),
+verification spends the peer's failure budget (adapters/webhook_budgets.py),
 as on the ESP hooks, so garbage from one peer costs only header parsing.
+
+The route is a `WebhookRoutes` (adapters/webhook_routes.py): the daemon builds
+it with the served table and a `RouteContext` (the pool it records into, the
+metrics it counts refusals in) and adds it to its `Webhooks`
+(daemon/supervisor.py); daemon/webhooks/gmail_config.py fills the table from the
+tenants' `[gmail]` tables.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ from inboxd.adapters.gmail.push import (
     PushVerifier,
     parse_push_body,
 )
-from inboxd.daemon.http.state import HTTP_STATE, json_error
-from inboxd.daemon.webhooks.ratelimit import PeerBudgets, peer_key
+from inboxd.adapters.webhook_budgets import PeerBudgets, peer_key
+from inboxd.adapters.webhook_routes import RouteContext, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
 
@@ -52,7 +58,8 @@ PUSH_PATH = "/push/gmail/{tenant}"
 # Pub/Sub push sends application/json (Pub/Sub push subscription docs).
 PUSH_CONTENT_TYPES = frozenset({"application/json"})
 # A misconfigured subscription fails every request; 5/s keeps its 401s visible
-# while a flood costs header parsing only (the ESP hooks' reasoning, esp.py).
+# while a flood costs header parsing only (the ESP hooks' reasoning,
+# daemon/webhooks/esp.py).
 FAILED_PUSH_RATE_PER_S = 5.0
 FAILED_PUSH_BURST = 20.0
 MAX_TRACKED_PUSH_PEERS = 10_000
@@ -89,10 +96,12 @@ class GmailPushTable:
 
 
 class GmailPush:
-    """The Gmail push route with its checks: a `WebhookRoutes` (daemon/http/state.py)."""
+    """The Gmail push route with its checks: a `WebhookRoutes`
+    (adapters/webhook_routes.py), recording into `context.pool`."""
 
-    def __init__(self, table: GmailPushTable) -> None:
+    def __init__(self, table: GmailPushTable, context: RouteContext) -> None:
         self.table = table
+        self.context = context
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(PUSH_PATH, self.handle)]
@@ -133,7 +142,7 @@ class GmailPush:
             log.info("gmail_push_unknown_address", tenant=tenant.tenant_id)
             return web.Response(status=204)
         try:
-            async with request.app[HTTP_STATE].pool.acquire() as conn:
+            async with self.context.pool.acquire() as conn:
                 await scheduling.record_push(
                     conn, tenant.tenant_id, mailbox, hint=str(note.history_id)
                 )
@@ -146,7 +155,7 @@ class GmailPush:
     def _refuse(self, request: web.Request, tenant: GmailPushTenant, check: str) -> NoReturn:
         """401 with a body that says nothing about which check failed."""
         self.table.failures.charge(_failure_key(request, tenant))
-        request.app[HTTP_STATE].metrics.webhook_verification_failed(f"{tenant.tenant_id}/gmail")
+        self.context.metrics.webhook_verification_failed(f"{tenant.tenant_id}/gmail")
         log.info("gmail_push_rejected", tenant=tenant.tenant_id, check=check)
         json_error(401, "unauthorized")
 
