@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from fakes.parse_api import Answer, FakeParseApi, Received
-from helpers import eventually
-from test_extraction_stage import (
+from extraction_rig import (
     DEADLINE_S,
     T,
     all_in,
@@ -26,6 +24,8 @@ from test_extraction_stage import (
     states,
     tenant,
 )
+from fakes.parse_api import Answer, FakeParseApi, Received
+from helpers import eventually
 
 import inboxd.adapters.extraction.http as http_backend
 import inboxd.daemon.extraction.gate as gate_module

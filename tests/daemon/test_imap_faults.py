@@ -18,7 +18,7 @@ import pytest
 from harness import write_config
 from helpers import run_cli_async
 from helpers.dovecot import DovecotServer
-from test_imap_run import (
+from imap_rig import (
     LONG_POLL_S,
     WAIT_S,
     Imap,
