@@ -13,7 +13,7 @@ import signal
 
 import pytest
 from harness import generated_messages
-from test_outlook_run import OPS, Box, _equals, _state_is, outlook_daemon
+from outlook_rig import OPS, Box, equals, outlook_daemon, state_is
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -50,7 +50,7 @@ async def test_a_mailbox_level_404_in_a_batch_needs_attention_and_dead_letters_n
         )
         assert await run.fake.notify(OPS, "inbox") == [202]
 
-        await run.eventually(lambda: _state_is(run, "ops", "needs_attention"), "needs attention")
+        await run.eventually(lambda: state_is(run, "ops", "needs_attention"), "needs attention")
         error = await _last_error(run, "ops")
         assert code in error and text in error, error
         assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
@@ -66,7 +66,7 @@ async def test_a_mailbox_level_404_in_a_batch_needs_attention_and_dead_letters_n
         run.daemon.signal(signal.SIGHUP)
         for message in arrived:
             await run.eventually(lambda m=message: run.has_copy("ops", m.immutable_id), "mail")
-        await run.eventually(lambda: _state_is(run, "ops", "idle"), "idle again")
+        await run.eventually(lambda: state_is(run, "ops", "idle"), "idle again")
         await run.eventually(run.idle, "the runs ended")
         assert await run.rows("ops") == 3
         assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
@@ -88,7 +88,7 @@ async def test_a_mailbox_level_404_looking_up_a_removal_marks_no_copy_deleted(
             None, 404, kinds={"message.get"}, code="ErrorInvalidUser"
         )
         assert await run.fake.notify(OPS, "inbox", message_id=_kept.immutable_id) == [202]
-        await run.eventually(lambda: _state_is(run, "ops", "needs_attention"), "needs attention")
+        await run.eventually(lambda: state_is(run, "ops", "needs_attention"), "needs attention")
         copy = await run.copy("ops", gone.immutable_id)
         assert copy is not None and copy["removed_at"] is None
         assert await run.events_count("message.removed", "ops") == 0
@@ -99,7 +99,7 @@ async def test_a_mailbox_level_404_looking_up_a_removal_marks_no_copy_deleted(
         )
         run.daemon.signal(signal.SIGHUP)
         await run.eventually(
-            lambda: _equals(run.events_count("message.removed", "ops"), 1), "the removal"
+            lambda: equals(run.events_count("message.removed", "ops"), 1), "the removal"
         )
         copy = await run.copy("ops", gone.immutable_id)
         assert copy is not None and copy["removal_reason"] == "deleted"
@@ -115,9 +115,9 @@ async def test_an_item_level_404_in_a_batch_is_a_message_deleted_before_fetch(
         assert await run.fake.notify(OPS, "inbox") == [202]
         await run.eventually(lambda: run.has_copy("ops", kept.immutable_id), "the other one")
         await run.eventually(
-            lambda: _equals(run.fetchval("SELECT count(*) FROM dead_items"), 1), "one dead item"
+            lambda: equals(run.fetchval("SELECT count(*) FROM dead_items"), 1), "one dead item"
         )
-        assert await _state_is(run, "ops", "idle")
+        assert await state_is(run, "ops", "idle")
         reason = await run.fetchval("SELECT reason FROM dead_items")
         assert reason == "deleted_before_fetch"
 
@@ -136,7 +136,7 @@ async def test_a_revoked_access_token_is_replaced_and_the_retry_carries_the_new_
         assert await fake.notify(OPS, "inbox") == [202]
         await run.eventually(lambda: run.has_copy("ops", first.immutable_id), "the message")
         await run.eventually(run.idle, "the runs ended")
-        assert await _state_is(run, "ops", "idle")
+        assert await state_is(run, "ops", "idle")
         assert fake.counters.token_requests["client_credentials"] == issued + 1
 
         # the same inside $batch: a 401 in the batch's answer is no reason to
@@ -150,7 +150,7 @@ async def test_a_revoked_access_token_is_replaced_and_the_retry_carries_the_new_
         for message in (second, third):
             await run.eventually(lambda m=message: run.has_copy("ops", m.immutable_id), "mail")
         await run.eventually(run.idle, "the runs ended")
-        assert await _state_is(run, "ops", "idle")
+        assert await state_is(run, "ops", "idle")
         assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
         assert await run.rows("ops") == 4
         assert fake.counters.max_downloads() == 1
@@ -204,7 +204,7 @@ async def test_a_rotated_refresh_token_is_the_one_presented_after_a_restart(
         await run.restart(reconnect)
         await run.eventually(lambda: run.has_copy("ops", stale[1].immutable_id), "mail again")
         assert identity.refresh_tokens[fresh].redeemed
-        assert await _state_is(run, "ops", "idle")
+        assert await state_is(run, "ops", "idle")
         assert await run.rows("ops") == 4
 
         # no refresh token, stored or issued, in any log or in status

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from harness import generated_messages
 from helpers import eventually
-from test_outlook_run import OPS, Box, _equals, _state_is, outlook_daemon
+from outlook_rig import OPS, Box, equals, outlook_daemon, state_is
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -43,7 +43,7 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
             for raw in generated_messages(2, tag="live")
         ]
         assert await run.fake.notify(OPS, "inbox") == [202]
-        await run.eventually(lambda: _equals(run.rows("ops"), 2), "the live mail")
+        await run.eventually(lambda: equals(run.rows("ops"), 2), "the live mail")
         await run.eventually(run.idle, "the runs ended")
         cursor_before = await run.cursor("ops")
         stale: list = []
@@ -66,10 +66,10 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
             await while_down()
             await run.sync_now("ops")
         await run.eventually(
-            lambda: _equals(run.events_count("mailbox.cursor_reset", "ops"), 2),
+            lambda: equals(run.events_count("mailbox.cursor_reset", "ops"), 2),
             "both folders reset",
         )
-        await run.eventually(lambda: _equals(run.rows("ops"), 6), "the stale mail stored")
+        await run.eventually(lambda: equals(run.rows("ops"), 6), "the stale mail stored")
         await run.eventually(run.idle, "the runs ended")
         for message in [*live, *stale]:
             assert await run.has_copy("ops", message.immutable_id)
@@ -78,7 +78,7 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
         assert await run.fetchval("SELECT count(*) FROM dead_items") == 0
         assert run.fake.counters.max_downloads() == 1  # nothing downloaded twice
         assert await run.cursor("ops") != cursor_before
-        assert await _state_is(run, "ops", "idle")
+        assert await state_is(run, "ops", "idle")
         # new mail to the application, not history: one message.created event each
         created = await run.fetchval(
             "SELECT count(*) FROM events e JOIN message_copies c"
