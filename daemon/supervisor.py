@@ -131,6 +131,7 @@ class Daemon:
             page_size=main.batch_size,
             poll_scan_interval_s=main.poll_scan_interval_s,
             push_quiet_after_s=main.push_quiet_after_s,
+            max_imap_idle=main.max_imap_idle,
         )
         self.ses = (
             ses_door(

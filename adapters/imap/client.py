@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import os
 import re
 import socket
 import ssl
@@ -71,6 +73,9 @@ KEEPALIVE_PROBES = 4
 USER_TIMEOUT_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
 # LOGOUT at close is a courtesy; never allowed to hold a shutdown.
 LOGOUT_TIMEOUT_S = 3.0
+# TLS contexts kept for reuse: one per distinct (CA file, verify) of the configured
+# mailboxes; past it the least recently used is rebuilt when next needed.
+TLS_CONTEXTS_KEPT = 64
 
 _FETCH_RE = re.compile(rb"^(\d+) FETCH \(")
 _UID_RE = re.compile(rb"UID (\d+)")
@@ -406,10 +411,20 @@ def _keep_alive(transport: Any) -> None:
 
 
 def _tls_context(mailbox: ImapMailbox) -> ssl.SSLContext:
-    context = ssl.create_default_context(
-        cafile=None if mailbox.ca_file is None else str(mailbox.ca_file)
-    )
-    if not mailbox.verify_certificate:
+    """One context per trust setting, shared by every connection that uses it: with
+    a context of its own, loading the system's CA store, an IDLE connection over
+    TLS held 1,174 KB of RSS; sharing one, 352 KB (100 IDLE connections to Dovecot,
+    docs/providers/imap.md). A CA file that changes gets a new context (its mtime
+    is part of the key)."""
+    ca_file = None if mailbox.ca_file is None else str(mailbox.ca_file)
+    mtime_ns = os.stat(ca_file).st_mtime_ns if ca_file is not None else 0
+    return _shared_tls_context(ca_file, mtime_ns, mailbox.verify_certificate)
+
+
+@functools.lru_cache(maxsize=TLS_CONTEXTS_KEPT)
+def _shared_tls_context(ca_file: str | None, _mtime_ns: int, verify: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca_file)
+    if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context

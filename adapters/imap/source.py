@@ -77,6 +77,7 @@ from inboxd.adapters.imap.errors import (
     ImapProtocolError,
     ImapUnavailable,
 )
+from inboxd.adapters.imap.idle_slots import IdleSlots
 from inboxd.adapters.imap.reconnect import IdleBackoff
 from inboxd.adapters.overlap import overlapped_pages
 from inboxd.pipeline.errors import CursorExpired
@@ -129,6 +130,9 @@ _UNDELIVERABLE = object()
 # are ~0.5-1 MB on the wire: one round trip amortised over many messages, and a
 # window small enough that a NO costs at most 100 single fetches.
 IMAP_WINDOW = 100
+# A mailbox past the IDLE bound polls at its interval; this when none is given
+# (the tenant file's default poll_interval_s, daemon/config/tenant.py).
+DEFAULT_POLL_INTERVAL_S = 60.0
 
 
 class ImapSource:
@@ -144,11 +148,15 @@ class ImapSource:
         *,
         stored_under: StoredUnder | None = None,
         window: int = IMAP_WINDOW,
+        idle_slots: IdleSlots | None = None,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
         self.mailbox = mailbox
         self.window = window
+        self._idle_slots = idle_slots  # None: no bound (tests, one-off runs)
+        self._poll_interval_s = poll_interval_s
         self._stored_under = stored_under
         self._connection: ImapConnection | None = None
         self._scanned: dict[str, float] = {}  # folder → when its expunge scan ran
@@ -168,9 +176,26 @@ class ImapSource:
         """IDLE on a connection of its own in the first configured folder (where new
         mail lands: INBOX by default) and ring the doorbell when the server reports
         new mail; polling covers the other folders. Needs `idle = true` and
-        `max_connections` ≥ 2 (the sync keeps the other)."""
+        `max_connections` ≥ 2 (the sync keeps the other), and a free slot of the
+        process's IDLE bound (adapters/imap/idle_slots.py): without one, ring every
+        `poll_interval_s` and ask again."""
         if not self.mailbox.idle or self.mailbox.max_connections < 2:
             return
+        bounded = False
+        while self._idle_slots is not None and not self._idle_slots.try_take():
+            if not bounded:
+                log.info("imap_idle_bound_reached", max_imap_idle=self._idle_slots.limit)
+                bounded = True
+            await anyio.sleep(self._poll_interval_s)
+            ring()
+        try:
+            await self._listen(ring)
+        finally:
+            if self._idle_slots is not None:
+                self._idle_slots.give_back()
+
+    async def _listen(self, ring: Callable[[], None]) -> None:
+        """IDLE until cancelled, reconnecting; returns when the server has no IDLE."""
         folder = self.mailbox.folders[0].name
         backoff = IdleBackoff()
         while True:

@@ -96,7 +96,7 @@ _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "queue": ("capacity",),
     "workers": ("ingest", "batch_size"),
     "shutdown": ("deadline_s",),
-    "sync": ("lease_ttl_s", "poll_scan_interval_s", "push_quiet_after_s"),
+    "sync": ("lease_ttl_s", "poll_scan_interval_s", "push_quiet_after_s", "max_imap_idle"),
     "tenants": ("dir",),
     "log": ("level",),
     "ses": tuple(sorted(SES_KEYS)),
@@ -152,6 +152,10 @@ class MainConfig:
     lease_ttl_s: float = 60.0
     poll_scan_interval_s: float = 5.0
     push_quiet_after_s: float = 900.0
+    # IMAP IDLE connections this process holds at most (adapters/imap/idle_slots.py);
+    # the mailboxes past it poll at their interval. One file handle each, so the
+    # default stays far below the units' LimitNOFILE of 65,536.
+    max_imap_idle: int = 1000
     log_level: str = "info"
     ses: SesSettings | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -331,6 +335,7 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
         push_quiet_after_s=r.number(
             sync, "push_quiet_after_s", "sync", defaults.push_quiet_after_s
         ),
+        max_imap_idle=r.integer(sync, "max_imap_idle", "sync", defaults.max_imap_idle, minimum=0),
         log_level=r.choice(log, "level", "log", LOG_LEVELS, None) or defaults.log_level,
         ses=_ses(r, section("ses")) if isinstance(raw.get("ses"), dict) else None,
         raw=raw,

@@ -24,6 +24,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from inboxd.adapters.base import Source
+from inboxd.adapters.imap.idle_slots import IdleSlots
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.sync.doorbell import listen_doorbell
 from inboxd.daemon.sync.registry import SourceDeps, build_source
@@ -57,10 +58,13 @@ class MailboxFleet:
         page_size: int,
         poll_scan_interval_s: float,
         push_quiet_after_s: float = 0.0,
+        max_imap_idle: int | None = None,
     ) -> None:
         self.deps = deps
         self.dsn = dsn
         self.page_size = page_size
+        # One bound for every IMAP mailbox of this process (None: unbounded, tests).
+        self.imap_idle = IdleSlots(max_imap_idle) if max_imap_idle is not None else None
         self.poll_scan_interval_s = poll_scan_interval_s
         self.push_quiet_after_s = push_quiet_after_s
         self.runners: dict[Key, MailboxRunner] = {}
@@ -148,7 +152,9 @@ class MailboxFleet:
         assert self._tg is not None
         try:
             source: Source = build_source(
-                mailbox, SourceDeps(pool=self.deps.pool), page_size=self.page_size
+                mailbox,
+                SourceDeps(pool=self.deps.pool, imap_idle=self.imap_idle),
+                page_size=self.page_size,
             )
         except NotConnected as exc:  # configured, waiting for `inboxd connect`
             log.info("mailbox_needs_connect", tenant=mailbox.tenant_id, mailbox=mailbox.mailbox_id)

@@ -15,6 +15,7 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.adapters.base import Source
+from inboxd.adapters.imap.idle_slots import IdleSlots
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.pipeline.copies import known_copies, live_copies_under
 from inboxd.pipeline.errors import ConfigError, NotConnected
@@ -28,6 +29,8 @@ class SourceDeps:
     """What a door may use of the daemon (fleet.py passes RunnerDeps' pool)."""
 
     pool: asyncpg.Pool
+    # The process's bound on IMAP IDLE connections ([sync] max_imap_idle); None: none.
+    imap_idle: IdleSlots | None = None
 
 
 # Each builder imports its door when a configured mailbox uses it: a daemon without
@@ -123,6 +126,8 @@ def _imap(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
         mailbox_id,
         ImapMailbox.from_settings(mailbox.settings),
         stored_under=stored_under,
+        idle_slots=deps.imap_idle,
+        poll_interval_s=mailbox.poll_interval_s,
     )
 
 
