@@ -90,6 +90,14 @@ SENT_LABEL = "SENT"
 DOWNLOADS_IN_FLIGHT = 2
 # One HTTP client session per source: connections are reused across runs.
 HTTP_TIMEOUT_S = 60.0
+# One connection pool serves every Gmail mailbox of the process (`shared_session`):
+# at most this many connections to one host at once (a sync's batch downloads take
+# one each), so file handles stay bounded whatever the number of mailboxes.
+CONNECTIONS_PER_HOST = 100
+# Idle connections are kept this long: longer than the default 60 s poll interval,
+# so the next poll reuses one instead of a new TLS handshake (aiohttp's default 15 s
+# closed them before every poll, issue 25).
+KEEPALIVE_S = 120.0
 # The cursor of a reset (module docstring): never a historyId, which is decimal
 # digits (users.history reference: "historyId: string (uint64 format)").
 RELIST_CURSOR = "relist"
@@ -131,6 +139,7 @@ class GmailSource:
         units_per_s: float = GMAIL_USER_UNITS_PER_S,
         client_options: Mapping[str, Any] | None = None,
         watch_renew_period_s: float = WATCH_RENEW_PERIOD_S,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
@@ -139,6 +148,9 @@ class GmailSource:
         self.synced = frozenset(mailbox.labels)
         self._known = known
         self._pacer = QuotaPacer(units_per_s)
+        # A session lent by the daemon (`shared_session`) is the daemon's to close;
+        # without one the source makes its own and closes it in `aclose`.
+        self._shared_session = session
         self._session: aiohttp.ClientSession | None = None
         self._client: GmailClient | None = None
         # users.watch upkeep (watch.py); None without a topic (the mailbox is polled)
@@ -222,8 +234,8 @@ class GmailSource:
         await self._watch.stop(self._ensure_client())
 
     async def aclose(self) -> None:
-        """Close the HTTP session (the runner calls this when it ends)."""
-        if self._session is not None:
+        """Close the HTTP session of its own (the runner calls this when it ends)."""
+        if self._session is not None and self._session is not self._shared_session:
             await self._session.close()
         self._session = None
         self._client = None
@@ -393,9 +405,7 @@ class GmailSource:
 
     def _ensure_client(self) -> GmailClient:
         if self._client is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
-            )
+            self._session = self._shared_session or shared_session()
             tokens = AccessTokens(self.settings, self.mailbox, self._session)
             self._client = GmailClient(
                 self.settings,
@@ -406,6 +416,17 @@ class GmailSource:
                 **self._client_options,
             )
         return self._client
+
+
+def shared_session() -> aiohttp.ClientSession:
+    """The Gmail door's HTTP session: its timeout, its bound per host, its keep-alive
+    (adapters/http_fetch.py `SharedSessions` keeps one per process)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=0, limit_per_host=CONNECTIONS_PER_HOST, keepalive_timeout=KEEPALIVE_S
+        ),
+        timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
+    )
 
 
 def _message(entry: object) -> tuple[str, str, list[str]] | None:

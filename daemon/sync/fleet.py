@@ -24,6 +24,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from inboxd.adapters.base import Source
+from inboxd.adapters.http_fetch import SharedSessions
 from inboxd.adapters.imap.idle_slots import IdleSlots
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.sync.doorbell import listen_doorbell
@@ -65,6 +66,8 @@ class MailboxFleet:
         self.page_size = page_size
         # One bound for every IMAP mailbox of this process (None: unbounded, tests).
         self.imap_idle = IdleSlots(max_imap_idle) if max_imap_idle is not None else None
+        # One HTTP session per door for all its mailboxes (issue 25), closed in `run`.
+        self.http = SharedSessions()
         self.poll_scan_interval_s = poll_scan_interval_s
         self.push_quiet_after_s = push_quiet_after_s
         self.runners: dict[Key, MailboxRunner] = {}
@@ -101,6 +104,8 @@ class MailboxFleet:
                 await anyio.sleep_forever()
         finally:
             self._tg = None
+            with anyio.CancelScope(shield=True):  # the runners are gone: nothing uses them
+                await self.http.aclose()
 
     def ring(self, key: Key) -> None:
         """Ask the mailbox's runner for a sync run; unknown mailboxes are ignored."""
@@ -153,7 +158,7 @@ class MailboxFleet:
         try:
             source: Source = build_source(
                 mailbox,
-                SourceDeps(pool=self.deps.pool, imap_idle=self.imap_idle),
+                SourceDeps(pool=self.deps.pool, imap_idle=self.imap_idle, http=self.http),
                 page_size=self.page_size,
             )
         except NotConnected as exc:  # configured, waiting for `inboxd connect`

@@ -15,6 +15,7 @@ from datetime import datetime
 import asyncpg
 
 from inboxd.adapters.base import Source
+from inboxd.adapters.http_fetch import SharedSessions
 from inboxd.adapters.imap.idle_slots import IdleSlots
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.pipeline.copies import known_copies, live_copies_under
@@ -31,6 +32,8 @@ class SourceDeps:
     pool: asyncpg.Pool
     # The process's bound on IMAP IDLE connections ([sync] max_imap_idle); None: none.
     imap_idle: IdleSlots | None = None
+    # One HTTP session per door for every mailbox of the process; None: each its own.
+    http: SharedSessions | None = None
 
 
 # Each builder imports its door when a configured mailbox uses it: a daemon without
@@ -54,7 +57,7 @@ def _maildir(mailbox: MailboxConfig, page_size: int, _deps: SourceDeps) -> Sourc
 def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Gmail's own list/history pages (≤ 500 ids), not [workers] batch_size.
     from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-    from inboxd.adapters.gmail.source import GmailSource
+    from inboxd.adapters.gmail.source import GmailSource, shared_session
 
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = GmailSettings.from_settings(mailbox.tenant_settings)
@@ -81,6 +84,7 @@ def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
         known,
         record_watch=record_watch,
         units_per_s=settings.quota_units_per_s,
+        session=deps.http.session("gmail", shared_session) if deps.http is not None else None,
     )
 
 
