@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from helpers.dovecot import DovecotServer
+from helpers.secrets import PlainSecret
 
 from inboxd.adapters.imap import client
 from inboxd.adapters.imap.client import ImapConnection
@@ -33,14 +34,6 @@ pytestmark = pytest.mark.slow
 SILENCE_S = 1.0
 # A run against a silent server must fail within this (the hang was an hour).
 FAIL_WITHIN_S = 30.0
-
-
-class _Secret:
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def reveal(self) -> str:
-        return self.value
 
 
 class SilentRelay:
@@ -103,7 +96,7 @@ async def test_a_server_silent_after_its_greeting_fails_the_run_in_bounded_time(
                 "security": "starttls",
                 "ca_file": str(dovecot.ca_file),
                 "username": user.username,
-                "password": _Secret(user.password),
+                "password": PlainSecret(user.password),
             }
         )
         source = ImapSource("acme", "imap", mailbox)
@@ -128,7 +121,7 @@ async def test_every_connection_probes_a_silent_peer(dovecot: DovecotServer, sec
         "security": security,
         "ca_file": str(dovecot.ca_file),
         "username": user.username,
-        "password": _Secret(user.password),
+        "password": PlainSecret(user.password),
     }
     if security == "none":
         settings.update(host=dovecot.host)

@@ -7,6 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 from helpers.dovecot import DovecotServer
+from helpers.secrets import PlainSecret
 from helpers.waiting import eventually
 
 from inboxd.adapters.imap.client import ImapConnection
@@ -20,14 +21,6 @@ from inboxd.pipeline.message import MessageData
 pytestmark = pytest.mark.slow
 
 
-class _Secret:
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def reveal(self) -> str:
-        return self.value
-
-
 def _corpus(corpus: Path, n: int, skip: int = 0) -> list[bytes]:
     files = sorted((corpus / "mime").rglob("*.eml"))[skip : skip + n]
     return [p.read_bytes() for p in files]
@@ -39,7 +32,7 @@ def _mailbox(server: DovecotServer, user, **over: object) -> ImapMailbox:
         "port": server.plain_port,
         "security": "none",
         "username": user.username,
-        "password": _Secret(user.password),
+        "password": PlainSecret(user.password),
         "backfill": "all",
         **over,
     }
@@ -146,7 +139,7 @@ async def test_tls_and_starttls_verify_the_certificate(dovecot: DovecotServer, c
 
 async def test_a_wrong_password_is_an_auth_error(dovecot: DovecotServer) -> None:
     user = dovecot.new_user()
-    mailbox = _mailbox(dovecot, user, password=_Secret("not-the-password"))
+    mailbox = _mailbox(dovecot, user, password=PlainSecret("not-the-password"))
     with pytest.raises(ImapAuthError):
         await _run(ImapSource("acme", "imap", mailbox), None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 from helpers.dovecot import DovecotServer
+from helpers.secrets import PlainSecret
 from helpers.waiting import eventually
 
 from inboxd.adapters.imap import reconnect, source
@@ -68,14 +69,6 @@ RESTARTS = 5
 RECONNECT_SLACK_S = 3.0
 
 
-class _Secret:
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def reveal(self) -> str:
-        return self.value
-
-
 @pytest.mark.slow
 async def test_the_watch_reconnects_at_once_after_each_healthy_session(
     dovecot: DovecotServer, monkeypatch: pytest.MonkeyPatch
@@ -88,7 +81,7 @@ async def test_the_watch_reconnects_at_once_after_each_healthy_session(
             "port": dovecot.plain_port,
             "security": "none",
             "username": user.username,
-            "password": _Secret(user.password),
+            "password": PlainSecret(user.password),
         }
     )
     source = ImapSource("acme", "imap", mailbox)
@@ -128,7 +121,7 @@ async def test_the_watch_outlives_a_refused_login_while_the_sync_connection_hold
             "port": dovecot.plain_port,
             "security": "none",
             "username": user.username,
-            "password": _Secret(user.password),
+            "password": PlainSecret(user.password),
         }
     )
     watcher = ImapSource("acme", "imap", mailbox)
