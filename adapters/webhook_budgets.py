@@ -112,3 +112,16 @@ def peer_key(remote: str | None) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, IPV6_PEER_PREFIX), strict=False))
     return str(address)
+
+
+# A push route's budget of failed requests per peer (Gmail's and Outlook's): a
+# misconfigured subscription fails every request; 5/s keeps its 401s visible while
+# a flood costs header parsing only (the ESP hooks' reasoning, daemon/webhooks/esp.py).
+PUSH_FAILURES_PER_S = 5.0
+PUSH_FAILURE_BURST = 20.0
+MAX_TRACKED_PUSH_PEERS = 10_000
+
+
+def push_failure_budgets() -> PeerBudgets:
+    """Every push route's per-peer budget of failed requests."""
+    return PeerBudgets(PUSH_FAILURES_PER_S, PUSH_FAILURE_BURST, MAX_TRACKED_PUSH_PEERS)

@@ -107,3 +107,13 @@ def json_error(
 ) -> NoReturn:
     """Raise `ApiError(status, error, **fields)`."""
     raise ApiError(status, error, headers=headers, **fields)
+
+
+# The Retry-After of a push answered 503 (the database or a certificate host down):
+# the provider retries, so a short wait costs it nothing and the push is not lost.
+PUSH_RETRY_AFTER_S = 5
+
+
+def answer_retry_later(status: int, error: str) -> NoReturn:
+    """Answer a push the route cannot take now (429, 503), with PUSH_RETRY_AFTER_S."""
+    json_error(status, error, headers={"Retry-After": str(PUSH_RETRY_AFTER_S)})

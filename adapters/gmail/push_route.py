@@ -45,8 +45,8 @@ from inboxd.adapters.gmail.push import (
     PushVerifier,
     parse_push_body,
 )
-from inboxd.adapters.webhook_budgets import PeerBudgets, peer_key
-from inboxd.adapters.webhook_routes import RouteContext, json_error
+from inboxd.adapters.webhook_budgets import peer_key, push_failure_budgets
+from inboxd.adapters.webhook_routes import RouteContext, answer_retry_later, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
 
@@ -57,13 +57,6 @@ log = structlog.get_logger(__name__)
 PUSH_PATH = "/push/gmail/{tenant}"
 # Pub/Sub push sends application/json (Pub/Sub push subscription docs).
 PUSH_CONTENT_TYPES = frozenset({"application/json"})
-# A misconfigured subscription fails every request; 5/s keeps its 401s visible
-# while a flood costs header parsing only (the ESP hooks' reasoning,
-# daemon/webhooks/esp.py).
-FAILED_PUSH_RATE_PER_S = 5.0
-FAILED_PUSH_BURST = 20.0
-MAX_TRACKED_PUSH_PEERS = 10_000
-RETRY_AFTER_S = 5
 
 
 @dataclass(slots=True)
@@ -84,9 +77,7 @@ class GmailPushTable:
 
     def __init__(self, tenants: Mapping[str, GmailPushTenant] | None = None) -> None:
         self._tenants: dict[str, GmailPushTenant] = dict(tenants or {})
-        self.failures = PeerBudgets(
-            FAILED_PUSH_RATE_PER_S, FAILED_PUSH_BURST, MAX_TRACKED_PUSH_PEERS
-        )
+        self.failures = push_failure_budgets()
 
     def replace(self, tenants: Mapping[str, GmailPushTenant]) -> None:
         self._tenants = dict(tenants)
@@ -116,7 +107,7 @@ class GmailPush:
         if request.content_type.lower() not in PUSH_CONTENT_TYPES:
             json_error(415, "unsupported_media_type")
         if not self.table.failures.allows(_failure_key(request, tenant)):
-            _unavailable(429, "rate_limited")
+            answer_retry_later(429, "rate_limited")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         tenant = self.table.get(request.match_info["tenant"])
@@ -130,7 +121,7 @@ class GmailPush:
             self._refuse(request, tenant, str(exc))
         except CertsUnavailable as exc:
             log.warning("gmail_push_certs_unavailable", tenant=tenant.tenant_id, error=str(exc))
-            _unavailable(503, "unavailable")
+            answer_retry_later(503, "unavailable")
         body = await request.read()
         try:
             note = parse_push_body(body)
@@ -148,7 +139,7 @@ class GmailPush:
                 )
         except DATABASE_ERRORS as exc:
             log.warning("gmail_push_not_recorded", tenant=tenant.tenant_id, error=describe(exc))
-            _unavailable(503, "unavailable")
+            answer_retry_later(503, "unavailable")
         log.debug("gmail_push_recorded", tenant=tenant.tenant_id, mailbox=mailbox)
         return web.Response(status=204)
 
@@ -162,7 +153,3 @@ class GmailPush:
 
 def _failure_key(request: web.Request, tenant: GmailPushTenant) -> tuple[str, str, str]:
     return tenant.tenant_id, "gmail-push", peer_key(request.remote)
-
-
-def _unavailable(status: int, error: str) -> NoReturn:
-    json_error(status, error, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})

@@ -66,11 +66,11 @@ import anyio
 import asyncpg
 import orjson
 import structlog
-from aiohttp import hdrs, web
+from aiohttp import web
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
-from inboxd.adapters.webhook_budgets import PeerBudgets, peer_key
-from inboxd.adapters.webhook_routes import RouteContext, json_error
+from inboxd.adapters.webhook_budgets import peer_key, push_failure_budgets
+from inboxd.adapters.webhook_routes import RouteContext, answer_retry_later, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
 
@@ -102,12 +102,6 @@ MAX_VALIDATION_TOKEN_CHARS = 1024
 MAX_SUBSCRIPTION_ID_CHARS = 128
 #: Rejected subscription ids named in one log line.
 LOGGED_REJECTED_IDS = 5
-# The Gmail push route's budget of failed requests and its reasoning
-# (adapters/gmail/push_route.py).
-FAILED_PUSH_RATE_PER_S = 5.0
-FAILED_PUSH_BURST = 20.0
-MAX_TRACKED_PUSH_PEERS = 10_000
-RETRY_AFTER_S = 5
 #: Graph wants a 2xx within 3 s (10 s marks the endpoint slow and delays or drops
 #: its notifications: "Receive change notifications through webhooks"): a database
 #: slower than this is answered 503, which Graph retries.
@@ -128,9 +122,7 @@ class OutlookPushTable:
 
     def __init__(self, tenants: Mapping[str, OutlookPushTenant] | None = None) -> None:
         self._tenants: dict[str, OutlookPushTenant] = dict(tenants or {})
-        self.failures = PeerBudgets(
-            FAILED_PUSH_RATE_PER_S, FAILED_PUSH_BURST, MAX_TRACKED_PUSH_PEERS
-        )
+        self.failures = push_failure_budgets()
 
     def replace(self, tenants: Mapping[str, OutlookPushTenant]) -> None:
         self._tenants = dict(tenants)
@@ -244,7 +236,7 @@ class OutlookPush:
         if request.content_type.lower() not in NOTIFICATION_CONTENT_TYPES:
             json_error(415, "unsupported_media_type")
         if not self.table.failures.allows(_failure_key(request, tenant)):
-            _unavailable(429, "rate_limited")
+            answer_retry_later(429, "rate_limited")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         tenant = self.table.get(request.match_info["tenant"])
@@ -261,7 +253,7 @@ class OutlookPush:
                 verdict = await self._record(self.context.pool, tenant, notes)
         except DATABASE_ERRORS as exc:  # TimeoutError included: the deadline above
             log.warning("outlook_push_not_recorded", tenant=tenant.tenant_id, error=describe(exc))
-            _unavailable(503, "unavailable")
+            answer_retry_later(503, "unavailable")
         if verdict.rejected:
             self._reject(request, tenant, verdict)
         log.debug(
@@ -327,7 +319,3 @@ def _answer_validation(tenant: OutlookPushTenant, token: str) -> NoReturn:
 
 def _failure_key(request: web.Request, tenant: OutlookPushTenant) -> tuple[str, str, str]:
     return tenant.tenant_id, "outlook-push", peer_key(request.remote)
-
-
-def _unavailable(status: int, error: str) -> NoReturn:
-    json_error(status, error, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
