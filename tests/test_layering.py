@@ -13,7 +13,9 @@ No database: these tests only read files.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -319,3 +321,32 @@ def test_sql_lives_in_pipeline_or_in_a_doors_tables_module() -> None:
         "SQL outside pipeline/ and the doors' tables.py (move it into a function there)\n"
         + "\n".join(problems)
     )
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """A module imported only because another dependency happens to install it
+    breaks when that one changes its own dependencies: declare what you import."""
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    declared = {
+        _canonical(re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0])
+        for requirement in project["dependencies"]
+    }
+    distributions = importlib.metadata.packages_distributions()
+    problems = []
+    for folder in PACKAGE_DIRS.values():
+        for source in sources(folder):
+            for imp in imports(source):
+                top = imp.targets[0].partition(".")[0]
+                if not top or top == "inboxd" or top in sys.stdlib_module_names:
+                    continue
+                names = {_canonical(d) for d in distributions.get(top, [])}
+                if not names & declared:
+                    problems.append(
+                        f"{_where(source, imp)}  ({top}, from {sorted(names) or '?'}, "
+                        "is not in [project] dependencies)"
+                    )
+    assert not problems, "undeclared imports\n" + "\n".join(problems)
