@@ -73,8 +73,8 @@ KEEPALIVE_PROBES = 4
 USER_TIMEOUT_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
 # LOGOUT at close is a courtesy; never allowed to hold a shutdown.
 LOGOUT_TIMEOUT_S = 3.0
-# TLS contexts kept for reuse: one per distinct (CA file, verify) of the configured
-# mailboxes; past it the least recently used is rebuilt when next needed.
+# TLS contexts kept for reuse: one per distinct (CA files as on disk, verify) of the
+# configured mailboxes; past it the least recently used is rebuilt when next needed.
 TLS_CONTEXTS_KEPT = 64
 
 _FETCH_RE = re.compile(rb"^(\d+) FETCH \(")
@@ -414,15 +414,41 @@ def _tls_context(mailbox: ImapMailbox) -> ssl.SSLContext:
     """One context per trust setting, shared by every connection that uses it: with
     a context of its own, loading the system's CA store, an IDLE connection over
     TLS held 1,174 KB of RSS; sharing one, 352 KB (100 IDLE connections to Dovecot,
-    docs/providers/imap.md). A CA file that changes gets a new context (its mtime
-    is part of the key)."""
+    docs/providers/imap.md). CAs that change on disk get a new context, as when
+    every connection built its own: the key holds the trusted files' identity
+    (`_trust_files`), the system store's too when no `ca_file` is set."""
     ca_file = None if mailbox.ca_file is None else str(mailbox.ca_file)
-    mtime_ns = os.stat(ca_file).st_mtime_ns if ca_file is not None else 0
-    return _shared_tls_context(ca_file, mtime_ns, mailbox.verify_certificate)
+    return _shared_tls_context(ca_file, _trust_files(ca_file), mailbox.verify_certificate)
+
+
+def _trust_files(ca_file: str | None) -> tuple[tuple[str | None, int, int, int], ...]:
+    """(path, mtime, size, inode) of the files a context for `ca_file` loads: the file
+    itself, or the system store OpenSSL finds (SSL_CERT_FILE / SSL_CERT_DIR, else its
+    defaults; update-ca-certificates rewrites them). The size and inode catch a copy
+    that kept the old modification time (`cp -p`, `rsync -t`, tar)."""
+    if ca_file is not None:
+        # a missing ca_file raises FileNotFoundError here, as create_default_context did
+        return (_identity(ca_file, os.stat(ca_file)),)
+    defaults = ssl.get_default_verify_paths()  # None where the file or folder is missing
+    files = []
+    for path in (defaults.cafile, defaults.capath):
+        try:
+            files.append(_identity(path, os.stat(path) if path is not None else None))
+        except FileNotFoundError:  # removed since: nothing of it to load
+            files.append(_identity(path, None))
+    return tuple(files)
+
+
+def _identity(path: str | None, st: os.stat_result | None) -> tuple[str | None, int, int, int]:
+    if st is None:
+        return (path, 0, 0, 0)
+    return (path, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @functools.lru_cache(maxsize=TLS_CONTEXTS_KEPT)
-def _shared_tls_context(ca_file: str | None, _mtime_ns: int, verify: bool) -> ssl.SSLContext:
+def _shared_tls_context(
+    ca_file: str | None, _files: tuple[tuple[str | None, int, int, int], ...], verify: bool
+) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file)
     if not verify:
         context.check_hostname = False
