@@ -144,7 +144,15 @@ class ImapConnection:
     @classmethod
     async def open(cls, mailbox: ImapMailbox) -> ImapConnection:
         where = f"{mailbox.host}:{mailbox.port}"
-        context = _tls_context(mailbox) if mailbox.security != "none" else None
+        try:
+            context = _tls_context(mailbox) if mailbox.security != "none" else None
+        except (OSError, ssl.SSLError) as exc:
+            # a ca_file missing or not PEM: the operator's, like a certificate that
+            # fails verification; escaping the IDLE watch it ended the whole fleet
+            raise ImapCertificateError(
+                f"imap connect {where}: ca_file {str(mailbox.ca_file)!r} cannot be loaded: "
+                f"{_describe(exc)}"
+            ) from exc
         try:
             if mailbox.security == "tls":
                 client = aioimaplib.IMAP4_SSL(
@@ -427,7 +435,7 @@ def _trust_files(ca_file: str | None) -> tuple[tuple[str | None, int, int, int],
     defaults; update-ca-certificates rewrites them). The size and inode catch a copy
     that kept the old modification time (`cp -p`, `rsync -t`, tar)."""
     if ca_file is not None:
-        # a missing ca_file raises FileNotFoundError here, as create_default_context did
+        # a missing ca_file raises FileNotFoundError here (ImapConnection.open says so)
         return (_identity(ca_file, os.stat(ca_file)),)
     defaults = ssl.get_default_verify_paths()  # None where the file or folder is missing
     files = []

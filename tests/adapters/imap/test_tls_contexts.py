@@ -1,17 +1,20 @@
-"""The IMAP door's shared TLS contexts (adapters/imap/client.py `_tls_context`):
-one per trust setting, and a new one once the CAs it trusts change on disk, as
-when every connection built its own."""
+"""The IMAP door's TLS contexts (adapters/imap/client.py `_tls_context`): one per
+trust setting, a new one once the CAs it trusts change on disk, as when every
+connection built its own, and a CA file that cannot be read is the operator's."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 from helpers.keys import make_certificate, rsa_key
 
-from inboxd.adapters.imap.client import _tls_context
+from inboxd.adapters.imap.client import ImapConnection, _tls_context
 from inboxd.adapters.imap.config import ImapMailbox
+from inboxd.adapters.imap.errors import ImapCertificateError
+from inboxd.adapters.imap.source import ImapSource
 
 
 def _mailbox(ca_file: Path | None) -> ImapMailbox:
@@ -58,3 +61,21 @@ def test_system_store_change_is_read_again(tmp_path: Path, monkeypatch: pytest.M
     updated.write_bytes(_certificates(2))
     updated.replace(bundle)
     assert _trusted(_tls_context(_mailbox(None))) == 2
+
+
+async def test_unreadable_ca_file_needs_attention_and_spares_the_watch(tmp_path: Path) -> None:
+    # a ca_file typo (or a CA file mid-rotation) is the operator's: it must not escape
+    # the IDLE watch, which would end the runner's task group and the fleet with it
+    mailbox = ImapMailbox(
+        host="127.0.0.1",
+        username="u",
+        port=1,
+        password=None,
+        ca_file=tmp_path / "missing.pem",
+    )
+    with pytest.raises(ImapCertificateError, match="ca_file"):
+        await ImapConnection.open(mailbox)
+    rang: list[None] = []
+    with anyio.move_on_after(1.0):
+        await ImapSource("t", "m", mailbox).watch(lambda: rang.append(None))
+    assert rang  # a run is asked for, which records the mailbox as needing attention
