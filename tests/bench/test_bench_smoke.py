@@ -403,6 +403,30 @@ def test_extraction(server_dsn: str) -> None:
         assert_no_databases_left(server_dsn, "bench_extraction", pid)
 
 
+def test_fleet(server_dsn: str) -> None:
+    pid, out = run_bench("fleet.py", "--smoke", "--dsn", server_dsn)
+    try:
+        expect_lines(
+            out,
+            r"^  first syncs: all 50 mailboxes have a cursor [\d.]+ s after the start",
+            r"^    polls on time: interval ÷ mean time between a mailbox's claims \([\d.]+ s, "
+            r"[\d,]+ gaps; max [\d.]+ s\) = [\d.]+, i\.e\. [\d,.]+ polls/s",
+            r"^    polls counted in the window: claims [\d,]+ = [\d,.]+/s, history\.list [\d,]+",
+            r"^    lateness of a claim after it fell due: median -?[\d.]+ s",
+            r"^    RSS of the process tree: \d+ MB",
+            r"^    RSS of the process trees: \d+ MB \(a \d+ MB, b \d+ MB\)",
+            r"^    CPU over the window \(% of one core\): daemon [\d.]+ %",
+            r"^    open file handles: [\d,]+ .*PostgreSQL connections \d+",
+            r"^    split of the polls \(sync_page_committed lines in each log\): a [\d,]+",
+            r"^  takeover after SIGKILL of [ab]: (\d+) of the \1 mailboxes it had polled last "
+            r"claimed and synced by the survivor, the last [\d.]+ s after the kill",
+            r"stored 100 messages, 100 copies, dead 0; exit daemon 0",
+            r"stored 100 messages, 100 copies, dead 0; exit a (0|-9), b (0|-9)",
+        )
+    finally:
+        assert_no_databases_left(server_dsn, "bench_fleet", pid)
+
+
 def test_every_script_has_a_smoke_test() -> None:
     """A new benchmark in bench/ gets a test here too (vocabulary.py is data,
     door_run.py the machinery gmail.py and outlook.py share)."""
@@ -417,6 +441,7 @@ def test_every_script_has_a_smoke_test() -> None:
         "outlook.py",
         "ses.py",
         "imap.py",
+        "fleet.py",
     }
     scripts = {p.name for p in BENCH.glob("*.py")} - {"vocabulary.py", "door_run.py"}
     assert scripts == tested, f"bench scripts without a smoke test: {scripts - tested}"
