@@ -254,6 +254,16 @@ class SharedSessions:
 
     def __init__(self) -> None:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+
+    def limiter(
+        self, door: str, make: Callable[[], anyio.CapacityLimiter]
+    ) -> anyio.CapacityLimiter:
+        """The door's bound on requests in flight through its session, made on first use."""
+        limiter = self._limiters.get(door)
+        if limiter is None:
+            limiter = self._limiters[door] = make()
+        return limiter
 
     def session(
         self, door: str, make: Callable[[], aiohttp.ClientSession]

@@ -39,6 +39,7 @@ ids: nothing is silently capped.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -154,10 +155,15 @@ class GmailClient:
         backoff_initial_s: float = BACKOFF_INITIAL_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         rate_limit_hold_s: float = RATE_LIMIT_HOLD_S,
+        connections: anyio.CapacityLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.mailbox = mailbox
         self._session = session
+        # The door's bound on requests in flight to Gmail (one connection each), shared
+        # by the mailboxes of a shared session; taken before a call's deadline starts,
+        # so waiting for a turn is never "no answer within 30 s" (None: unbounded).
+        self._connections = connections or contextlib.nullcontext()
         self._pacer = pacer
         self._tokens = tokens
         self._call_attempts = call_attempts
@@ -325,17 +331,18 @@ class GmailClient:
     ) -> HttpAnswer:
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         try:
-            with anyio.fail_after(CALL_TIMEOUT_S):
-                async with self._session.request(
-                    verb,
-                    url,
-                    params=params,
-                    json=json_body,
-                    headers=headers,
-                    allow_redirects=False,
-                ) as response:
-                    body = await read_capped(response, MAX_JSON_ANSWER_BYTES)
-                    status, answer_headers = response.status, _lowercased(response.headers)
+            async with self._connections:
+                with anyio.fail_after(CALL_TIMEOUT_S):
+                    async with self._session.request(
+                        verb,
+                        url,
+                        params=params,
+                        json=json_body,
+                        headers=headers,
+                        allow_redirects=False,
+                    ) as response:
+                        body = await read_capped(response, MAX_JSON_ANSWER_BYTES)
+                        status, answer_headers = response.status, _lowercased(response.headers)
         except TimeoutError as exc:
             raise GmailUnavailable(f"{verb} {url}: no answer within {CALL_TIMEOUT_S:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -361,12 +368,13 @@ class GmailClient:
         content_type, body = encode_batch(calls)
         headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
         try:
-            with anyio.fail_after(BATCH_TIMEOUT_S):
-                async with self._session.post(
-                    self._batch_url, data=body, headers=headers, allow_redirects=False
-                ) as response:
-                    payload = await response.read()
-                    return HttpAnswer(response.status, _lowercased(response.headers), payload)
+            async with self._connections:
+                with anyio.fail_after(BATCH_TIMEOUT_S):
+                    async with self._session.post(
+                        self._batch_url, data=body, headers=headers, allow_redirects=False
+                    ) as response:
+                        payload = await response.read()
+                        return HttpAnswer(response.status, _lowercased(response.headers), payload)
         except TimeoutError as exc:
             raise GmailUnavailable(f"batch: no answer within {BATCH_TIMEOUT_S:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:

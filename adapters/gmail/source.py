@@ -91,9 +91,10 @@ DOWNLOADS_IN_FLIGHT = 2
 # One HTTP client session per source: connections are reused across runs.
 HTTP_TIMEOUT_S = 60.0
 # One connection pool serves every Gmail mailbox of the process (`shared_session`):
-# at most this many connections to one host at once (a sync's batch downloads take
-# one each), so file handles stay bounded whatever the number of mailboxes.
-CONNECTIONS_PER_HOST = 100
+# at most this many requests to Gmail at once, one connection each (a sync keeps two
+# batch downloads in flight), so file handles stay bounded whatever the number of
+# mailboxes. A request waits for its turn before its deadline starts (client.py).
+CONNECTIONS_PER_HOST = 256
 # Idle connections are kept this long: longer than the default 60 s poll interval,
 # so the next poll reuses one instead of a new TLS handshake (aiohttp's default 15 s
 # closed them before every poll, issue 25).
@@ -140,6 +141,7 @@ class GmailSource:
         client_options: Mapping[str, Any] | None = None,
         watch_renew_period_s: float = WATCH_RENEW_PERIOD_S,
         session: aiohttp.ClientSession | None = None,
+        connections: anyio.CapacityLimiter | None = None,
     ) -> None:
         self.tenant_id = tenant_id
         self.mailbox_id = mailbox_id
@@ -151,6 +153,7 @@ class GmailSource:
         # A session lent by the daemon (`shared_session`) is the daemon's to close;
         # without one the source makes its own and closes it in `aclose`.
         self._shared_session = session
+        self._connections = connections  # the bound shared with the session's mailboxes
         self._session: aiohttp.ClientSession | None = None
         self._client: GmailClient | None = None
         # users.watch upkeep (watch.py); None without a topic (the mailbox is polled)
@@ -413,6 +416,7 @@ class GmailSource:
                 self._session,
                 self._pacer,
                 tokens,
+                connections=self._connections,
                 **self._client_options,
             )
         return self._client
@@ -422,11 +426,16 @@ def shared_session() -> aiohttp.ClientSession:
     """The Gmail door's HTTP session: its timeout, its bound per host, its keep-alive
     (adapters/http_fetch.py `SharedSessions` keeps one per process)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=0, limit_per_host=CONNECTIONS_PER_HOST, keepalive_timeout=KEEPALIVE_S
-        ),
+        # no bound here: the door's limiter (`shared_connections`) bounds the requests
+        # before their deadlines start; aiohttp's bound would count the wait in them
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
     )
+
+
+def shared_connections() -> anyio.CapacityLimiter:
+    """The Gmail door's bound on requests in flight, shared like its session."""
+    return anyio.CapacityLimiter(CONNECTIONS_PER_HOST)
 
 
 def _message(entry: object) -> tuple[str, str, list[str]] | None:

@@ -57,7 +57,7 @@ def _maildir(mailbox: MailboxConfig, page_size: int, _deps: SourceDeps) -> Sourc
 def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
     # Pages follow Gmail's own list/history pages (≤ 500 ids), not [workers] batch_size.
     from inboxd.adapters.gmail.config import GmailMailbox, GmailSettings
-    from inboxd.adapters.gmail.source import GmailSource, shared_session
+    from inboxd.adapters.gmail.source import GmailSource, shared_connections, shared_session
 
     tenant, mailbox_id = mailbox.tenant_id, mailbox.mailbox_id
     settings = GmailSettings.from_settings(mailbox.tenant_settings)
@@ -84,7 +84,8 @@ def _gmail(mailbox: MailboxConfig, _page_size: int, deps: SourceDeps) -> Source:
         known,
         record_watch=record_watch,
         units_per_s=settings.quota_units_per_s,
-        session=deps.http.session("gmail", shared_session) if deps.http is not None else None,
+        session=deps.http.session("gmail", shared_session) if deps.http else None,
+        connections=deps.http.limiter("gmail", shared_connections) if deps.http else None,
     )
 
 

@@ -12,7 +12,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
+from helpers.waiting import eventually
 
 from inboxd.adapters.gmail import (
     GMAIL_BATCH_SIZE,
@@ -23,6 +25,7 @@ from inboxd.adapters.gmail import (
     HistoryExpired,
     QuotaPacer,
 )
+from inboxd.adapters.gmail import client as client_module
 from inboxd.adapters.gmail.errors import GmailConfigError
 from inboxd.pipeline.errors import Family, family_of
 
@@ -336,3 +339,27 @@ async def test_per_part_400_is_rejected_for_that_id_only(fake, client: GmailClie
     assert family_of(result.rejected[messages[0].id]) is Family.PERMANENT
     assert set(result.raw) == {m.id for m in messages[1:]}
     assert fake.counters.batch_sizes == [3]  # permanent: not sent again
+
+
+async def test_waiting_for_a_connection_of_the_shared_bound_is_not_the_calls_deadline(
+    fake, http, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The door's mailboxes share a bound on requests in flight (daemon/sync/registry.py);
+    a call that waited for its turn longer than its own deadline still gets its answer
+    instead of "no answer within 30 s", which would blame Gmail for our queue."""
+    monkeypatch.setattr(client_module, "CALL_TIMEOUT_S", 0.5)
+    connections = anyio.CapacityLimiter(1)
+    client = make_client(fake, http, connections=connections, call_attempts=1)
+    answers: list[str] = []
+
+    async def call() -> None:
+        answers.append((await client.get_profile()).history_id)
+
+    holder = object()
+    await connections.acquire_on_behalf_of(holder)  # another mailbox's call in flight
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await eventually(lambda: connections.statistics().tasks_waiting == 1, 10, what="queued")
+        await anyio.sleep(1.0)  # twice the call's deadline, spent waiting for a turn
+        connections.release_on_behalf_of(holder)
+    assert len(answers) == 1
