@@ -353,9 +353,7 @@ SELECT tenant_id, source,
 """
 
 
-async def delivery_status(
-    conn: asyncpg.Connection, tenant_id: str | None
-) -> list[dict[str, Any]]:
+async def delivery_status(conn: asyncpg.Connection, tenant_id: str | None) -> list[dict[str, Any]]:
     """Per tenant and source, what the worker has: pending, applied and dead events,
     the oldest pending one's arrival and the newest dead one's error (`inboxd
     delivery status`); every tenant when `tenant_id` is None."""
