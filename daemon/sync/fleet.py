@@ -43,6 +43,9 @@ Key = tuple[str, str]
 MAILBOX_STARTS_AT_ONCE = 32
 # A removed mailbox's provider clean-up (users.stop) gets this long during a reload.
 FORGET_DEADLINE_S = 10.0
+# Closing the doors' shared HTTP sessions at stop: aiohttp closes its connections at
+# once; the bound is for a peer that never answers a TLS close.
+SESSIONS_CLOSE_DEADLINE_S = 5.0
 # Sync modes the scanner considers: poll on poll_interval_s, auto when push has been
 # quiet, push for its daily safety sync (pipeline/mailbox/scheduling.py claim_due).
 POLLED_MODES = ("poll", "auto", "push")
@@ -104,7 +107,9 @@ class MailboxFleet:
                 await anyio.sleep_forever()
         finally:
             self._tg = None
-            with anyio.CancelScope(shield=True):  # the runners are gone: nothing uses them
+            # the runners are gone: nothing uses the sessions; closing is quick, but a
+            # stop must not wait on it without a bound (CONTRIBUTING.md rule 6)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SESSIONS_CLOSE_DEADLINE_S):
                 await self.http.aclose()
 
     def ring(self, key: Key) -> None:
