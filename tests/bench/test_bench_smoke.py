@@ -412,7 +412,8 @@ def test_fleet(server_dsn: str) -> None:
             r"^    polls on time: interval ÷ mean time between a mailbox's claims \([\d.]+ s, "
             r"[\d,]+ gaps; max [\d.]+ s\) = [\d.]+, i\.e\. [\d,.]+ polls/s",
             r"^    polls counted in the window: claims [\d,]+ = [\d,.]+/s, history\.list [\d,]+",
-            r"^    lateness of a claim after it fell due: median -?[\d.]+ s",
+            r"^    a mailbox's period = interval \+ the claim's lateness after it fell due "
+            r"\(mean -?[\d.]+ s: .*\+ claim → clean sync \(mean [\d.]+ s",
             r"^    RSS of the process tree: \d+ MB",
             r"^    RSS of the process trees: \d+ MB \(a \d+ MB, b \d+ MB\)",
             r"^    CPU over the window \(% of one core\): daemon [\d.]+ %",
