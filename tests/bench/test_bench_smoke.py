@@ -408,7 +408,7 @@ def test_fleet(server_dsn: str) -> None:
     try:
         expect_lines(
             out,
-            r"^  first syncs: all 50 mailboxes have a cursor [\d.]+ s after the start",
+            r"^  first syncs: all 50 mailboxes synced cleanly [\d.]+ s after the start",
             r"^    polls on time: interval ÷ mean time between a mailbox's claims \([\d.]+ s, "
             r"[\d,]+ gaps; max [\d.]+ s\) = [\d.]+, i\.e\. [\d,.]+ polls/s",
             r"^    polls counted in the window: claims [\d,]+ = [\d,.]+/s, history\.list [\d,]+",
