@@ -789,6 +789,8 @@ def describe(res: Scenario, args: Any) -> list[str]:
     lines = [
         f"  first syncs: all {res.n:,} mailboxes synced cleanly {res.first_sync_s:.1f} s after the "
         f"start ({res.first_sync_from_ready_s:.1f} s after daemon_ready at {res.ready_s:.1f} s)"
+        if math.isfinite(res.first_sync_s)
+        else f"  first syncs: NOT all {res.n:,} mailboxes synced cleanly (see the problems)"
     ]
     if not finite_positive(st.wall_s):
         return lines + [f"  PROBLEM: {p}" for p in res.problems]
