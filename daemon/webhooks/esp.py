@@ -157,8 +157,14 @@ class HookTable:
         failures: PeerBudgets | None = None,
     ) -> None:
         self._sources: dict[tuple[str, str], DeliveryHook] = dict(sources or {})
-        self.failures = failures or PeerBudgets(
-            FAILED_VERIFICATION_RATE_PER_S, FAILED_VERIFICATION_BURST, MAX_TRACKED_PEERS
+        # `is None`, not `or`: an empty PeerBudgets is falsy (it has a length), so the
+        # budgets a caller passed were replaced by the default ones
+        self.failures = (
+            failures
+            if failures is not None
+            else PeerBudgets(
+                FAILED_VERIFICATION_RATE_PER_S, FAILED_VERIFICATION_BURST, MAX_TRACKED_PEERS
+            )
         )
 
     def replace(self, sources: Mapping[tuple[str, str], DeliveryHook]) -> None:

@@ -817,3 +817,11 @@ async def test_forwarded_addresses_count_only_from_a_trusted_proxy(pool, db_dsn,
             assert await forged(200 + n, f"192.0.2.{n + 1}", FLOOD_PEER) == 401
         assert await forged(299, "192.0.2.250", FLOOD_PEER) == 429
     assert len(await stored(pool)) == 1
+
+
+def test_the_failure_budgets_a_table_is_given_are_the_ones_it_uses() -> None:
+    # An empty PeerBudgets has a length of 0: `failures or default` swapped the
+    # caller's budgets for the default, refilling ones (and a test's burst_only()
+    # budget refilled under load, so its 21st forged request got 401, not 429).
+    given = burst_only()
+    assert HookTable({}, failures=given).failures is given
