@@ -13,7 +13,8 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Generic, TypeVar
 
 __all__ = ["IPV6_PEER_PREFIX", "PeerBudgets", "RateLimiter", "peer_key"]
 
@@ -21,6 +22,9 @@ __all__ = ["IPV6_PEER_PREFIX", "PeerBudgets", "RateLimiter", "peer_key"]
 #: given a whole /64 (RFC 6177, RFC 7421), so an address per request would
 #: otherwise be a fresh budget per request.
 IPV6_PEER_PREFIX = 64
+
+
+T = TypeVar("T")
 
 
 class RateLimiter:
@@ -125,3 +129,18 @@ MAX_TRACKED_PUSH_PEERS = 10_000
 def push_failure_budgets() -> PeerBudgets:
     """Every push route's per-peer budget of failed requests."""
     return PeerBudgets(PUSH_FAILURES_PER_S, PUSH_FAILURE_BURST, MAX_TRACKED_PUSH_PEERS)
+
+
+class PushTable(Generic[T]):
+    """tenant → what a push route needs of it, with the route's per-peer failure
+    budgets; `replace` swaps the tenants whole on SIGHUP (the budgets stay)."""
+
+    def __init__(self, tenants: Mapping[str, T] | None = None) -> None:
+        self._tenants: dict[str, T] = dict(tenants or {})
+        self.failures = push_failure_budgets()
+
+    def replace(self, tenants: Mapping[str, T]) -> None:
+        self._tenants = dict(tenants)
+
+    def get(self, tenant_id: str) -> T | None:
+        return self._tenants.get(tenant_id)

@@ -45,7 +45,7 @@ from inboxd.adapters.gmail.push import (
     PushVerifier,
     parse_push_body,
 )
-from inboxd.adapters.webhook_budgets import peer_key, push_failure_budgets
+from inboxd.adapters.webhook_budgets import PushTable, peer_key
 from inboxd.adapters.webhook_routes import RouteContext, answer_retry_later, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
@@ -72,18 +72,8 @@ class GmailPushTenant:
         return self.mailboxes.get(address.strip().lower())
 
 
-class GmailPushTable:
+class GmailPushTable(PushTable[GmailPushTenant]):
     """tenant → GmailPushTenant; `replace` swaps it whole on SIGHUP."""
-
-    def __init__(self, tenants: Mapping[str, GmailPushTenant] | None = None) -> None:
-        self._tenants: dict[str, GmailPushTenant] = dict(tenants or {})
-        self.failures = push_failure_budgets()
-
-    def replace(self, tenants: Mapping[str, GmailPushTenant]) -> None:
-        self._tenants = dict(tenants)
-
-    def get(self, tenant_id: str) -> GmailPushTenant | None:
-        return self._tenants.get(tenant_id)
 
 
 class GmailPush:

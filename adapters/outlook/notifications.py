@@ -69,7 +69,7 @@ import structlog
 from aiohttp import web
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
-from inboxd.adapters.webhook_budgets import peer_key, push_failure_budgets
+from inboxd.adapters.webhook_budgets import PushTable, peer_key
 from inboxd.adapters.webhook_routes import RouteContext, answer_retry_later, json_error
 from inboxd.pipeline.errors import DATABASE_ERRORS, describe
 from inboxd.pipeline.mailbox import scheduling
@@ -117,18 +117,8 @@ class OutlookPushTenant:
     mailboxes: frozenset[str] = frozenset()
 
 
-class OutlookPushTable:
+class OutlookPushTable(PushTable[OutlookPushTenant]):
     """tenant → OutlookPushTenant; `replace` swaps it whole on SIGHUP."""
-
-    def __init__(self, tenants: Mapping[str, OutlookPushTenant] | None = None) -> None:
-        self._tenants: dict[str, OutlookPushTenant] = dict(tenants or {})
-        self.failures = push_failure_budgets()
-
-    def replace(self, tenants: Mapping[str, OutlookPushTenant]) -> None:
-        self._tenants = dict(tenants)
-
-    def get(self, tenant_id: str) -> OutlookPushTenant | None:
-        return self._tenants.get(tenant_id)
 
 
 class MalformedNotifications(ValueError):
