@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncpg
 import orjson
+from helpers.db import extraction_jobs
 
 from inboxd.adapters.extraction import ProcessorConfig, parse_processor
 from inboxd.daemon.config.tenant import TenantConfig
@@ -107,12 +109,13 @@ async def ingest_raws(
     return [(r.outcome, r.message_id) for r in results]
 
 
-async def jobs(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    return await pool.fetch(
-        "SELECT job_id, processor_id, message_id, state, result, attempts, review_reason, "
-        "lease_owner FROM extraction_jobs WHERE tenant_id = $1 ORDER BY job_id",
-        T,
-    )
+#: `await jobs(pool)`: tenant T's jobs, oldest first, as the stage tests read them.
+jobs = partial(
+    extraction_jobs,
+    columns="job_id, processor_id, message_id, state, result, attempts, review_reason, lease_owner",
+    order_by="job_id",
+    tenant=T,
+)
 
 
 async def completed_events(pool: asyncpg.Pool) -> list[dict]:

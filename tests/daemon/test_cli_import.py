@@ -23,6 +23,7 @@ import asyncpg
 import orjson
 import pytest
 from helpers import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, run_cli_async
+from helpers.db import rows_in
 
 # Nothing listens on port 1 (tcpmux, never served here): connection refused.
 DEAD_DSN = "postgresql://postgres@127.0.0.1:1/x"
@@ -83,14 +84,6 @@ def mime(corpus: Path) -> Path:
     return corpus / "mime"
 
 
-async def count(dsn: str, table: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetchval(f"SELECT count(*) FROM {table}")
-    finally:
-        await conn.close()
-
-
 def _copy(src: Path, dst: Path) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
@@ -138,7 +131,7 @@ async def test_import_directory_then_rerun_is_all_duplicates(
     assert summary["skipped"] == [str(top / "SOURCE.md")]
     assert summary["dead"] == []
     assert summary["elapsed_s"] > 0
-    assert await count(db_dsn, "messages") == 6
+    assert await rows_in(db_dsn, "messages") == 6
 
     second = await inboxd(
         "import",
@@ -155,7 +148,7 @@ async def test_import_directory_then_rerun_is_all_duplicates(
 
     assert second.code == 0, second.stderr
     assert second.json["outcomes"] == outcomes(duplicate=6)
-    assert await count(db_dsn, "messages") == 6
+    assert await rows_in(db_dsn, "messages") == 6
 
 
 async def test_small_messages_live_in_the_database_and_large_ones_in_files(
@@ -236,7 +229,7 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
 
     assert result.code == 0, result.stderr
     assert result.json["outcomes"] == outcomes(new=3)
-    assert await count(db_dsn, "messages") == 3
+    assert await rows_in(db_dsn, "messages") == 3
     assert any(objects.rglob("*")), "raw bytes go to the configured object store"
 
     # The mbox gave back each message byte for byte: the same files as .eml are the
@@ -260,7 +253,7 @@ async def test_mbox_file(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> Non
     )
 
     assert again.json["outcomes"] == outcomes(duplicate=3)
-    assert await count(db_dsn, "messages") == 3
+    assert await rows_in(db_dsn, "messages") == 3
 
 
 async def test_maildir(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
@@ -288,7 +281,7 @@ async def test_maildir(inboxd, db_dsn: str, mime: Path, tmp_path: Path) -> None:
     assert result.code == 0, result.stderr
     assert result.json["outcomes"] == outcomes(new=3)
     assert result.json["skipped_files"] == 0
-    assert await count(db_dsn, "messages") == 3
+    assert await rows_in(db_dsn, "messages") == 3
 
 
 async def test_not_mail_is_a_dead_item_and_exit_0(
@@ -317,8 +310,8 @@ async def test_not_mail_is_a_dead_item_and_exit_0(
     [dead] = result.json["dead"]
     assert dead["source"] == str(blob)
     assert "NUL" in dead["reason"]
-    assert await count(db_dsn, "dead_items") == 1
-    assert await count(db_dsn, "messages") == 1
+    assert await rows_in(db_dsn, "dead_items") == 1
+    assert await rows_in(db_dsn, "messages") == 1
 
     human = await inboxd(
         "import", "--create", "--dsn", db_dsn, "--tenant", "acme", "--mailbox", "inbox", blob
@@ -347,8 +340,8 @@ async def test_missing_path_writes_nothing(inboxd, db_dsn: str, mime: Path, tmp_
     assert result.code == 1
     assert result.stderr.splitlines() == [f"inboxd: error: {missing}: no such file or directory"]
     assert result.stdout == ""
-    assert await count(db_dsn, "messages") == 0
-    assert await count(db_dsn, "tenants") == 0
+    assert await rows_in(db_dsn, "messages") == 0
+    assert await rows_in(db_dsn, "tenants") == 0
 
 
 async def test_database_down(inboxd, mime: Path, tmp_path: Path) -> None:
@@ -396,7 +389,7 @@ async def test_invalid_ids_are_usage_errors(
     assert result.code == 2
     [line] = result.stderr.splitlines()
     assert line.startswith(f"inboxd: error: invalid {option[2:]} id ")
-    assert await count(db_dsn, "tenants") == 0
+    assert await rows_in(db_dsn, "tenants") == 0
 
 
 async def test_usage_error_is_one_line(inboxd) -> None:
@@ -493,7 +486,7 @@ async def test_signal_stops_after_a_whole_batch(
     assert 0 < done < total
     assert done % IMPORT_BATCH_SIZE == 0, "never half a batch"
     assert summary["outcomes"] == outcomes(new=done)
-    assert await count(db_dsn, "messages") == done
+    assert await rows_in(db_dsn, "messages") == done
     assert b"inboxd: interrupted" in stderr
 
 
@@ -538,7 +531,7 @@ async def test_files_that_change_under_the_import(
     assert summary["skipped"] == [str(gone)]
     assert summary["files"] == len(paths) - 1
     assert summary["error"].startswith(f"{broken}: ")
-    assert await count(db_dsn, "messages") == stored, "what was read before it is stored"
+    assert await rows_in(db_dsn, "messages") == stored, "what was read before it is stored"
     assert f"inboxd: error: {broken}: ".encode() in stderr
     assert b'"import_file_vanished"' in stderr
 
@@ -555,7 +548,7 @@ async def test_migrate_twice(inboxd, empty_db: str) -> None:
     assert second.code == 0, second.stderr
     assert second.json["status"] == "ok"
     assert second.json["dsn_source"] == "cli"
-    assert await count(empty_db, "messages") == 0
+    assert await rows_in(empty_db, "messages") == 0
 
 
 async def test_import_applies_the_schema_itself(
@@ -577,7 +570,7 @@ async def test_import_applies_the_schema_itself(
     )
 
     assert result.code == 0, result.stderr
-    assert await count(empty_db, "messages") == 1
+    assert await rows_in(empty_db, "messages") == 1
 
 
 async def test_migrate_database_down(inboxd) -> None:
@@ -655,7 +648,7 @@ async def test_database_lost_midway_then_rerun_completes(
     assert "re-running the same command is safe" in error
 
     dsn = (await anyio.to_thread.run_sync(lambda: ensure_embedded(data, environ=pg_env))).dsn
-    assert await count(dsn, "messages") == committed
+    assert await rows_in(dsn, "messages") == committed
     rerun = await run_cli_async(
         *bulk_import_command(dsn, archive)[1:],
         env=env,
@@ -665,7 +658,7 @@ async def test_database_lost_midway_then_rerun_completes(
 
     assert rerun.code == 0, rerun.stderr
     assert rerun.json["outcomes"] == outcomes(new=total - committed, duplicate=committed)
-    assert await count(dsn, "messages") == total
+    assert await rows_in(dsn, "messages") == total
 
 
 async def test_import_into_a_mailbox_nobody_defined_is_refused_without_create(
@@ -680,7 +673,7 @@ async def test_import_into_a_mailbox_nobody_defined_is_refused_without_create(
         refused.stderr
     )
     assert "--create" in refused.stderr
-    assert await count(db_dsn, "mailboxes") == 0 and await count(db_dsn, "messages") == 0
+    assert await rows_in(db_dsn, "mailboxes") == 0 and await rows_in(db_dsn, "messages") == 0
 
     # a mailbox the configuration names needs no --create
     (tmp_path / "tenants").mkdir()

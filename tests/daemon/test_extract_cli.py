@@ -9,6 +9,7 @@ is held inside its first batch by a row lock the test owns, not by timing.
 from __future__ import annotations
 
 import signal
+from functools import partial
 from pathlib import Path
 from textwrap import dedent
 
@@ -17,6 +18,7 @@ import asyncpg
 import orjson
 import pytest
 from helpers import CLI_TIMEOUT_S, CliResult, cli_argv, cli_env, eventually, run_cli_async
+from helpers.db import extraction_jobs
 from helpers.mail import store_mail
 
 from inboxd.daemon.commands.extract_backfill import BACKFILL_BATCH_SIZE
@@ -81,12 +83,12 @@ async def inbox(make_mailbox) -> None:
     await make_mailbox(T, "inbox")
 
 
-async def jobs(pool: asyncpg.Pool) -> list[tuple[object, ...]]:
-    rows = await pool.fetch(
-        "SELECT message_id, processor_id, schema_version, state FROM extraction_jobs "
-        "ORDER BY message_id"
-    )
-    return [tuple(r) for r in rows]
+#: `await jobs(pool)`: (message, processor, schema_version, state) of every job.
+jobs = partial(
+    extraction_jobs,
+    columns="message_id, processor_id, schema_version, state",
+    order_by="message_id",
+)
 
 
 # --- backfill ------------------------------------------------------------------------------

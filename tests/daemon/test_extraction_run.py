@@ -8,6 +8,7 @@ The parse API is FakeParseApi, served by this test's event loop on 127.0.0.1.
 from __future__ import annotations
 
 import signal
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +18,7 @@ import pytest
 from fakes.parse_api import Answer, FakeParseApi
 from harness import DaemonProcess, deliver, maildir, write_config
 from helpers import run_cli_async
+from helpers.db import extraction_jobs, fetch
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -64,20 +66,12 @@ def order_mail(i: int) -> bytes:
     ).encode()
 
 
-async def fetch(dsn: str, sql: str, *args) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
-
-
-async def jobs(dsn: str) -> list[asyncpg.Record]:
-    return await fetch(
-        dsn,
-        "SELECT job_id, state, result, lease_owner, attempts, lease_expires_at < now() AS expired "
-        "FROM extraction_jobs ORDER BY job_id",
-    )
+#: `await jobs(db_dsn)`: every job, oldest first, with whether its lease has expired.
+jobs = partial(
+    extraction_jobs,
+    columns="job_id, state, result, lease_owner, attempts, lease_expires_at < now() AS expired",
+    order_by="job_id",
+)
 
 
 async def results(dsn: str) -> list[dict]:

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
+from helpers.db import rows_in
 from helpers.esp_signing import (
     SendGridSigner,
     SnsSigner,
@@ -90,11 +91,6 @@ async def all_schemes(
         yield served, sendgrid, sns
 
 
-async def count(pool: asyncpg.Pool) -> int:
-    async with pool.acquire() as conn:
-        return await conn.fetchval("SELECT count(*) FROM delivery_events")
-
-
 def resend(created_at: Any = "2026-11-30T09:00:00Z", **data: Any) -> bytes:
     return json.dumps(
         {"type": "email.delivered", "created_at": created_at, "data": {"to": ["a@x.org"], **data}}
@@ -161,7 +157,7 @@ async def test_standard_webhooks_bad_input_is_refused_and_stores_nothing(
         status = 401
     async with all_schemes(pool, db_dsn, store) as (served, _, _):
         assert (await post(served, "sw", body, headers))[0] == status
-    assert await count(pool) == 0
+    assert await rows_in(pool, "delivery_events") == 0
 
 
 @pytest.mark.parametrize(
@@ -217,7 +213,7 @@ async def test_sendgrid_repeated_headers_are_refused(pool, db_dsn, store) -> Non
             headers = CIMultiDict(sendgrid.headers(body))
             headers.add(name, headers[name])
             assert (await post(served, "sg", body, headers))[0] == 401
-    assert await count(pool) == 0
+    assert await rows_in(pool, "delivery_events") == 0
 
 
 @pytest.mark.parametrize(
@@ -241,7 +237,7 @@ async def test_postmark_bad_input_is_400_and_stores_nothing(
         headers = CIMultiDict(postmark_headers())
         headers.add("authorization", headers["authorization"])
         assert (await post(served, "pm", postmark(), headers))[0] == 401
-    assert await count(pool) == 0
+    assert await rows_in(pool, "delivery_events") == 0
 
 
 @pytest.mark.parametrize(
@@ -257,7 +253,7 @@ async def test_mailgun_bad_input_is_400_and_stores_nothing(
         assert (await post(served, "mg", body, CIMultiDict({"content-type": "application/json"})))[
             0
         ] == 400
-    assert await count(pool) == 0
+    assert await rows_in(pool, "delivery_events") == 0
 
 
 @pytest.mark.parametrize(
@@ -281,7 +277,7 @@ async def test_ses_bad_input_is_400_and_stores_nothing(
         assert (await post(served, "ses", body, CIMultiDict({"content-type": "text/plain"})))[
             0
         ] == 400
-    assert await count(pool) == 0
+    assert await rows_in(pool, "delivery_events") == 0
 
 
 @pytest.mark.parametrize(
@@ -363,11 +359,11 @@ anything = st.one_of(json_value, body_text, iso_time, unix_time)
 async def check_answer(
     pool: asyncpg.Pool, served: Served, source: str, body: bytes, headers
 ) -> None:
-    before = await count(pool)
+    before = await rows_in(pool, "delivery_events")
     status, answer = await post(served, source, body, CIMultiDict(headers))
     assert 200 <= status < 500, (status, answer)
     if status >= 400:
-        assert await count(pool) == before, answer
+        assert await rows_in(pool, "delivery_events") == before, answer
 
 
 @PROPERTY
@@ -408,13 +404,13 @@ sg_fields = st.dictionaries(
 async def test_sendgrid_never_5xx_and_keeps_every_event(pool, db_dsn, store, events) -> None:
     batch = [{**sg_event(i, event=kind), **fields} for i, (kind, fields) in enumerate(events)]
     body = json.dumps(batch).encode()
-    before = await count(pool)  # examples share the test's database
+    before = await rows_in(pool, "delivery_events")  # examples share the test's database
     async with all_schemes(pool, db_dsn, store) as (served, sendgrid, _):
         status, answer = await post(served, "sg", body, CIMultiDict(sendgrid.headers(body)))
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:  # a lone surrogate escape: not Unicode, so not JSON text
-        assert (status, await count(pool)) == (400, before), answer
+        assert (status, await rows_in(pool, "delivery_events")) == (400, before), answer
         return
     assert status == 200, answer  # a batch of objects is always taken, bad events kept safe
     assert answer["stored"] + answer["duplicates"] == len(batch)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import asyncpg
 import pytest
 from harness import DaemonProcess, deliver, generated_messages, maildir, write_config
 from helpers import run_cli_async
+from helpers.db import count
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -19,14 +19,6 @@ pytestmark = [
 
 # An Outlook .msg (CFB) file saved as .eml: not RFC 5322 mail, so a dead item.
 NOT_MAIL = Path(__file__).parents[1] / "corpus/mime/spamscope-mail-parser/mail_outlook_1.eml"
-
-
-async def _count(dsn: str, sql: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return int(await conn.fetchval(sql))
-    finally:
-        await conn.close()
 
 
 async def test_a_dead_item_is_logged_with_its_reason_and_counted_in_status(
@@ -39,7 +31,7 @@ async def test_a_dead_item_is_logged_with_its_reason_and_counted_in_status(
     try:
         daemon.wait_ready()
         await daemon.eventually(
-            lambda: _count(db_dsn, "SELECT count(*) FROM dead_items"), 60, what="a dead item"
+            lambda: count(db_dsn, "SELECT count(*) FROM dead_items"), 60, what="a dead item"
         )
         logged = await daemon.eventually(
             lambda: [e for e in daemon.events() if e.get("event") == "dead_item"],

@@ -15,6 +15,7 @@ import anyio
 import asyncpg
 import pytest
 from harness import DaemonProcess, deliver, generated_messages, maildir, write_config
+from helpers.db import count
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -26,14 +27,6 @@ pytestmark = [
 TERMINATE_EVERY_S = 0.2
 TERMINATE_FOR_S = 15.0
 BACKFILL_MESSAGES = 3000
-
-
-async def _count(dsn: str, sql: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return int(await conn.fetchval(sql))
-    finally:
-        await conn.close()
 
 
 async def _terminate_backends(dsn: str, daemon: DaemonProcess) -> int:
@@ -76,7 +69,7 @@ async def test_terminating_every_backend_for_15_s_mid_backfill_loses_and_doubles
     try:
         port = daemon.wait_ready()
         await daemon.eventually(
-            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            lambda: count(db_dsn, "SELECT count(*) FROM messages"),
             60,
             what="the backfill started",
         )
@@ -85,7 +78,7 @@ async def test_terminating_every_backend_for_15_s_mid_backfill_loses_and_doubles
         assert terminated > 0
 
         await daemon.eventually(
-            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            lambda: count(db_dsn, "SELECT count(*) FROM messages"),
             180,
             what=f"{BACKFILL_MESSAGES} messages after the database came back",
             until=lambda got: got == BACKFILL_MESSAGES,
@@ -93,9 +86,9 @@ async def test_terminating_every_backend_for_15_s_mid_backfill_loses_and_doubles
         await daemon.eventually(
             lambda: _moved_all(box, BACKFILL_MESSAGES), 60, what="every file moved to cur/"
         )
-        assert await _count(db_dsn, "SELECT count(*) FROM message_copies") == BACKFILL_MESSAGES
+        assert await count(db_dsn, "SELECT count(*) FROM message_copies") == BACKFILL_MESSAGES
         assert (
-            await _count(db_dsn, "SELECT count(DISTINCT message_id_norm) FROM messages")
+            await count(db_dsn, "SELECT count(DISTINCT message_id_norm) FROM messages")
             == BACKFILL_MESSAGES
         )
         await daemon.eventually(
@@ -156,7 +149,7 @@ async def test_a_restart_after_sigkill_takes_its_mailboxes_back_within_seconds(
     try:
         first.wait_ready()
         await first.eventually(
-            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            lambda: count(db_dsn, "SELECT count(*) FROM messages"),
             60,
             what="the backfill started",
         )
@@ -164,13 +157,13 @@ async def test_a_restart_after_sigkill_takes_its_mailboxes_back_within_seconds(
         first.proc.kill()  # SIGKILL: no lease release, no goodbye
         first.wait_exit(10)
     held = "SELECT count(*) FROM mailboxes WHERE lease_expires_at > now() + interval '200 s'"
-    assert await _count(db_dsn, held) == 1  # the dead process's lease is still unexpired
+    assert await count(db_dsn, held) == 1  # the dead process's lease is still unexpired
 
     second = DaemonProcess(config, db_dsn, tmp_path / "second.log")
     try:
         second.wait_ready()
         await second.eventually(
-            lambda: _count(db_dsn, "SELECT count(*) FROM messages"),
+            lambda: count(db_dsn, "SELECT count(*) FROM messages"),
             120,
             what=f"{BACKFILL_MESSAGES} messages, long before the old lease expires",
             until=lambda got: got == BACKFILL_MESSAGES,
@@ -178,7 +171,7 @@ async def test_a_restart_after_sigkill_takes_its_mailboxes_back_within_seconds(
         await second.eventually(
             lambda: _moved_all(box, BACKFILL_MESSAGES), 60, what="every file moved to cur/"
         )
-        assert await _count(db_dsn, "SELECT count(*) FROM message_copies") == BACKFILL_MESSAGES
+        assert await count(db_dsn, "SELECT count(*) FROM message_copies") == BACKFILL_MESSAGES
     finally:
         second.signal(signal.SIGTERM)
         assert second.wait_exit(60) == 0, second.log_tail()

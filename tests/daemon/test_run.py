@@ -26,6 +26,7 @@ from harness import (
     write_tenant,
 )
 from helpers import run_cli, run_cli_async
+from helpers.db import count, value
 
 # Real `inboxd run` processes (make test-fast skips them).
 pytestmark = [
@@ -33,14 +34,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
 ]
-
-
-async def count(dsn: str, sql: str, *args) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetchval(sql, *args)
-    finally:
-        await conn.close()
 
 
 async def wait_rows(
@@ -360,7 +353,7 @@ async def test_vanished_maildir_marks_the_mailbox_for_attention_and_the_rest_run
         )
 
         await daemon.eventually(
-            lambda: count(db_dsn, state_sql),
+            lambda: value(db_dsn, state_sql),
             30,
             what="mailbox 'gone' in sync_state needs_attention",
             until=lambda state: state == "needs_attention",
@@ -503,7 +496,7 @@ async def test_a_store_failure_at_run_time_names_the_os_error_and_path(tmp_path,
         big = generated_messages(1, tag="big")[0] + b"x" * 100_000 + b"\r\n"
         deliver(box, [big])
         error = await daemon.eventually(
-            lambda: count(db_dsn, "SELECT last_error FROM mailboxes WHERE mailbox_id = 'inbox'"),
+            lambda: value(db_dsn, "SELECT last_error FROM mailboxes WHERE mailbox_id = 'inbox'"),
             30,
             what="the store failure in the mailbox's last error",
         )

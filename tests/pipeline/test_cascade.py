@@ -6,9 +6,9 @@ import hashlib
 from datetime import timedelta
 
 import anyio
-import asyncpg
 import pytest
 from factories import T0, CountingStore, message
+from helpers.db import count
 
 from inboxd.pipeline.copies import settled_copies
 from inboxd.pipeline.ingest.stage import IngestBatch, IngestStage
@@ -24,11 +24,6 @@ async def inbox(make_mailbox) -> tuple[str, str]:
 async def ingest(stage: IngestStage, *items, backfill: bool = False) -> list[Outcome]:
     results = await stage.ingest(IngestBatch("acme", "inbox", list(items), backfill=backfill))
     return [r.outcome for r in results]
-
-
-async def count(pool: asyncpg.Pool, sql: str, *args) -> int:
-    async with pool.acquire() as conn:
-        return await conn.fetchval(sql, *args)
 
 
 async def test_reused_message_id_with_other_content_is_a_conflict_not_a_merge(

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import asyncpg
 import pytest
 from factories import message
+from helpers.db import extraction_jobs
 
 from inboxd.pipeline.extraction import claims
 from inboxd.pipeline.extraction.backfill import (
@@ -62,12 +65,12 @@ async def backfill_all(
     return report, batches
 
 
-async def jobs(pool: asyncpg.Pool) -> list[tuple[object, ...]]:
-    rows = await pool.fetch(
-        "SELECT message_id, processor_id, schema_version, state FROM extraction_jobs "
-        "ORDER BY message_id, schema_version"
-    )
-    return [tuple(r) for r in rows]
+#: `await jobs(pool)`: (message, processor, schema_version, state) of every job.
+jobs = partial(
+    extraction_jobs,
+    columns="message_id, processor_id, schema_version, state",
+    order_by="message_id, schema_version",
+)
 
 
 async def test_backfill_queues_what_the_filter_takes_batch_by_batch(pool, stage, mailboxes) -> None:

@@ -8,12 +8,14 @@ matches_fields → enqueue), as daemon/extraction/feeder.py runs them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 from factories import message
+from helpers.db import extraction_jobs
 from helpers.plans import plan_nodes
 
 from inboxd.adapters.extraction import ProcessorConfig, matches_fields, parse_processor
@@ -87,11 +89,8 @@ async def feed(
     return results
 
 
-async def jobs(pool: asyncpg.Pool) -> list[tuple[str, int, str]]:
-    rows = await pool.fetch(
-        "SELECT processor_id, message_id, state FROM extraction_jobs ORDER BY processor_id"
-    )
-    return [tuple(r) for r in rows]
+#: `await jobs(pool)`: (processor, message, state) of every job.
+jobs = partial(extraction_jobs, columns="processor_id, message_id, state", order_by="processor_id")
 
 
 async def inbox_rows(pool: asyncpg.Pool) -> list[tuple[str, int]]:

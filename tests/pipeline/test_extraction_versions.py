@@ -4,9 +4,11 @@ wrong label and never left behind (pipeline/extraction/versions.py)."""
 
 from __future__ import annotations
 
-import asyncpg
+from functools import partial
+
 import pytest
 from factories import message
+from helpers.db import extraction_jobs
 
 from inboxd.pipeline.extraction import claims, results
 from inboxd.pipeline.extraction.enqueue import enqueue
@@ -31,14 +33,13 @@ async def new_messages(stage: IngestStage, n: int) -> list[int]:
     return [r.message_id for r in results]
 
 
-async def jobs(pool: asyncpg.Pool) -> list[tuple[int, str, str, int]]:
-    """(message, schema_version, state, attempts) of every job."""
-    rows = await pool.fetch(
-        "SELECT message_id, schema_version, state, attempts FROM extraction_jobs "
-        "WHERE tenant_id = $1 ORDER BY message_id, schema_version",
-        T,
-    )
-    return [tuple(r) for r in rows]
+#: `await jobs(pool)`: (message, schema_version, state, attempts) of every job of T.
+jobs = partial(
+    extraction_jobs,
+    columns="message_id, schema_version, state, attempts",
+    order_by="message_id, schema_version",
+    tenant=T,
+)
 
 
 async def test_a_runner_claims_only_the_jobs_of_its_schema_version(pool, stage, inbox) -> None:

@@ -9,6 +9,7 @@ import anyio
 import asyncpg
 import pytest
 from delivery_helpers import POLICY, event, store_events, wait_until
+from helpers.db import rows_in
 
 from inboxd.pipeline.delivery.intake import (
     DeliveryIntake,
@@ -20,17 +21,12 @@ from inboxd.pipeline.delivery.model import DeliveryEvent, EventType
 from inboxd.pipeline.tenancy import ensure_tenants
 
 
-async def count(pool: asyncpg.Pool, table: str = "delivery_events") -> int:
-    async with pool.acquire() as conn:
-        return await conn.fetchval(f"SELECT count(*) FROM {table}")
-
-
 async def test_batch_with_one_duplicate_keeps_the_new_event(pool: asyncpg.Pool) -> None:
     first = event(EventType.DELIVERED, eid="sg-1")
     assert (await store_events(pool, [first])).new == 1
     stored = await store_events(pool, [first, event(EventType.OPENED, eid="sg-2", minute=3)])
     assert (stored.new, stored.duplicates) == (1, 1)
-    assert await count(pool) == 2
+    assert await rows_in(pool, "delivery_events") == 2
 
 
 async def test_row_holds_the_minimised_payload_and_hashed_key(pool: asyncpg.Pool) -> None:
@@ -62,7 +58,7 @@ async def test_events_without_ids_are_fingerprinted(pool: asyncpg.Pool) -> None:
     )
     assert (await store_events(pool, [a, b])).new == 2
     assert (await store_events(pool, [a])).new == 0  # the provider's retry
-    assert await count(pool) == 2
+    assert await rows_in(pool, "delivery_events") == 2
 
 
 async def test_same_event_concurrently_is_one_row(pool: asyncpg.Pool) -> None:
@@ -90,15 +86,15 @@ async def test_same_event_concurrently_is_one_row(pool: asyncpg.Pool) -> None:
                 posts.start_soon(post)
         tg.cancel_scope.cancel()
     assert sorted(o.new for o in outcomes) == [0] * 19 + [1]
-    assert await count(pool) == 1
+    assert await rows_in(pool, "delivery_events") == 1
 
 
 async def test_replayed_token_is_refused_and_stores_nothing(pool: asyncpg.Pool) -> None:
     await store_events(pool, [event(EventType.DELIVERED, eid="mg-1")], token="tok-1")
     with pytest.raises(ReplayedToken):
         await store_events(pool, [event(EventType.OPENED, eid="mg-2")], token="tok-1")
-    assert await count(pool) == 1
-    assert await count(pool, "webhook_replay_tokens") == 1
+    assert await rows_in(pool, "delivery_events") == 1
+    assert await rows_in(pool, "webhook_replay_tokens") == 1
 
 
 async def test_nul_characters_are_stored_not_refused(pool: asyncpg.Pool) -> None:
@@ -216,4 +212,4 @@ async def test_one_bad_request_fails_alone_and_its_group_commits(pool: asyncpg.P
         tg.cancel_scope.cancel()
     assert isinstance(outcomes.pop("e5"), asyncpg.ForeignKeyViolationError)
     assert all(o == Stored(1, 0) for o in outcomes.values()) and len(outcomes) == 7
-    assert await count(pool) == 7
+    assert await rows_in(pool, "delivery_events") == 7
