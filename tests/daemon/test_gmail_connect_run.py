@@ -7,11 +7,10 @@ from __future__ import annotations
 import signal
 
 import pytest
+from gmail_rig import SUPPORT, GatedGmail, daemon_life, tenant_file
 from harness import generated_messages, write_config
 from helpers import cli_env, run_cli
 from helpers.google_jwt import GoogleSigner
-from test_gmail_reset_run import daemon_life
-from test_gmail_run import SUPPORT, GatedGmail, _cursor, tenant_file
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -59,7 +58,7 @@ async def test_a_mailbox_waits_as_needs_connect_until_a_reload_brings_its_token(
             token.write_text(fake.issue_refresh_token(SUPPORT) + "\n")
             (tmp_path / "tenants" / "acme.toml").write_text(connected)
             run.daemon.signal(signal.SIGHUP)
-            await run.eventually(lambda: _cursor(run, "support"), "the first sync's cursor")
+            await run.eventually(lambda: run.cursor("support"), "the first sync's cursor")
             assert await run.rows("support") == 2
             assert (await state())[0] == "idle"
 

@@ -13,25 +13,11 @@ the first sync of a new mailbox.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 
-import aiohttp
-import anyio
 import pytest
-from harness import DaemonProcess, generated_messages, write_config
+from gmail_rig import SUPPORT, GatedGmail, daemon_life, tenant_file
+from harness import generated_messages, write_config
 from helpers.google_jwt import GoogleSigner
-from test_gmail_run import (
-    API_TOKEN,
-    SUPPORT,
-    GatedGmail,
-    Running,
-    _cursor,
-    _cursor_is,
-    _has_copy,
-    tenant_file,
-)
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -43,23 +29,6 @@ DAY_MS = 86_400_000
 # A numeric backfill window and a late delivery well outside it.
 WINDOW_DAYS = 30
 LATE_AGE_DAYS = 90
-
-
-@asynccontextmanager
-async def daemon_life(
-    tmp: Path, dsn: str, fake: GatedGmail, signer: GoogleSigner, life: str
-) -> AsyncIterator[Running]:
-    """One `inboxd run` process over the config already in `tmp`, until the block ends
-    (then SIGKILL: the daemon is down, nothing of it finishes)."""
-    config = tmp / "inboxd.toml"
-    env = {"ACME_GMAIL_SECRET": fake.client_secret, "ACME_API_TOKEN": API_TOKEN}
-    daemon = DaemonProcess(config, dsn, tmp / f"daemon-{life}.log", env=env)
-    try:
-        port = await anyio.to_thread.run_sync(daemon.wait_ready)
-        async with aiohttp.ClientSession() as session:
-            yield Running(tmp, dsn, fake, signer, daemon, f"http://127.0.0.1:{port}", session, {})
-    finally:
-        daemon.kill()
 
 
 @pytest.mark.parametrize("backfill", ['"none"', str(WINDOW_DAYS), '"all"'])
@@ -84,13 +53,13 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
         )
 
         async with daemon_life(tmp_path, db_dsn, fake, signer, "first") as run:
-            await run.eventually(lambda: _cursor(run, "support"), "the first sync's cursor")
+            await run.eventually(lambda: run.cursor("support"), "the first sync's cursor")
             pushed = box.add_message(generated_messages(1, tag="pushed")[0])
             assert await run.push(SUPPORT) == 204
             await run.eventually(
-                lambda: _cursor_is(run, "support", str(box.history_id)), "the pushed message"
+                lambda: run.cursor_is("support", str(box.history_id)), "the pushed message"
             )
-            assert await _has_copy(run, "support", pushed.id)
+            assert await run.has_copy("support", pushed.id)
 
         # the daemon is down: mail arrives, one of it delivered late, and Gmail
         # forgets the history after the cursor (history.list answers 404)
@@ -105,14 +74,14 @@ async def test_mail_that_arrived_while_the_cursor_was_stale_is_stored_after_the_
 
         async with daemon_life(tmp_path, db_dsn, fake, signer, "second") as run:
             await run.eventually(
-                lambda: _cursor_is(run, "support", str(box.history_id)), "the rebuilt cursor"
+                lambda: run.cursor_is("support", str(box.history_id)), "the rebuilt cursor"
             )
             for message in (recent, late, pushed):
-                assert await _has_copy(run, "support", message.id), message
+                assert await run.has_copy("support", message.id), message
             # a reset lists every configured label in full: what was there before
             # the first sync is stored too, whatever the backfill
             for message in before:
-                assert await _has_copy(run, "support", message.id), message
+                assert await run.has_copy("support", message.id), message
             assert await run.rows("support") == 5
             assert await run.fetchval("SELECT count(*) FROM messages") == 5
             assert fake.counters.max_downloads() == 1  # nothing downloaded twice

@@ -1,219 +1,23 @@
 """The Gmail door under `inboxd run`: a real daemon process against FakeGmail.
 
-FakeGmail runs in the test's event loop on 127.0.0.1; the tenant file points the
-door's api_url/token_url/certs_url at it, and the fake serves the GoogleSigner's
-certificates, so a push the test signs is verified exactly as Google's would be.
-Blocking waits (DaemonProcess.wait_ready, CLI runs) go to a thread: the fake must
-keep answering the daemon meanwhile.
+The daemon, the fake and the signed pushes are tests/daemon/gmail_rig.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable
 
-import aiohttp
 import anyio
-import asyncpg
-import orjson
 import pytest
-from aiohttp import web
-from fakes.gmail import FakeGmail
-from harness import DaemonProcess, generated_messages, write_config
+from gmail_rig import API_TOKEN, SALES, SUPPORT, Running, gmail_daemon
+from harness import generated_messages
 from helpers import cli_env, run_cli
-from helpers.google_jwt import GoogleSigner
 
 pytestmark = [
     pytest.mark.timeout(300),
     pytest.mark.slow,
     pytest.mark.own_database,  # daemon subprocesses (tests/conftest.py)
 ]
-
-AUDIENCE = "https://inboxd.acme.example/push/gmail/acme"
-PUSHER = "gmail-push@acme-mail.iam.gserviceaccount.com"
-TOPIC = "projects/acme-mail/topics/gmail"
-SUPPORT, SALES = "support@acme.example", "sales@acme.example"
-API_TOKEN = "acme-api-token-for-tests"
-WAIT_S = 60
-
-
-class GatedGmail(FakeGmail):
-    """FakeGmail whose history.list answers wait while `gate` is closed, so a test
-    can hold one sync in flight while a storm of pushes arrives."""
-
-    gate: anyio.Event | None = None
-
-    async def _api(self, request: web.Request) -> web.Response:
-        if self.gate is not None and request.path.endswith("/history"):
-            await self.gate.wait()
-        return await super()._api(request)
-
-
-@dataclass
-class Running:
-    tmp: Path
-    dsn: str
-    fake: GatedGmail
-    signer: GoogleSigner
-    daemon: DaemonProcess
-    base: str
-    session: aiohttp.ClientSession
-    refresh_tokens: dict[str, str]
-
-    async def push(self, address: str, history_id: int | str | None = None) -> int:
-        """POST a signed Pub/Sub push for `address` (its newest historyId unless given)."""
-        box = self.fake.mailbox(address)
-        history_id = box.history_id if history_id is None else history_id
-        data = orjson.dumps({"emailAddress": address, "historyId": history_id})
-        body = orjson.dumps(
-            {
-                "message": {
-                    "data": base64.b64encode(data).decode(),
-                    "messageId": str(history_id),
-                    "publishTime": "2026-12-01T17:00:00.000Z",
-                },
-                "subscription": "projects/acme-mail/subscriptions/gmail-push",
-            }
-        )
-        claims = self.signer.claims(audience=AUDIENCE, email=PUSHER, now=time.time())
-        headers = {
-            "Authorization": f"Bearer {self.signer.sign(claims)}",
-            "Content-Type": "application/json",
-        }
-        async with self.session.post(
-            f"{self.base}/push/gmail/acme", data=body, headers=headers
-        ) as response:
-            return response.status
-
-    async def deliver_published(self, address: str) -> list[int]:
-        """Pub/Sub's part: push what the fake published for `address` (only what a
-        live watch published), oldest first; the answers' statuses."""
-        box = self.fake.mailbox(address)
-        published, box.published = box.published, []
-        return [await self.push(address, note["historyId"]) for note in published]
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            return await conn.fetchval(sql, *args)
-        finally:
-            await conn.close()
-
-    async def eventually(self, check: Callable[[], Awaitable[Any]], what: str) -> Any:
-        return await self.daemon.eventually(check, WAIT_S, what=what)
-
-    async def rows(self, mailbox: str) -> int:
-        return await self.fetchval(
-            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1", mailbox
-        )
-
-    async def status(self) -> dict[str, dict[str, Any]]:
-        env = cli_env(self.tmp / "data")
-        result = await anyio.to_thread.run_sync(
-            lambda: run_cli("status", "--json", "--dsn", self.dsn, env=env)
-        )
-        assert result.code == 0, result.stderr
-        return {s["mailbox_id"]: s for s in orjson.loads(result.stdout)}
-
-
-def tenant_file(
-    fake: FakeGmail,
-    token_files: dict[str, Path],
-    gmail_extra: str = "",
-    *,
-    backfill: str = '"all"',
-) -> str:
-    """The tenant "acme": push-mode Gmail mailboxes on `fake`; `backfill` as TOML."""
-    boxes = "".join(
-        f"""
-[[mailboxes]]
-id = "{address.split("@")[0]}"
-provider = "gmail"
-address = "{address}"
-sync_mode = "push"
-refresh_token = "file:{path}"
-backfill = {backfill}
-"""
-        for address, path in token_files.items()
-    )
-    return f"""
-id = "acme"
-api_token = "env:ACME_API_TOKEN"
-[gmail]
-client_id = "{fake.client_id}"
-client_secret = "env:ACME_GMAIL_SECRET"
-topic = "{TOPIC}"
-push_audience = "{AUDIENCE}"
-push_service_account = "{PUSHER}"
-api_url = "{fake.base_url}"
-token_url = "{fake.token_url}"
-certs_url = "{fake.certs_url}"
-{gmail_extra}
-{boxes}"""
-
-
-@asynccontextmanager
-async def gmail_daemon(
-    tmp: Path,
-    dsn: str,
-    seed: dict[str, int],
-    *,
-    gated: bool = False,
-    unmetered: bool = False,
-    watch_ttl_ms: int | None = None,
-) -> AsyncIterator[Running]:
-    """A daemon whose tenant "acme" has one push-mode Gmail mailbox per `seed`
-    address, each seeded with that many messages and fully backfilled.
-    `unmetered`: no quota in the fake and a pacer far above it (large volumes);
-    `watch_ttl_ms`: how long the fake's users.watch answers say a watch lasts."""
-    quota = {"quota_units_per_s": None} if unmetered else {}
-    async with GatedGmail(seed, **quota) as fake:
-        if watch_ttl_ms is not None:
-            fake.watch_ttl_ms = watch_ttl_ms
-        signer = GoogleSigner()
-        fake.set_certs(signer.certs())
-        tokens: dict[str, str] = {}
-        files: dict[str, Path] = {}
-        for address, count in seed.items():
-            for raw in generated_messages(count, tag=address.split("@")[0]):
-                fake.mailbox(address).add_message(raw)
-            tokens[address] = fake.issue_refresh_token(address)
-            files[address] = tmp / f"{address}.refresh-token"
-            files[address].write_text(tokens[address] + "\n")
-        config = write_config(tmp)
-        extra = "quota_units_per_s = 100000" if unmetered else ""
-        (tmp / "tenants" / "acme.toml").write_text(tenant_file(fake, files, extra))
-        env = {"ACME_GMAIL_SECRET": fake.client_secret, "ACME_API_TOKEN": API_TOKEN}
-        daemon = DaemonProcess(config, dsn, tmp / "daemon.log", env=env)
-        try:
-            port = await anyio.to_thread.run_sync(daemon.wait_ready)
-            async with aiohttp.ClientSession() as session:
-                running = Running(
-                    tmp, dsn, fake, signer, daemon, f"http://127.0.0.1:{port}", session, tokens
-                )
-                for address, count in seed.items():
-                    box = address.split("@")[0]
-                    await running.eventually(
-                        lambda box=box, count=count: _backfilled(running, box, count),
-                        f"{box}: {count} rows and a cursor",
-                    )
-                if gated:
-                    fake.gate = anyio.Event()
-                yield running
-        finally:
-            if fake.gate is not None:
-                fake.gate.set()
-            daemon.kill()
-
-
-async def _backfilled(running: Running, box: str, count: int) -> bool:
-    cursor = await running.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", box)
-    return cursor is not None and await running.rows(box) == count
 
 
 async def test_backfill_then_a_push_brings_the_new_message(tmp_path, db_dsn) -> None:
@@ -233,20 +37,10 @@ async def test_backfill_then_a_push_brings_the_new_message(tmp_path, db_dsn) -> 
         assert await run.push(SUPPORT) == 204
 
         await run.eventually(
-            lambda: _has_copy(run, "support", new.id), "a copy with the new Gmail id"
+            lambda: run.has_copy("support", new.id), "a copy with the new Gmail id"
         )
         assert await run.rows("support") == 6
         assert run.fake.counters.max_downloads() == 1  # nothing downloaded twice
-
-
-async def _has_copy(run: Running, mailbox: str, gmail_id: str) -> bool:
-    return bool(
-        await run.fetchval(
-            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
-            mailbox,
-            gmail_id,
-        )
-    )
 
 
 async def test_a_storm_of_pushes_costs_at_most_two_syncs(tmp_path, db_dsn) -> None:
@@ -337,21 +131,13 @@ async def test_sent_copy_of_a_recorded_outbound_message_promotes_the_placeholder
         sent = run.fake.mailbox(SUPPORT).add_message(raw, label_ids=["SENT"])
         assert await run.push(SUPPORT) == 204
 
-        await run.eventually(lambda: _has_copy(run, "support", sent.id), "the SENT copy")
+        await run.eventually(lambda: run.has_copy("support", sent.id), "the SENT copy")
         ours = "SELECT count(*) FROM messages WHERE message_id_norm = 'out-1@acme.example'"
         assert await run.fetchval(ours) == 1
         row = "SELECT {} FROM messages WHERE message_id = $1"
         assert await run.fetchval(row.format("external_id"), message_id) == sent.id
         assert await run.fetchval(row.format("direction"), message_id) == "outbound"
         assert await run.fetchval("SELECT count(*) FROM messages") == 2
-
-
-async def _cursor(run: Running, mailbox: str) -> str | None:
-    return await run.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", mailbox)
-
-
-async def _cursor_is(run: Running, mailbox: str, expected: str) -> bool:
-    return await _cursor(run, mailbox) == expected
 
 
 async def test_an_expired_cursor_resyncs_everything_without_downloading_twice(
@@ -364,12 +150,12 @@ async def test_an_expired_cursor_resyncs_everything_without_downloading_twice(
         assert await run.push(SUPPORT) == 204
 
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the rebuilt cursor"
+            lambda: run.cursor_is("support", str(box.history_id)), "the rebuilt cursor"
         )
         assert await run.rows("support") == 7
         assert await run.fetchval("SELECT count(*) FROM messages") == 7
         for message in new:
-            assert await _has_copy(run, "support", message.id)
+            assert await run.has_copy("support", message.id)
         assert run.fake.counters.calls_of("users.history.list", SUPPORT) >= 1
         assert run.fake.counters.max_downloads() == 1  # the 5 stored ones not fetched again
         resets = await run.fetchval(
@@ -388,10 +174,10 @@ async def test_a_message_deleted_before_its_fetch_does_not_pin_the_cursor(tmp_pa
         assert await run.push(SUPPORT) == 204
 
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor past both"
+            lambda: run.cursor_is("support", str(box.history_id)), "the cursor past both"
         )
-        assert await _has_copy(run, "support", kept.id)
-        assert not await _has_copy(run, "support", gone.id)
+        assert await run.has_copy("support", kept.id)
+        assert not await run.has_copy("support", gone.id)
         reason = await run.fetchval(
             "SELECT reason FROM dead_items WHERE mailbox_id = 'support' AND external_id = $1",
             gone.id,
@@ -404,7 +190,7 @@ async def test_a_part_rate_limited_past_every_retry_holds_the_cursor_until_a_lat
 ) -> None:
     async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}) as run:
         box = run.fake.mailbox(SUPPORT)
-        before = await _cursor(run, "support")
+        before = await run.cursor("support")
         limited, other = [box.add_message(r) for r in generated_messages(2, tag="429")]
         # 429 inside a 200 batch for one part, on every attempt of this run
         run.fake.faults.fail_message(
@@ -415,8 +201,8 @@ async def test_a_part_rate_limited_past_every_retry_holds_the_cursor_until_a_lat
         await run.eventually(
             lambda: _last_error_mentions(run, "support", "rate"), "the run gives up"
         )
-        assert await _cursor(run, "support") == before  # held: the page is not settled
-        assert not await _has_copy(run, "support", limited.id)
+        assert await run.cursor("support") == before  # held: the page is not settled
+        assert not await run.has_copy("support", limited.id)
 
         run.fake.faults.clear()
         # the mailbox's backoff (at least 30 s after a failure) runs out: time travel
@@ -438,10 +224,10 @@ async def test_a_part_rate_limited_past_every_retry_holds_the_cursor_until_a_lat
             )
         )
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the next run completes"
+            lambda: run.cursor_is("support", str(box.history_id)), "the next run completes"
         )
-        assert await _has_copy(run, "support", limited.id)
-        assert await _has_copy(run, "support", other.id)
+        assert await run.has_copy("support", limited.id)
+        assert await run.has_copy("support", other.id)
         assert await run.rows("support") == 3
 
 
@@ -469,11 +255,11 @@ async def test_three_thousand_messages_in_one_history_window_are_all_stored(
         assert await run.push(SUPPORT) == 204
 
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor past 3,000"
+            lambda: run.cursor_is("support", str(box.history_id)), "the cursor past 3,000"
         )
         assert await run.rows("support") == 3001
-        assert await _has_copy(run, "support", added[0].id)
-        assert await _has_copy(run, "support", added[-1].id)
+        assert await run.has_copy("support", added[0].id)
+        assert await run.has_copy("support", added[-1].id)
         assert run.fake.counters.max_downloads() == 1
 
 
@@ -482,7 +268,7 @@ async def test_a_watch_renewal_leaves_the_cursor_where_the_sync_put_it(tmp_path,
     # (adapters/gmail/watch.py) while a message waits, unsynced, behind the cursor
     async with gmail_daemon(tmp_path, db_dsn, {SUPPORT: 1}, watch_ttl_ms=2000) as run:
         box = run.fake.mailbox(SUPPORT)
-        cursor = await _cursor(run, "support")
+        cursor = await run.cursor("support")
         new = box.add_message(generated_messages(1, tag="w")[0])
         watches = run.fake.counters.calls_of("users.watch", SUPPORT)
         assert cursor is not None and int(cursor) < box.history_id
@@ -493,12 +279,12 @@ async def test_a_watch_renewal_leaves_the_cursor_where_the_sync_put_it(tmp_path,
         )
         # users.watch answers the newest historyId: the cursor did not jump past
         # the message that is not synced yet
-        assert await _cursor(run, "support") == cursor
+        assert await run.cursor("support") == cursor
         assert await run.push(SUPPORT) == 204
-        await run.eventually(lambda: _has_copy(run, "support", new.id), "the new message")
+        await run.eventually(lambda: run.has_copy("support", new.id), "the new message")
         # The cursor is written once the page's rows committed, a moment after the copy.
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor at the end"
+            lambda: run.cursor_is("support", str(box.history_id)), "the cursor at the end"
         )
         assert await run.rows("support") == 2
         status = (await run.status())["support"]

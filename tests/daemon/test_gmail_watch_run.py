@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from gmail_rig import SUPPORT, gmail_daemon
 from harness import generated_messages
-from test_gmail_run import SUPPORT, _cursor, _cursor_is, _has_copy, gmail_daemon
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -37,7 +37,7 @@ async def test_the_watch_is_renewed_on_its_own_schedule_so_pushes_keep_arriving(
         box = run.fake.mailbox(SUPPORT)
         first = await run.eventually(lambda: box.watch, "the first users.watch")
         first_expiry_ms = first.expiration_ms
-        cursor = await _cursor(run, "support")
+        cursor = await run.cursor("support")
         syncs = run.fake.counters.calls_of("users.history.list", SUPPORT)
 
         # no mail, no push, no sync: the first watch lapses, then more lifetimes pass
@@ -50,7 +50,7 @@ async def test_the_watch_is_renewed_on_its_own_schedule_so_pushes_keep_arriving(
         assert run.fake.counters.calls_of("users.watch", SUPPORT) > 1 + QUIET_LIFETIMES
         # renewed without any sync, and renewing never moved the cursor
         assert run.fake.counters.calls_of("users.history.list", SUPPORT) == syncs
-        assert await _cursor(run, "support") == cursor
+        assert await run.cursor("support") == cursor
         recorded_ms = await run.fetchval(
             "SELECT (extract(epoch FROM watch_expires_at) * 1000)::bigint FROM mailboxes"
             " WHERE mailbox_id = 'support'"
@@ -58,9 +58,9 @@ async def test_the_watch_is_renewed_on_its_own_schedule_so_pushes_keep_arriving(
         assert recorded_ms > first_expiry_ms + QUIET_LIFETIMES * ttl_ms
 
         assert await run.deliver_published(SUPPORT) == [204]
-        await run.eventually(lambda: _has_copy(run, "support", new.id), "the pushed message")
+        await run.eventually(lambda: run.has_copy("support", new.id), "the pushed message")
         await run.eventually(
-            lambda: _cursor_is(run, "support", str(box.history_id)), "the cursor past it"
+            lambda: run.cursor_is("support", str(box.history_id)), "the cursor past it"
         )
         assert await run.rows("support") == 2
         assert run.fake.counters.max_downloads() == 1
