@@ -9,21 +9,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
-import anyio
 import asyncpg
 import orjson
 import pytest
 from aiohttp import web
 from helpers import eventually
 from helpers.google_jwt import GoogleSigner
+from http_rig import doorbell_rings, listening, webhook_state
 
 from inboxd.adapters.gmail.push import GoogleCerts, PushVerifier
 from inboxd.adapters.gmail.push_route import GmailPush, GmailPushTable, GmailPushTenant
 from inboxd.adapters.webhook_routes import RouteContext
-from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
-from inboxd.daemon.webhooks import Webhooks
-from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 from inboxd.pipeline.objectstore.store import ObjectStore
 
 DEADLINE_S = 15
@@ -40,7 +37,9 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore) -> AsyncIterator[Served]:
+async def serving_gmail_push(
+    pool: asyncpg.Pool, dsn: str, store: ObjectStore
+) -> AsyncIterator[Served]:
     signer = GoogleSigner()
 
     async def certs(_request: web.Request) -> web.Response:
@@ -62,30 +61,12 @@ async def serving(pool: asyncpg.Pool, dsn: str, store: ObjectStore) -> AsyncIter
         {"acme": GmailPushTenant("acme", verifier, {"support@acme.example": "support"})}
     )
 
-    async def ready() -> bool:
-        return True
-
     metrics = Metrics()
-    state = HttpState(
-        pool=pool,
-        dsn=dsn,
-        store=store,
-        metrics=metrics,
-        tenant_for_token=TokenTable({}),
-        ready=ready,
-        webhooks=Webhooks(GmailPush(table, RouteContext(pool, metrics))),
-    )
-    listener = await asyncpg.connect(dsn)
-    rings: list[tuple[str, str] | None] = []
-    await listener.add_listener(DOORBELL_CHANNEL, lambda *a: rings.append(parse_doorbell(a[-1])))
+    state = webhook_state(pool, dsn, store, GmailPush(table, RouteContext(pool, metrics)), metrics)
     try:
-        async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
-            with anyio.fail_after(DEADLINE_S):
-                port = await tg.start(serve_http, "127.0.0.1", 0, state)
-            yield Served(f"http://127.0.0.1:{port}", session, signer, rings)
-            tg.cancel_scope.cancel()
+        async with doorbell_rings(dsn) as rings, listening(state) as listener:
+            yield Served(listener.base, listener.session, signer, rings)
     finally:
-        await listener.close()
         await certs_runner.cleanup()
 
 
@@ -136,7 +117,7 @@ async def push_state(pool: asyncpg.Pool) -> asyncpg.Record:
 async def test_a_verified_push_records_the_history_id_and_rings_the_doorbell(
     pool, db_dsn, store, mailbox
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_gmail_push(pool, db_dsn, store) as served:
         assert await post(served, push_body(), f"Bearer {token(served)}") == 204
         row = await push_state(pool)
         assert row["last_push_at"] is not None and row["push_hint"] == "9876"
@@ -150,7 +131,7 @@ async def test_a_verified_push_records_the_history_id_and_rings_the_doorbell(
 async def test_an_unknown_address_is_acknowledged_without_recording(
     pool, db_dsn, store, mailbox
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_gmail_push(pool, db_dsn, store) as served:
         body = push_body(address="someone-else@acme.example")
         assert await post(served, body, f"Bearer {token(served)}") == 204
         assert (await push_state(pool))["last_push_at"] is None
@@ -173,7 +154,7 @@ async def test_an_unknown_address_is_acknowledged_without_recording(
 async def test_an_unverified_push_is_401_and_records_nothing(
     pool, db_dsn, store, mailbox, forge: str
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_gmail_push(pool, db_dsn, store) as served:
         now = time.time()
         good = token(served)
         auth: str | list[str] | None = {
@@ -206,7 +187,7 @@ async def test_an_unverified_push_is_401_and_records_nothing(
 async def test_a_verified_but_malformed_body_is_400_and_an_unknown_tenant_404(
     pool, db_dsn, store, mailbox
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_gmail_push(pool, db_dsn, store) as served:
         assert await post(served, b'{"message": {}}', f"Bearer {token(served)}") == 400
         assert await post(served, push_body(), f"Bearer {token(served)}", tenant="nope") == 404
         assert (await push_state(pool))["last_push_at"] is None

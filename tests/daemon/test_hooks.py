@@ -1,8 +1,9 @@
 """`POST /hooks/esp/{tenant}/{source}` over real sockets, with a real PostgreSQL.
 
 The listener, the group-committing intake and the delivery worker run in
-process on an ephemeral port; requests are signed here, independently of the
-adapters, by each scheme's published algorithm. Every wait has a deadline.
+process on an ephemeral port (tests/daemon/esp_hooks_rig.py); requests are signed
+here, independently of the adapters, by each scheme's published algorithm. Every
+wait has a deadline.
 """
 
 from __future__ import annotations
@@ -10,37 +11,27 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import anyio
 import asyncpg
 import orjson
 import pytest
+from esp_hooks_rig import HookServer, hook, post_hook, serving_hooks, stored_events
 from helpers import eventually
 from helpers.keys import make_certificate, rsa_key, sign_sns
 
 from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.adapters.webhook_budgets import PeerBudgets, RateLimiter, peer_key
-from inboxd.daemon.http import HttpState, TokenTable, serve_http
-from inboxd.daemon.metrics.registry import Metrics
-from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import (
     FAILED_VERIFICATION_BURST,
     FAILED_VERIFICATION_RATE_PER_S,
     DeliveryHook,
-    EspHooks,
     HookTable,
 )
-from inboxd.pipeline.delivery.intake import DeliveryIntake, SourcePolicy
+from inboxd.pipeline.delivery.intake import SourcePolicy
 from inboxd.pipeline.delivery.worker import apply_due
-from inboxd.pipeline.objectstore.store import ObjectStore
-from inboxd.pipeline.tenancy import ensure_tenants
 
 DEADLINE_S = 60  # generous: every wait under it ends as soon as its condition holds
 # Tokens per second a burst_only() budget earns back: one in 11 days.
@@ -48,66 +39,6 @@ NO_REFILL_PER_S = 1e-6
 SW_KEY = b"inboxd-test-standard-webhooks-key"
 SW_SECRET = "whsec_" + base64.b64encode(SW_KEY).decode()
 MAILGUN_KEY = "key-inboxd-test-mailgun"
-
-
-@dataclass
-class Served:
-    base: str
-    state: HttpState
-    session: aiohttp.ClientSession
-    confirmed: list[str]
-    table: HookTable
-
-
-def hook(source_id: str, table: dict[str, Any], **kw: Any) -> DeliveryHook:
-    adapter = build_esp_receiver(source_id, {"id": source_id, **table}, str)
-    return DeliveryHook(
-        tenant_id="acme",
-        source_id=source_id,
-        receiver=adapter,
-        policy=SourcePolicy(adapter.default_payload_fields),
-        **kw,
-    )
-
-
-@asynccontextmanager
-async def serving(
-    pool: asyncpg.Pool,
-    dsn: str,
-    store: ObjectStore,
-    trusted_proxies: tuple[str, ...] = (),
-    *,
-    failures: PeerBudgets | None = None,
-    **sources: DeliveryHook,
-) -> AsyncIterator[Served]:
-    async def ready() -> bool:
-        return True
-
-    confirmed: list[str] = []
-
-    async def confirm(url: str) -> None:
-        confirmed.append(url)
-
-    async with pool.acquire() as conn:
-        await ensure_tenants(conn, ["acme"])
-    table = HookTable({("acme", name): src for name, src in sources.items()}, failures=failures)
-    intake = DeliveryIntake(pool)
-    state = HttpState(
-        pool=pool,
-        dsn=dsn,
-        store=store,
-        metrics=Metrics(),
-        tenant_for_token=TokenTable({}),
-        ready=ready,
-        webhooks=Webhooks(EspHooks(table, intake, confirm)),
-        trusted_proxies=tuple(ipaddress.ip_network(p) for p in trusted_proxies),
-    )
-    async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
-        with anyio.fail_after(DEADLINE_S):
-            await tg.start(intake.run)
-            port = await tg.start(serve_http, "127.0.0.1", 0, state)
-        yield Served(f"http://127.0.0.1:{port}", state, session, confirmed, table)
-        tg.cancel_scope.cancel()
 
 
 def sign_standard(
@@ -157,30 +88,6 @@ def mailgun_body(event_id: str, token: str, *, kind: str = "delivered") -> bytes
     )
 
 
-async def post(
-    served: Served,
-    source: str,
-    body: bytes,
-    headers: dict[str, str],
-    tenant: str = "acme",
-    *,
-    via: str | None = None,
-) -> tuple[int, dict]:
-    """POST a delivery event; `via`: the client's address as a proxy would forward it."""
-    if via is not None:
-        headers = {**headers, "x-forwarded-for": via}
-    with anyio.fail_after(DEADLINE_S):
-        async with served.session.post(
-            f"{served.base}/hooks/esp/{tenant}/{source}", data=body, headers=headers
-        ) as response:
-            return response.status, await response.json(content_type=None)
-
-
-async def stored(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    async with pool.acquire() as conn:
-        return await conn.fetch("SELECT * FROM delivery_events ORDER BY event_id")
-
-
 def burst_only() -> PeerBudgets:
     """Peer failure budgets of FAILED_VERIFICATION_BURST that do not refill while a test
     runs: the real ones earn back FAILED_VERIFICATION_RATE_PER_S, so on a loaded machine
@@ -189,7 +96,7 @@ def burst_only() -> PeerBudgets:
     return PeerBudgets(NO_REFILL_PER_S, FAILED_VERIFICATION_BURST, max_keys=100)
 
 
-def failures(served: Served) -> float:
+def failures(served: HookServer) -> float:
     metric = served.state.metrics.webhook_verification_failures
     return sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith("_total"))
 
@@ -200,17 +107,17 @@ def sw() -> DeliveryHook:
 
 
 async def test_signed_event_is_stored_once_and_applied(pool, db_dsn, store, sw) -> None:
-    async with serving(pool, db_dsn, store, resend=sw) as served:
+    async with serving_hooks(pool, db_dsn, store, resend=sw) as served:
         body = resend_event()
-        assert await post(served, "resend", body, sign_standard(body)) == (
+        assert await post_hook(served, "resend", body, sign_standard(body)) == (
             200,
             {"stored": 1, "duplicates": 0},
         )
-        assert await post(served, "resend", body, sign_standard(body)) == (
+        assert await post_hook(served, "resend", body, sign_standard(body)) == (
             200,
             {"stored": 0, "duplicates": 1},
         )
-    (row,) = await stored(pool)
+    (row,) = await stored_events(pool)
     assert (row["event_type"], row["provider_message_id"]) == ("delivered", "em_1")
     assert b"private" not in row["payload"].encode()  # the subject is not allowlisted
     assert (
@@ -253,10 +160,10 @@ async def test_verification_failures_are_401_and_store_nothing(
         body = orjson.dumps(orjson.loads(body), option=orjson.OPT_INDENT_2)
     elif case == "other_key":
         headers = sign_standard(body, key=b"another key entirely")
-    async with serving(pool, db_dsn, store, resend=sw) as served:
-        assert await post(served, "resend", body, headers) == (401, {"error": "unauthorized"})
+    async with serving_hooks(pool, db_dsn, store, resend=sw) as served:
+        assert await post_hook(served, "resend", body, headers) == (401, {"error": "unauthorized"})
         assert failures(served) == 1
-    assert await stored(pool) == []
+    assert await stored_events(pool) == []
 
 
 async def test_checks_before_verification(pool, db_dsn, store, sw) -> None:
@@ -266,44 +173,46 @@ async def test_checks_before_verification(pool, db_dsn, store, sw) -> None:
         max_body_bytes=1024,
         limiter=RateLimiter(rate=0.001, burst=2),
     )
-    async with serving(pool, db_dsn, store, resend=sw, small=small) as served:
+    async with serving_hooks(pool, db_dsn, store, resend=sw, small=small) as served:
         body = resend_event()
-        assert (await post(served, "nope", body, sign_standard(body)))[0] == 404
-        assert (await post(served, "resend", body, sign_standard(body), tenant="other"))[0] == 404
+        assert (await post_hook(served, "nope", body, sign_standard(body)))[0] == 404
+        assert (await post_hook(served, "resend", body, sign_standard(body), tenant="other"))[
+            0
+        ] == 404
         headers = {**sign_standard(body), "content-type": "application/x-www-form-urlencoded"}
-        assert await post(served, "resend", body, headers) == (
+        assert await post_hook(served, "resend", body, headers) == (
             415,
             {"error": "unsupported_media_type"},
         )
         big = b'{"pad": "' + b"x" * 2048 + b'"}'
-        status, answer = await post(served, "small", big, sign_standard(big))
+        status, answer = await post_hook(served, "small", big, sign_standard(big))
         assert (status, answer["error"]) == (413, "body_too_large")
         assert answer["max_body_bytes"] == 1024
-        assert (await post(served, "small", body, sign_standard(body)))[0] == 200
-        assert (await post(served, "small", body, sign_standard(body, msg_id="m2")))[0] == 200
-        assert (await post(served, "small", body, sign_standard(body, msg_id="m3")))[0] == 429
+        assert (await post_hook(served, "small", body, sign_standard(body)))[0] == 200
+        assert (await post_hook(served, "small", body, sign_standard(body, msg_id="m2")))[0] == 200
+        assert (await post_hook(served, "small", body, sign_standard(body, msg_id="m3")))[0] == 429
         bad = b"{not json"
-        assert await post(served, "resend", bad, sign_standard(bad)) == (
+        assert await post_hook(served, "resend", bad, sign_standard(bad)) == (
             400,
             {"error": "malformed_payload"},
         )
         assert failures(served) == 0
-    assert len(await stored(pool)) == 2  # msg_1 and m2: webhook-id is the event id
+    assert len(await stored_events(pool)) == 2  # msg_1 and m2: webhook-id is the event id
 
 
 async def test_same_event_concurrently_is_one_row_and_one_effect(pool, db_dsn, store, sw) -> None:
     body = resend_event("email.complained")
-    async with serving(pool, db_dsn, store, resend=sw) as served:
+    async with serving_hooks(pool, db_dsn, store, resend=sw) as served:
         results = []
 
         async def send() -> None:
-            results.append(await post(served, "resend", body, sign_standard(body)))
+            results.append(await post_hook(served, "resend", body, sign_standard(body)))
 
         async with anyio.create_task_group() as tg:
             for _ in range(16):
                 tg.start_soon(send)
     assert sorted(r[1]["stored"] for r in results) == [0] * 15 + [1]
-    assert len(await stored(pool)) == 1
+    assert len(await stored_events(pool)) == 1
     await apply_due(pool)
     async with pool.acquire() as conn:
         kinds = await conn.fetch("SELECT kind FROM events ORDER BY event_id")
@@ -312,15 +221,15 @@ async def test_same_event_concurrently_is_one_row_and_one_effect(pool, db_dsn, s
 
 async def test_mailgun_replayed_token_is_refused(pool, db_dsn, store) -> None:
     mailgun = hook("mg", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
-    async with serving(pool, db_dsn, store, mg=mailgun) as served:
+    async with serving_hooks(pool, db_dsn, store, mg=mailgun) as served:
         first = mailgun_body("ev-1", "token-aaaa")
         json_ct = {"content-type": "application/json"}
-        assert (await post(served, "mg", first, json_ct))[0] == 200
-        assert await post(served, "mg", first, json_ct) == (401, {"error": "unauthorized"})
+        assert (await post_hook(served, "mg", first, json_ct))[0] == 200
+        assert await post_hook(served, "mg", first, json_ct) == (401, {"error": "unauthorized"})
         replay = mailgun_body("ev-2", "token-aaaa", kind="opened")
-        assert (await post(served, "mg", replay, json_ct))[0] == 401
+        assert (await post_hook(served, "mg", replay, json_ct))[0] == 401
         assert failures(served) == 2
-    (row,) = await stored(pool)
+    (row,) = await stored_events(pool)
     assert row["dedup_key"].startswith("id:ev-1:")  # Mailgun ids repeat across days: id + time
 
 
@@ -340,11 +249,11 @@ async def test_postmark_basic_credentials(pool, db_dsn, store) -> None:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         return {"authorization": f"Basic {token}", "content-type": "application/json"}
 
-    async with serving(pool, db_dsn, store, pm=postmark) as served:
-        assert (await post(served, "pm", body, auth("hooks", "wrong")))[0] == 401
-        assert (await post(served, "pm", body, auth("hooks", "s3cret")))[0] == 200
-        assert (await post(served, "pm", body, auth("hooks", "s3cret")))[1]["duplicates"] == 1
-    assert len(await stored(pool)) == 1
+    async with serving_hooks(pool, db_dsn, store, pm=postmark) as served:
+        assert (await post_hook(served, "pm", body, auth("hooks", "wrong")))[0] == 401
+        assert (await post_hook(served, "pm", body, auth("hooks", "s3cret")))[0] == 200
+        assert (await post_hook(served, "pm", body, auth("hooks", "s3cret")))[1]["duplicates"] == 1
+    assert len(await stored_events(pool)) == 1
 
 
 @pytest.mark.own_database  # ALTER DATABASE … ALLOW_CONNECTIONS
@@ -354,14 +263,14 @@ async def test_database_outage_is_503_and_the_retry_is_stored(
     database = db_dsn.rsplit("/", 1)[1]
     admin = await asyncpg.connect(server_dsn)
     try:
-        async with serving(pool, db_dsn, store, resend=sw) as served:
+        async with serving_hooks(pool, db_dsn, store, resend=sw) as served:
             body = resend_event("email.bounced")
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
                 database,
             )
-            status, answer = await post(served, "resend", body, sign_standard(body))
+            status, answer = await post_hook(served, "resend", body, sign_standard(body))
             assert (status, answer) == (503, {"error": "unavailable"})
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
             # The provider retries the same delivery (as it would, with backoff);
@@ -369,7 +278,7 @@ async def test_database_outage_is_503_and_the_retry_is_stored(
             statuses: list[int] = []
 
             async def retry() -> int:
-                statuses.append((await post(served, "resend", body, sign_standard(body)))[0])
+                statuses.append((await post_hook(served, "resend", body, sign_standard(body)))[0])
                 return statuses[-1]
 
             await eventually(
@@ -379,7 +288,7 @@ async def test_database_outage_is_503_and_the_retry_is_stored(
     finally:
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         await admin.close()
-    assert [r["event_type"] for r in await stored(pool)] == ["bounced"]
+    assert [r["event_type"] for r in await stored_events(pool)] == ["bounced"]
 
 
 # --- SES (SNS) and SendGrid over HTTP ---------------------------------------------------------
@@ -427,14 +336,14 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
         "Timestamp": "2026-11-30T09:00:00.000Z",
     }
     text = {"content-type": "text/plain; charset=UTF-8"}
-    async with serving(pool, db_dsn, store, ses=ses) as served:
+    async with serving_hooks(pool, db_dsn, store, ses=ses) as served:
         forged = orjson.loads(sign(confirmation))
         forged["SubscribeURL"] = "https://sns.eu-west-1.amazonaws.com/?Action=Evil"
-        assert (await post(served, "ses", orjson.dumps(forged), text))[0] == 401
+        assert (await post_hook(served, "ses", orjson.dumps(forged), text))[0] == 401
         other_topic = sign({**confirmation, "TopicArn": TOPIC + "-other"})
-        assert (await post(served, "ses", other_topic, text))[0] == 401
+        assert (await post_hook(served, "ses", other_topic, text))[0] == 401
         assert served.confirmed == []
-        assert await post(served, "ses", sign(confirmation), text) == (
+        assert await post_hook(served, "ses", sign(confirmation), text) == (
             200,
             {"stored": 0, "duplicates": 0},
         )
@@ -463,9 +372,12 @@ async def test_ses_subscription_is_confirmed_only_when_verified(pool, db_dsn, st
                 "Timestamp": "2026-11-30T09:00:06.000Z",
             }
         )
-        assert (await post(served, "ses", notification, text))[1] == {"stored": 1, "duplicates": 0}
+        assert (await post_hook(served, "ses", notification, text))[1] == {
+            "stored": 1,
+            "duplicates": 0,
+        }
     assert fetched == [CERT_URL]  # once: the certificate is cached; never for a foreign topic
-    (row,) = await stored(pool)
+    (row,) = await stored_events(pool)
     assert (row["event_type"], row["bounce_type"], row["message_id_norm"]) == (
         "bounced",
         "permanent",
@@ -505,18 +417,18 @@ async def test_sendgrid_batch_with_a_duplicate_keeps_the_new_event(pool, db_dsn,
             "smtp-id": "<s@a>",
         }
 
-    async with serving(pool, db_dsn, store, sg=sendgrid) as served:
-        assert (await post(served, "sg", *signed([sg_event("e1", "delivered")])))[0] == 200
+    async with serving_hooks(pool, db_dsn, store, sg=sendgrid) as served:
+        assert (await post_hook(served, "sg", *signed([sg_event("e1", "delivered")])))[0] == 200
         body, headers = signed([sg_event("e1", "delivered"), sg_event("e2", "open")])
-        assert await post(served, "sg", body, headers) == (200, {"stored": 1, "duplicates": 1})
+        assert await post_hook(served, "sg", body, headers) == (200, {"stored": 1, "duplicates": 1})
         tampered = body.replace(b'"open"', b'"click"')
-        assert (await post(served, "sg", tampered, headers))[0] == 401
-    assert [r["dedup_key"] for r in await stored(pool)] == ["id:e1", "id:e2"]
+        assert (await post_hook(served, "sg", tampered, headers))[0] == 401
+    assert [r["dedup_key"] for r in await stored_events(pool)] == ["id:e1", "id:e2"]
 
 
 async def test_refusals_come_before_the_body_is_read(pool, db_dsn, store, sw) -> None:
     """415 and 404 are answered to a request whose body never arrives."""
-    async with serving(pool, db_dsn, store, resend=sw) as served:
+    async with serving_hooks(pool, db_dsn, store, resend=sw) as served:
         port = int(served.base.rsplit(":", 1)[1])
         for path, ctype, status in (
             ("/hooks/esp/acme/resend", "text/html", b"415"),
@@ -540,7 +452,7 @@ async def test_chunked_body_over_the_source_limit_is_413(pool, db_dsn, store) ->
         for _ in range(64):
             yield b"x" * 1024
 
-    async with serving(pool, db_dsn, store, small=small) as served:
+    async with serving_hooks(pool, db_dsn, store, small=small) as served:
         with anyio.fail_after(DEADLINE_S):
             async with served.session.post(
                 f"{served.base}/hooks/esp/acme/small",
@@ -548,7 +460,7 @@ async def test_chunked_body_over_the_source_limit_is_413(pool, db_dsn, store) ->
                 headers={"content-type": "application/json"},
             ) as response:
                 assert response.status == 413
-    assert await stored(pool) == []
+    assert await stored_events(pool) == []
 
 
 def test_reload_keeps_a_bucket_only_when_its_settings_are_unchanged(sw) -> None:
@@ -598,11 +510,13 @@ async def test_a_mailgun_token_is_single_use_across_sources_sharing_the_key(
     first = hook("mg", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
     second = hook("mg2", {"provider": "mailgun", "signing_key": MAILGUN_KEY})
     json_ct = {"content-type": "application/json"}
-    async with serving(pool, db_dsn, store, mg=first, mg2=second) as served:
-        assert (await post(served, "mg", mailgun_body("ev-1", "token-shared"), json_ct))[0] == 200
+    async with serving_hooks(pool, db_dsn, store, mg=first, mg2=second) as served:
+        assert (await post_hook(served, "mg", mailgun_body("ev-1", "token-shared"), json_ct))[
+            0
+        ] == 200
         forged = mailgun_body("ev-forged", "token-shared", kind="failed")
-        assert await post(served, "mg2", forged, json_ct) == (401, {"error": "unauthorized"})
-    assert len(await stored(pool)) == 1
+        assert await post_hook(served, "mg2", forged, json_ct) == (401, {"error": "unauthorized"})
+    assert len(await stored_events(pool)) == 1
 
 
 # -- budgets: failed verifications cannot hold signed events back ----------------------
@@ -655,7 +569,7 @@ async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store, 
     flooder_via, sender_via = (FLOOD_CLIENT, ESP_CLIENT) if proxied else (None, None)
     flood: dict[int | str, int] = {"sent": 0}
     signed: list[int] = []
-    async with serving(pool, db_dsn, store, trusted, resend=resend) as served:
+    async with serving_hooks(pool, db_dsn, store, trusted, resend=resend) as served:
         url = f"{served.base}/hooks/esp/acme/resend"
         connector = aiohttp.TCPConnector(
             local_addr=(PROXY if proxied else FLOOD_PEER, 0), limit=FLOOD_CONCURRENCY
@@ -684,7 +598,7 @@ async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store, 
                     await eventually(lambda: flood.get(429, 0), DEADLINE_S, what="flood 429s")
                     for n in range(SIGNED_DURING_FLOOD):
                         body = resend_event(email_id=f"em_{n}")
-                        status, _ = await post(
+                        status, _ = await post_hook(
                             served,
                             "resend",
                             body,
@@ -696,7 +610,7 @@ async def test_signed_events_get_through_an_unsigned_flood(pool, db_dsn, store, 
                     done.set()
         elapsed_s = time.monotonic() - started
     accepted = signed.count(200)
-    rows = await stored(pool)
+    rows = await stored_events(pool)
     figures = f"signed {accepted}/{len(signed)}; flood {flood} in {elapsed_s:.1f} s"
     assert flood_running, figures  # every signed event was sent during the flood
     assert accepted >= 0.95 * SIGNED_DURING_FLOOD, figures
@@ -722,7 +636,7 @@ async def test_a_peer_over_its_failure_budget_gets_429_before_the_body(
     """Only the failing peer is refused: signed events from another peer pass, and
     the source's budget was not spent by the failures."""
     sw.limiter = RateLimiter(rate=0.001, burst=2)  # two verified requests, then 429
-    async with serving(pool, db_dsn, store, failures=burst_only(), resend=sw) as served:
+    async with serving_hooks(pool, db_dsn, store, failures=burst_only(), resend=sw) as served:
         port = int(served.base.rsplit(":", 1)[1])
         connector = aiohttp.TCPConnector(local_addr=(FLOOD_PEER, 0))
         async with aiohttp.ClientSession(connector=connector) as other:
@@ -759,13 +673,13 @@ async def test_a_peer_over_its_failure_budget_gets_429_before_the_body(
         # Another peer's signed events spend the source's budget, untouched by the failures.
         for n in range(2):
             body = resend_event(email_id=f"em_{n}")
-            assert (await post(served, "resend", body, sign_standard(body, msg_id=f"m{n}")))[
+            assert (await post_hook(served, "resend", body, sign_standard(body, msg_id=f"m{n}")))[
                 0
             ] == 200
         body = resend_event(email_id="em_2")
-        assert (await post(served, "resend", body, sign_standard(body, msg_id="m2")))[0] == 429
+        assert (await post_hook(served, "resend", body, sign_standard(body, msg_id="m2")))[0] == 429
         assert failures(served) == FAILED_VERIFICATION_BURST
-    assert len(await stored(pool)) == 2
+    assert len(await stored_events(pool)) == 2
 
 
 def test_peer_budgets_are_bounded_and_separate() -> None:
@@ -788,7 +702,9 @@ def test_peer_budgets_are_bounded_and_separate() -> None:
 async def test_forwarded_addresses_count_only_from_a_trusted_proxy(pool, db_dsn, store, sw) -> None:
     """A client's budget is its forwarded address when the TCP peer is a trusted proxy;
     a peer that is not one writes X-Forwarded-For in vain (its own address counts)."""
-    async with serving(pool, db_dsn, store, (PROXY,), failures=burst_only(), resend=sw) as served:
+    async with serving_hooks(
+        pool, db_dsn, store, (PROXY,), failures=burst_only(), resend=sw
+    ) as served:
 
         async def forged(n: int, via: str, peer: str) -> int:
             body, headers = garbage(n)
@@ -809,14 +725,14 @@ async def test_forwarded_addresses_count_only_from_a_trusted_proxy(pool, db_dsn,
         # (the proxy appends the address it saw), and another client is untouched.
         body = resend_event(email_id="em_1")
         spoofed = f"{FLOOD_CLIENT}, {ESP_CLIENT}"
-        assert (await post(served, "resend", body, sign_standard(body, msg_id="m1"), via=spoofed))[
-            0
-        ] == 200
+        assert (
+            await post_hook(served, "resend", body, sign_standard(body, msg_id="m1"), via=spoofed)
+        )[0] == 200
         # A peer that is not a trusted proxy cannot pick a fresh budget per request.
         for n in range(int(FAILED_VERIFICATION_BURST)):
             assert await forged(200 + n, f"192.0.2.{n + 1}", FLOOD_PEER) == 401
         assert await forged(299, "192.0.2.250", FLOOD_PEER) == 429
-    assert len(await stored(pool)) == 1
+    assert len(await stored_events(pool)) == 1
 
 
 def test_the_failure_budgets_a_table_is_given_are_the_ones_it_uses() -> None:

@@ -1,6 +1,6 @@
 """The HTTP listener against a real PostgreSQL and real sockets on 127.0.0.1.
 
-Each test starts `serve_http` with `await tg.start(...)` on an ephemeral port,
+Each test starts `serve_http` on an ephemeral port (tests/daemon/http_rig.py),
 talks HTTP to it (aiohttp's client, or a raw socket where the client would be
 too polite), and cancels the task group at the end. Every wait has a deadline;
 nothing sleeps to synchronise.
@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -22,56 +21,18 @@ import asyncpg
 import orjson
 import pytest
 import structlog
+from http_rig import ACME, GLOBEX, TOKENS, Listener, api_state, outbound_body, serving_api
 from multidict import CIMultiDict
 
 import inboxd.daemon.http.events as sse_module
-from inboxd.daemon.http import HttpState, TokenTable, serve_http
+from inboxd.daemon.http import TokenTable, serve_http
 from inboxd.daemon.http.api import ATTACHMENT_URL_TTL_S, content_disposition
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.pipeline.objectstore.local import LocalDirectoryStore
 from inboxd.pipeline.objectstore.store import ObjectStore
 from inboxd.pipeline.outcomes import ItemResult, Outcome
 
-TOKENS = {"acme": "acme-secret-token-0001", "globex": "globex-secret-token-0002"}
-ACME = {"Authorization": f"Bearer {TOKENS['acme']}"}
-GLOBEX = {"Authorization": f"Bearer {TOKENS['globex']}"}
 DEADLINE_S = 10
-
-
-@dataclass
-class Served:
-    base: str
-    port: int
-    state: HttpState
-    session: aiohttp.ClientSession
-
-
-@asynccontextmanager
-async def serving(
-    pool: asyncpg.Pool,
-    dsn: str,
-    store: ObjectStore,
-    *,
-    ready: Callable[[], Awaitable[bool]] | None = None,
-    max_body_bytes: int = 64 * 1024,
-) -> AsyncIterator[Served]:
-    async def always_ready() -> bool:
-        return True
-
-    state = HttpState(
-        pool=pool,
-        dsn=dsn,
-        store=store,
-        metrics=Metrics(),
-        tenant_for_token=TokenTable(TOKENS),
-        ready=ready or always_ready,
-        max_body_bytes=max_body_bytes,
-    )
-    async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
-        with anyio.fail_after(DEADLINE_S):
-            port = await tg.start(serve_http, "127.0.0.1", 0, state)
-        yield Served(f"http://127.0.0.1:{port}", port, state, session)
-        tg.cancel_scope.cancel()
 
 
 @pytest.fixture
@@ -136,7 +97,7 @@ class EventStream:
 
 @asynccontextmanager
 async def subscribe(
-    srv: Served, headers: dict[str, str], query: str = ""
+    srv: Listener, headers: dict[str, str], query: str = ""
 ) -> AsyncIterator[EventStream]:
     with anyio.fail_after(DEADLINE_S):
         response = await srv.session.get(f"{srv.base}/v1/events{query}", headers=headers)
@@ -163,7 +124,7 @@ async def test_healthz_readyz_and_metrics(pool, db_dsn, store) -> None:
         except StopIteration:
             raise RuntimeError("probe crashed") from None
 
-    async with serving(pool, db_dsn, store, ready=ready) as srv:
+    async with serving_api(pool, db_dsn, store, ready=ready) as srv:
         async with srv.session.get(f"{srv.base}/healthz") as r:
             assert (r.status, await r.json()) == (200, {"status": "ok"})
         async with srv.session.get(f"{srv.base}/readyz") as r:
@@ -217,7 +178,7 @@ async def test_serves_probes_while_the_listen_database_is_unreachable(pool, stor
         return False
 
     unreachable = "postgresql://postgres@127.0.0.1:1/nowhere"  # nothing listens on port 1
-    async with serving(pool, unreachable, store, ready=not_ready) as srv:
+    async with serving_api(pool, unreachable, store, ready=not_ready) as srv:
         async with srv.session.get(f"{srv.base}/healthz") as r:
             assert r.status == 200
         async with srv.session.get(f"{srv.base}/readyz") as r:
@@ -225,18 +186,8 @@ async def test_serves_probes_while_the_listen_database_is_unreachable(pool, stor
 
 
 async def test_a_taken_port_fails_the_start(pool, db_dsn, store) -> None:
-    async def ready() -> bool:
-        return True
-
-    state = HttpState(
-        pool=pool,
-        dsn=db_dsn,
-        store=store,
-        metrics=Metrics(),
-        tenant_for_token=TokenTable(TOKENS),
-        ready=ready,
-    )
-    async with serving(pool, db_dsn, store) as srv:
+    state = api_state(pool, db_dsn, store)
+    async with serving_api(pool, db_dsn, store) as srv:
         with pytest.raises(ExceptionGroup) as info, anyio.fail_after(DEADLINE_S):
             async with anyio.create_task_group() as tg:
                 await tg.start(serve_http, "127.0.0.1", srv.port, state)
@@ -269,7 +220,7 @@ async def _raw_request(port: int, head: bytes, body_start: bytes = b"") -> bytes
 
 
 async def test_declared_oversized_body_gets_413_without_being_read(pool, db_dsn, store) -> None:
-    async with serving(pool, db_dsn, store, max_body_bytes=1024) as srv:
+    async with serving_api(pool, db_dsn, store, max_body_bytes=1024) as srv:
         head = (
             b"POST /v1/outbound HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Authorization: Bearer " + TOKENS["acme"].encode() + b"\r\n"
@@ -293,7 +244,7 @@ async def test_chunked_body_is_cut_at_the_limit(pool, db_dsn, store, tenants) ->
         for _ in range(4):
             yield b"x" * 1000
 
-    async with serving(pool, db_dsn, store, max_body_bytes=1024) as srv:
+    async with serving_api(pool, db_dsn, store, max_body_bytes=1024) as srv:
         async with srv.session.post(
             f"{srv.base}/v1/outbound",
             data=chunks(),
@@ -319,7 +270,7 @@ async def test_chunked_body_is_cut_at_the_limit(pool, db_dsn, store, tenants) ->
     "path, method", [("/v1/events", "GET"), ("/v1/outbound", "POST"), ("/v1/attachments/1", "GET")]
 )
 async def test_api_routes_need_a_known_bearer_token(pool, db_dsn, store, path, method) -> None:
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         for headers in (
             {},
             {"Authorization": "Bearer wrong-token"},
@@ -354,7 +305,7 @@ def test_token_table_is_exact_and_keeps_tokens_out_of_repr() -> None:
 async def test_each_tenant_receives_only_its_own_events_in_order(
     pool, db_dsn, store, tenants
 ) -> None:
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         async with subscribe(srv, ACME) as acme, subscribe(srv, GLOBEX) as globex:
             a1 = await emit(pool, "acme", "message.created", {"n": 1}, mailbox="inbox")
             g1 = await emit(pool, "globex", "message.created", {"n": 1}, mailbox="sales")
@@ -391,7 +342,7 @@ async def test_each_tenant_receives_only_its_own_events_in_order(
 async def test_resume_replays_only_later_events(pool, db_dsn, store, tenants) -> None:
     ids = [await emit(pool, "acme", "message.created", {"n": n}) for n in range(4)]
     await emit(pool, "globex", "message.created")
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         async with subscribe(srv, {**ACME, "Last-Event-ID": str(ids[1])}) as stream:
             assert [(await stream.next())["id"] for _ in range(2)] == ids[2:]
             live = await emit(pool, "acme", "message.created")
@@ -416,13 +367,13 @@ async def test_resume_replays_only_later_events(pool, db_dsn, store, tenants) ->
 async def test_replay_longer_than_one_page(pool, db_dsn, store, tenants, monkeypatch) -> None:
     monkeypatch.setattr(sse_module, "SSE_PAGE_SIZE", 3)
     ids = [await emit(pool, "acme", "message.created", {"n": n}) for n in range(8)]
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         async with subscribe(srv, ACME, "?last_event_id=0") as stream:
             assert [(await stream.next())["id"] for _ in range(8)] == ids
 
 
 async def test_exclude_client_skips_the_callers_own_changes(pool, db_dsn, store, tenants) -> None:
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         async with subscribe(srv, ACME, "?exclude_client=tab-1") as stream:
             mine = outbound_body(
                 placeholder_message_id="pending_mine",
@@ -448,7 +399,7 @@ async def test_exclude_client_skips_the_callers_own_changes(pool, db_dsn, store,
 
 
 async def test_streams_survive_a_lost_listen_connection(pool, db_dsn, store, tenants) -> None:
-    async with serving(pool, db_dsn, store) as srv, subscribe(srv, ACME) as stream:
+    async with serving_api(pool, db_dsn, store) as srv, subscribe(srv, ACME) as stream:
         first = await emit(pool, "acme", "message.created")
         assert (await stream.next())["id"] == first  # the hub is listening
         async with pool.acquire() as conn:
@@ -467,7 +418,7 @@ async def test_streams_survive_a_lost_listen_connection(pool, db_dsn, store, ten
 
 async def test_keepalive_comment_when_idle(pool, db_dsn, store, tenants, monkeypatch) -> None:
     monkeypatch.setattr(sse_module, "SSE_HEARTBEAT_S", 0.05)
-    async with serving(pool, db_dsn, store) as srv, subscribe(srv, ACME) as stream:
+    async with serving_api(pool, db_dsn, store) as srv, subscribe(srv, ACME) as stream:
         with anyio.fail_after(DEADLINE_S):
             assert await stream.response.content.readline() == b"\n"  # end of "retry:"
             assert await stream.response.content.readline() == b": keepalive\n"
@@ -476,18 +427,8 @@ async def test_keepalive_comment_when_idle(pool, db_dsn, store, tenants, monkeyp
 
 
 async def test_stopping_the_server_ends_the_streams(pool, db_dsn, store, tenants) -> None:
-    async def ready() -> bool:
-        return True
-
-    metrics = Metrics()
-    state = HttpState(
-        pool=pool,
-        dsn=db_dsn,
-        store=store,
-        metrics=metrics,
-        tenant_for_token=TokenTable(TOKENS),
-        ready=ready,
-    )
+    state = api_state(pool, db_dsn, store)
+    metrics = state.metrics
     async with aiohttp.ClientSession() as session:  # outlives the server
         # the whole start-stream-stop cycle, far below the 15 s heartbeat
         with anyio.fail_after(DEADLINE_S):
@@ -509,25 +450,8 @@ async def test_stopping_the_server_ends_the_streams(pool, db_dsn, store, tenants
 # -- POST /v1/outbound -----------------------------------------------------------------
 
 
-def outbound_body(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "mailbox_id": "inbox",
-        "message_id_header": "<out-1@acme.test>",
-        "placeholder_message_id": "pending_abc",
-        "thread_id": "pending_t1",
-        "from_address": "support@acme.test",
-        "subject": "Your order",
-        "sent_at": "2026-11-02T09:30:00Z",
-        "text": "Thanks for your order.",
-        "html": None,
-        "send_status": "pending",
-    }
-    body.update(overrides)
-    return body
-
-
 async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/outbound"
         async with srv.session.post(
             url,
@@ -565,7 +489,7 @@ async def test_outbound_is_recorded(pool, db_dsn, store, tenants) -> None:
 
 
 async def test_outbound_rejects_bad_bodies(pool, db_dsn, store, tenants) -> None:
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/outbound"
         bad = outbound_body(
             placeholder_message_id="gm-123",
@@ -676,7 +600,7 @@ async def test_attachment_download_is_scoped_to_the_tenant(pool, db_dsn, store, 
         data=None,
         content_type="application/octet-stream",
     )
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         url = f"{srv.base}/v1/attachments"
         async with srv.session.get(f"{url}/{stored}", headers=ACME) as r:
             assert r.status == 200
@@ -708,7 +632,7 @@ async def test_attachment_redirects_to_a_presigned_url(pool, db_dsn, tmp_path, t
         data=b"hello",
         content_type="text/plain",
     )
-    async with serving(pool, db_dsn, presigning) as srv:
+    async with serving_api(pool, db_dsn, presigning) as srv:
         async with srv.session.get(
             f"{srv.base}/v1/attachments/{stored}", headers=ACME, allow_redirects=False
         ) as r:
@@ -780,7 +704,7 @@ async def test_a_refused_authorization_header_is_never_echoed_or_logged(
     token = secrets.token_urlsafe(size)[:size]
     caplog.set_level(logging.DEBUG)
     with structlog.testing.capture_logs() as events:
-        async with serving(pool, db_dsn, store) as srv:
+        async with serving_api(pool, db_dsn, store) as srv:
             for path in ("/v1/events", "/v1/attachments/1"):
                 answer = await raw_exchange(
                     srv.port,
@@ -823,7 +747,7 @@ async def test_two_authorization_headers_are_400_and_nothing_is_served(
         ("GET", f"/v1/attachments/{attachment}", None),
     ]
     await emit(pool, "acme", "message.created")
-    async with serving(pool, db_dsn, store) as srv:
+    async with serving_api(pool, db_dsn, store) as srv:
         for method, path, body in requests:
             headers = CIMultiDict([("Authorization", first), ("Authorization", second)])
             with anyio.fail_after(DEADLINE_S):
@@ -857,7 +781,7 @@ async def test_tokens_of_refused_requests_are_not_logged(
     wrong = secrets.token_urlsafe(40)
     caplog.set_level(logging.DEBUG)
     with structlog.testing.capture_logs() as events:
-        async with serving(pool, db_dsn, store) as srv:
+        async with serving_api(pool, db_dsn, store) as srv:
             for headers in (
                 {"Authorization": f"Bearer {wrong}"},
                 CIMultiDict([("Authorization", f"Bearer {wrong}"), *ACME.items()]),

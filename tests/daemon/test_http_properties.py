@@ -6,8 +6,8 @@ ESP hook route of each scheme with correctly signed bodies, and
 hardening issue, with what is stored), then hypothesis over generated bodies
 and fields — extreme times, long ids, deep nesting, NUL, lone surrogates,
 wrong types — asserting the answer is 2xx or 4xx (never 5xx while the database
-is up) and that a 4xx stored nothing. The apps are test_hooks' and test_http's
-`serving`, reused rather than copied.
+is up) and that a 4xx stored nothing. The apps are tests/daemon/esp_hooks_rig.py's
+and http_rig.py's, the ones test_hooks and test_http serve.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
+from esp_hooks_rig import HookServer, hook, post_hook, serving_hooks, stored_events
 from helpers.db import rows_in
 from helpers.esp_signing import (
     SendGridSigner,
@@ -33,12 +34,10 @@ from helpers.esp_signing import (
     sign_standard,
     standard_config,
 )
+from http_rig import ACME, outbound_body, serving_api
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
-from test_hooks import Served, hook, post, serving, stored
-from test_http import ACME, outbound_body
-from test_http import serving as serving_api
 
 from inboxd.adapters.esp.registry import build_esp_receiver
 from inboxd.daemon.webhooks.esp import DeliveryHook
@@ -69,7 +68,7 @@ def nested(depth: int) -> Any:
 @asynccontextmanager
 async def all_schemes(
     pool, db_dsn, store
-) -> AsyncIterator[tuple[Served, SendGridSigner, SnsSigner]]:
+) -> AsyncIterator[tuple[HookServer, SendGridSigner, SnsSigner]]:
     sendgrid, sns = SendGridSigner(), SnsSigner()
     ses_receiver = build_esp_receiver("ses", {"id": "ses", **ses_config()}, str, fetch=sns.fetch())
     ses = DeliveryHook(
@@ -78,7 +77,7 @@ async def all_schemes(
         receiver=ses_receiver,
         policy=SourcePolicy(ses_receiver.default_payload_fields),
     )
-    async with serving(
+    async with serving_hooks(
         pool,
         db_dsn,
         store,
@@ -156,7 +155,7 @@ async def test_standard_webhooks_bad_input_is_refused_and_stores_nothing(
         headers.add("webhook-signature", headers["webhook-signature"])
         status = 401
     async with all_schemes(pool, db_dsn, store) as (served, _, _):
-        assert (await post(served, "sw", body, headers))[0] == status
+        assert (await post_hook(served, "sw", body, headers))[0] == status
     assert await rows_in(pool, "delivery_events") == 0
 
 
@@ -178,17 +177,17 @@ async def test_sendgrid_bad_event_is_kept_safe_and_the_good_ones_stored(
     batch = [sg_event(1), sg_event(2, **bad), sg_event(3)]
     async with all_schemes(pool, db_dsn, store) as (served, sendgrid, _):
         body = json.dumps(batch).encode()
-        assert await post(served, "sg", body, CIMultiDict(sendgrid.headers(body))) == (
+        assert await post_hook(served, "sg", body, CIMultiDict(sendgrid.headers(body))) == (
             200,
             {"stored": 3, "duplicates": 0},
         )
         # SendGrid's retry of the same batch is all duplicates, the bad event too
         body = json.dumps(batch).encode()
-        assert (await post(served, "sg", body, CIMultiDict(sendgrid.headers(body))))[1] == {
+        assert (await post_hook(served, "sg", body, CIMultiDict(sendgrid.headers(body))))[1] == {
             "stored": 0,
             "duplicates": 3,
         }
-    rows = await stored(pool)
+    rows = await stored_events(pool)
     kinds = sorted((r["event_type"], r["provider_type"]) for r in rows)
     assert kinds == [
         ("delivered", "delivered"),
@@ -212,7 +211,7 @@ async def test_sendgrid_repeated_headers_are_refused(pool, db_dsn, store) -> Non
         ):
             headers = CIMultiDict(sendgrid.headers(body))
             headers.add(name, headers[name])
-            assert (await post(served, "sg", body, headers))[0] == 401
+            assert (await post_hook(served, "sg", body, headers))[0] == 401
     assert await rows_in(pool, "delivery_events") == 0
 
 
@@ -231,12 +230,12 @@ async def test_postmark_bad_input_is_400_and_stores_nothing(
     pool, db_dsn, store, fields: dict[str, Any]
 ) -> None:
     async with all_schemes(pool, db_dsn, store) as (served, _, _):
-        assert (await post(served, "pm", postmark(**fields), CIMultiDict(postmark_headers())))[
+        assert (await post_hook(served, "pm", postmark(**fields), CIMultiDict(postmark_headers())))[
             0
         ] == 400
         headers = CIMultiDict(postmark_headers())
         headers.add("authorization", headers["authorization"])
-        assert (await post(served, "pm", postmark(), headers))[0] == 401
+        assert (await post_hook(served, "pm", postmark(), headers))[0] == 401
     assert await rows_in(pool, "delivery_events") == 0
 
 
@@ -250,9 +249,9 @@ async def test_mailgun_bad_input_is_400_and_stores_nothing(
 ) -> None:
     async with all_schemes(pool, db_dsn, store) as (served, _, _):
         body = mailgun_body(mailgun(**fields))
-        assert (await post(served, "mg", body, CIMultiDict({"content-type": "application/json"})))[
-            0
-        ] == 400
+        assert (
+            await post_hook(served, "mg", body, CIMultiDict({"content-type": "application/json"}))
+        )[0] == 400
     assert await rows_in(pool, "delivery_events") == 0
 
 
@@ -274,7 +273,7 @@ async def test_ses_bad_input_is_400_and_stores_nothing(
         del event["delivery"]["timestamp"]  # so mail.timestamp is the event time
     async with all_schemes(pool, db_dsn, store) as (served, _, sns):
         body = sns.notification(event)
-        assert (await post(served, "ses", body, CIMultiDict({"content-type": "text/plain"})))[
+        assert (await post_hook(served, "ses", body, CIMultiDict({"content-type": "text/plain"})))[
             0
         ] == 400
     assert await rows_in(pool, "delivery_events") == 0
@@ -357,10 +356,10 @@ anything = st.one_of(json_value, body_text, iso_time, unix_time)
 
 
 async def check_answer(
-    pool: asyncpg.Pool, served: Served, source: str, body: bytes, headers
+    pool: asyncpg.Pool, served: HookServer, source: str, body: bytes, headers
 ) -> None:
     before = await rows_in(pool, "delivery_events")
-    status, answer = await post(served, source, body, CIMultiDict(headers))
+    status, answer = await post_hook(served, source, body, CIMultiDict(headers))
     assert 200 <= status < 500, (status, answer)
     if status >= 400:
         assert await rows_in(pool, "delivery_events") == before, answer
@@ -406,7 +405,7 @@ async def test_sendgrid_never_5xx_and_keeps_every_event(pool, db_dsn, store, eve
     body = json.dumps(batch).encode()
     before = await rows_in(pool, "delivery_events")  # examples share the test's database
     async with all_schemes(pool, db_dsn, store) as (served, sendgrid, _):
-        status, answer = await post(served, "sg", body, CIMultiDict(sendgrid.headers(body)))
+        status, answer = await post_hook(served, "sg", body, CIMultiDict(sendgrid.headers(body)))
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:  # a lone surrogate escape: not Unicode, so not JSON text

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import anyio
 import asyncpg
 import orjson
 import pytest
 import structlog
 from harness import DaemonProcess, write_config
 from helpers import eventually
+from http_rig import doorbell_rings, listening, webhook_state
 
 from inboxd.adapters.outlook import tables as graph_subscriptions
 from inboxd.adapters.outlook.notifications import (
@@ -36,11 +36,8 @@ from inboxd.adapters.outlook.notifications import (
 )
 from inboxd.adapters.webhook_routes import RouteContext
 from inboxd.daemon.config.main import load_main, load_tenants
-from inboxd.daemon.http import HttpState, TokenTable, serve_http
 from inboxd.daemon.metrics.registry import Metrics
-from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.outlook_config import build_outlook_push
-from inboxd.pipeline.doorbell import DOORBELL_CHANNEL, parse_doorbell
 
 DEADLINE_S = 15
 EXPIRES = datetime(2026, 12, 3, 17, 0, tzinfo=UTC)
@@ -64,7 +61,7 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(pool: asyncpg.Pool, dsn: str, store) -> AsyncIterator[Served]:
+async def serving_outlook_push(pool: asyncpg.Pool, dsn: str, store) -> AsyncIterator[Served]:
     table = OutlookPushTable(
         {
             "acme": OutlookPushTenant("acme", frozenset({"support", "sales", "marker"})),
@@ -72,30 +69,12 @@ async def serving(pool: asyncpg.Pool, dsn: str, store) -> AsyncIterator[Served]:
         }
     )
 
-    async def ready() -> bool:
-        return True
-
     metrics = Metrics()
-    state = HttpState(
-        pool=pool,
-        dsn=dsn,
-        store=store,
-        metrics=metrics,
-        tenant_for_token=TokenTable({}),
-        ready=ready,
-        webhooks=Webhooks(OutlookPush(table, RouteContext(pool, metrics))),
+    state = webhook_state(
+        pool, dsn, store, OutlookPush(table, RouteContext(pool, metrics)), metrics
     )
-    listener = await asyncpg.connect(dsn)
-    rings: list[tuple[str, str] | None] = []
-    await listener.add_listener(DOORBELL_CHANNEL, lambda *a: rings.append(parse_doorbell(a[-1])))
-    try:
-        async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
-            with anyio.fail_after(DEADLINE_S):
-                port = await tg.start(serve_http, "127.0.0.1", 0, state)
-            yield Served(f"http://127.0.0.1:{port}", session, rings, metrics)
-            tg.cancel_scope.cancel()
-    finally:
-        await listener.close()
+    async with doorbell_rings(dsn) as rings, listening(state) as listener:
+        yield Served(listener.base, listener.session, rings, metrics)
 
 
 @pytest.fixture
@@ -186,7 +165,7 @@ async def test_a_validation_token_is_echoed_as_text_before_anything_else(
     pool, db_dsn, store, lifecycle: bool
 ) -> None:
     token = "Validation: Testing client application reachability for subscription Request-Id: 9e0"
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         # as Graph sends it: text/plain, no body
         r = await post(
             served, b"", lifecycle=lifecycle, params={"validationToken": token},
@@ -213,7 +192,7 @@ async def test_a_validation_token_is_echoed_as_text_before_anything_else(
 async def test_a_valid_notification_records_the_push_and_rings_the_mailbox(
     pool, db_dsn, store, subscribed
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         r = await post(served, [note("sub-support-inbox")])
         assert r.status == 202
         assert await last_push(pool, "support") is not None
@@ -227,14 +206,14 @@ async def test_fifty_notifications_for_one_mailbox_ring_it_once(
 ) -> None:
     batch = [note("sub-support-inbox") for _ in range(40)]
     batch += [note("sub-support-sent") for _ in range(10)]
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, batch) == 202
         assert await rings_until_marker(served) == [("acme", "support")]
 
 
 async def test_notifications_for_two_mailboxes_ring_both(pool, db_dsn, store, subscribed) -> None:
     batch = [note("sub-sales-inbox"), note("sub-support-inbox"), note("sub-sales-inbox")]
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, batch) == 202
         assert await rings_until_marker(served) == [("acme", "sales"), ("acme", "support")]
         assert await last_push(pool, "sales") is not None
@@ -246,7 +225,7 @@ async def test_a_wrong_client_state_is_401_counted_and_never_logged(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     with structlog.testing.capture_logs() as events:
-        async with serving(pool, db_dsn, store) as served:
+        async with serving_outlook_push(pool, db_dsn, store) as served:
             r = await post(served, [note("sub-support-inbox", FORGED), note("sub-sales-inbox", "")])
             assert r.status == 401
             assert await rings_until_marker(served) == []
@@ -266,7 +245,7 @@ async def test_valid_and_invalid_in_one_post_is_202_and_rings_only_the_valid(
     pool, db_dsn, store, subscribed
 ) -> None:
     batch = [note("sub-support-inbox", FORGED), note("sub-sales-inbox"), note("sub-nobody", "x")]
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, batch) == 202
         assert await rings_until_marker(served) == [("acme", "sales")]
         assert await last_push(pool, "support") is None
@@ -277,7 +256,7 @@ async def test_another_tenants_subscription_is_unknown_here(
     pool, db_dsn, store, subscribed
 ) -> None:
     sub_id, _, _, secret = GLOBEX_SUB
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, [note(sub_id, secret)], tenant="acme") == 401
         assert await rings_until_marker(served) == []
         assert await last_push(pool, "support", tenant="globex") is None
@@ -294,13 +273,13 @@ async def test_another_tenants_subscription_is_unknown_here(
 async def test_a_malformed_body_is_400_and_rings_nothing(
     pool, db_dsn, store, subscribed, body: bytes
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, body) == 400
         assert await rings_until_marker(served) == []
 
 
 async def test_refusals_before_the_body(pool, db_dsn, store, subscribed) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         assert await status_of(served, [note("sub-support-inbox")], tenant="hooli") == 404
         assert (
             await status_of(served, [note("sub-support-inbox")], content_type="text/plain") == 415
@@ -318,7 +297,7 @@ async def test_refusals_before_the_body(pool, db_dsn, store, subscribed) -> None
 async def test_a_lifecycle_event_is_stored_and_rings_the_mailbox(
     pool, db_dsn, store, subscribed, event: str
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         batch = [note("sub-support-sent", lifecycleEvent=event)]
         assert await status_of(served, batch, lifecycle=True) == 202
         assert await rings_until_marker(served) == [("acme", "support")]
@@ -333,7 +312,7 @@ async def test_a_lifecycle_event_is_stored_and_rings_the_mailbox(
 async def test_lifecycle_keeps_the_strongest_event_and_ignores_unknown_ones(
     pool, db_dsn, store, subscribed
 ) -> None:
-    async with serving(pool, db_dsn, store) as served:
+    async with serving_outlook_push(pool, db_dsn, store) as served:
         batch = [
             note("sub-support-inbox", lifecycleEvent="missed"),
             note("sub-support-inbox", lifecycleEvent="subscriptionRemoved"),
@@ -370,7 +349,7 @@ async def test_database_outage_is_503_and_the_retry_rings(
     database = db_dsn.rsplit("/", 1)[1]
     admin = await asyncpg.connect(server_dsn)
     try:
-        async with serving(pool, db_dsn, store) as served:
+        async with serving_outlook_push(pool, db_dsn, store) as served:
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
