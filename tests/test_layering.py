@@ -5,7 +5,8 @@ neither of the other two nor any provider SDK or web framework; an adapter
 imports no other adapter (only the shared contract, inboxd.adapters.base) and
 nothing of the daemon. And every source folder is a package setuptools installs:
 a folder missing from pyproject.toml works in the editable checkout and is
-absent from a wheel.
+absent from a wheel. And in tests/, no module imports a test module: what tests
+share lives in tests/helpers/ or a rig module.
 
 No database: these tests only read files.
 """
@@ -350,3 +351,49 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
                         "is not in [project] dependencies)"
                     )
     assert not problems, "undeclared imports\n" + "\n".join(problems)
+
+
+TESTS = REPO / "tests"
+
+
+def _test_module_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, statement) of each import of a `test_*` module in `path`, in either
+    form: `from test_x import ...` (its folder on sys.path) or the dotted
+    `from tests.daemon.test_x import ...`, `import tests.daemon.test_x`."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            if node.level:  # relative: within the importing module's own package
+                names = [f"tests.{name}" for name in names]
+        else:
+            continue
+        if any(_is_test_module(name) for name in names):
+            yield node.lineno, ast.unparse(node)
+
+
+def _is_test_module(name: str) -> bool:
+    """`test_x` (a folder of tests/ on sys.path) or `tests.….test_x`; not a library's
+    module that happens to be named so (aiohttp.test_utils)."""
+    parts = name.split(".")
+    if parts[0] == "tests":
+        return any(part.startswith("test_") for part in parts[1:])
+    return parts[0].startswith("test_")
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """What tests share lives in tests/helpers/ or in a rig module (tests/daemon/*_rig.py,
+    harness.py), never in a test module (CONTRIBUTING.md "Tests", 12): importing one ties
+    two files' tests together, and a `test_*` function imported is collected twice."""
+    problems = [
+        f"{path.relative_to(REPO).as_posix()}:{line}: {statement}"
+        for path in _py_files(TESTS)
+        for line, statement in _test_module_imports(path)
+    ]
+    assert not problems, (
+        "test modules importing test modules (move what they share to tests/helpers/ "
+        "or a rig module)\n" + "\n".join(problems)
+    )
