@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from helpers import cli_argv, eventually, wait_for
+from helpers.config_files import write_config_tree, write_tenant_file
 
 READY_TIMEOUT_S = 60.0
 
@@ -32,11 +33,10 @@ def write_config(
     tmp/maildirs/T/M. Returns the main config path.
     """
     tenants = tenants or {"acme": ["inbox"]}
-    (tmp / "tenants").mkdir(exist_ok=True)
     for tenant, mailboxes in tenants.items():
         write_tenant(tmp, tenant, mailboxes)
-    main = tmp / "inboxd.toml"
-    main.write_text(
+    return write_config_tree(
+        tmp,
         f"""
 [listener]
 host = "127.0.0.1"
@@ -63,9 +63,8 @@ poll_scan_interval_s = 0.5
 [tenants]
 dir = "tenants"
 {extra_main}
-"""
+""",
     )
-    return main
 
 
 def write_tenant(tmp: Path, tenant: str, mailboxes: list[str], token: str | None = None) -> Path:
@@ -82,9 +81,8 @@ path = "{tmp / "maildirs" / tenant / mailbox}"
         for mailbox in mailboxes
     )
     token_line = f'api_token = "env:{token}"' if token else ""
-    path = tmp / "tenants" / f"{tenant}.toml"
-    path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n{token_line}\n{blocks}')
-    return path
+    text = f'id = "{tenant}"\nname = "{tenant.title()}"\n{token_line}\n{blocks}'
+    return write_tenant_file(tmp, tenant, text)
 
 
 def maildir(tmp: Path, tenant: str, mailbox: str) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from helpers import cli_env, run_cli
+from helpers.config_files import write_config_tree
 
 from inboxd.daemon.config.main import (
     ConfigError,
@@ -43,16 +44,6 @@ id = "{id}"
 provider = "maildir"
 path = "maildir/{id}"
 """
-
-
-def write_config(tmp_path: Path, main: str = "", **tenants: str) -> Path:
-    """main.toml with `main` as its text, and tenants/<name>.toml for each keyword."""
-    config = tmp_path / "main.toml"
-    config.write_text(main)
-    (tmp_path / "tenants").mkdir(exist_ok=True)
-    for name, text in tenants.items():
-        (tmp_path / "tenants" / f"{name}.toml").write_text(text)
-    return config
 
 
 def tenant(tenant_id: str, *mailbox_ids: str, extra: str = "") -> str:
@@ -129,7 +120,7 @@ def test_check_config_json(tmp_path: Path) -> None:
 def test_defaults_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INBOXD_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir("/")  # relative paths follow the config file, not the working directory
-    config = write_config(tmp_path, "", acme=tenant("acme", "inbox"))
+    config = write_config_tree(tmp_path, "", acme=tenant("acme", "inbox"))
 
     main = load_main(config)
     tenants = load_tenants(main)
@@ -146,7 +137,7 @@ def test_defaults_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_every_main_key(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         """
         [database]
@@ -221,7 +212,7 @@ def test_every_main_key(tmp_path: Path) -> None:
 
 
 def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         acme="""
         id = "acme"
@@ -270,7 +261,7 @@ def test_other_providers_keep_their_settings_with_secrets_wrapped(tmp_path: Path
 
 
 def test_gmail_table_and_mailboxes_are_runnable_with_secrets_wrapped(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         acme="""
         id = "acme"
@@ -785,7 +776,7 @@ def test_problem_names_file_and_key(
 ) -> None:
     monkeypatch.delenv("INBOXD_TEST_UNSET_TOKEN", raising=False)
     monkeypatch.delenv("INBOXD_TEST_UNSET_DSN", raising=False)
-    config = write_config(tmp_path, main, **({"acme": tenant_text} if tenant_text else {}))
+    config = write_config_tree(tmp_path, main, **({"acme": tenant_text} if tenant_text else {}))
     file = config if where == "main" else tmp_path / "tenants" / "acme.toml"
 
     problems = check_config(config)
@@ -807,7 +798,7 @@ def test_problem_rendering_matches_the_documented_form(tmp_path: Path) -> None:
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         '[listener]\nport = "x"\nhots = "h"\n[queue]\ncapacity = 0\n',
         acme='id = "acme"\nnmae = "x"\n',
@@ -816,15 +807,15 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
     keys = [(p.file.name, p.key) for p in check_config(config)]
 
     assert keys == [
-        ("main.toml", "listener.hots"),
-        ("main.toml", "listener.port"),
-        ("main.toml", "queue.capacity"),
+        ("inboxd.toml", "listener.hots"),
+        ("inboxd.toml", "listener.port"),
+        ("inboxd.toml", "queue.capacity"),
         ("acme.toml", "nmae"),
     ]
 
 
 def test_load_main_raises_with_every_problem(tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[listener]\nport = "x"\n[workers]\ningest = 0\n')
+    config = write_config_tree(tmp_path, '[listener]\nport = "x"\n[workers]\ningest = 0\n')
 
     with pytest.raises(ConfigError) as caught:
         load_main(config)
@@ -838,14 +829,14 @@ def test_missing_files_and_directories(tmp_path: Path) -> None:
         f"{tmp_path / 'nope.toml'}: no such file"
     ]
 
-    config = write_config(tmp_path, '[tenants]\ndir = "missing"\n')
+    config = write_config_tree(tmp_path, '[tenants]\ndir = "missing"\n')
     (problem,) = check_config(config)
     assert (problem.file, problem.key) == (config, "tenants.dir")
     assert "does not exist" in problem.message
 
 
 def test_maildir_path_that_is_a_file(tmp_path: Path) -> None:
-    config = write_config(tmp_path, acme=tenant("acme", "inbox"))
+    config = write_config_tree(tmp_path, acme=tenant("acme", "inbox"))
     (tmp_path / "tenants" / "maildir").mkdir()
     (tmp_path / "tenants" / "maildir" / "inbox").write_text("not a directory")
 
@@ -859,7 +850,7 @@ def test_maildir_path_that_is_a_file(tmp_path: Path) -> None:
 
 
 def test_duplicate_mailbox_ids_across_tenant_files(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path, acme=tenant("acme", "support", "sales"), beta=tenant("beta", "billing", "support")
     )
 
@@ -876,7 +867,7 @@ def test_duplicate_mailbox_ids_across_tenant_files(tmp_path: Path) -> None:
 
 
 def test_duplicate_tenant_ids_across_files(tmp_path: Path) -> None:
-    config = write_config(tmp_path, a=tenant("acme", "one"), b=tenant("acme", "two"))
+    config = write_config_tree(tmp_path, a=tenant("acme", "one"), b=tenant("acme", "two"))
 
     tenants = load_tenants(load_main(config))
 
@@ -887,7 +878,7 @@ def test_duplicate_tenant_ids_across_files(tmp_path: Path) -> None:
 
 
 def test_a_broken_tenant_file_does_not_hide_the_others(tmp_path: Path) -> None:
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         acme=tenant("acme", "acme-inbox"),
         broken='id = "broken"\n[[mailboxes]]\nid = "b"\nprovider = "maildir"\npath = 3\n',
@@ -915,7 +906,7 @@ def test_a_broken_tenant_file_does_not_hide_the_others(tmp_path: Path) -> None:
 
 def test_a_reloaded_mailbox_compares_equal_when_unchanged(tmp_path: Path) -> None:
     """SIGHUP restarts only mailboxes whose config changed: equality must be by value."""
-    config = write_config(tmp_path, acme=tenant("acme", "inbox"))
+    config = write_config_tree(tmp_path, acme=tenant("acme", "inbox"))
     main = load_main(config)
     before = load_tenants(main).tenants["acme"]
 
@@ -934,7 +925,7 @@ def test_a_reloaded_mailbox_compares_equal_when_unchanged(tmp_path: Path) -> Non
 def test_check_config_exit_code_and_no_secret_in_output(tmp_path: Path) -> None:
     secret_file = tmp_path / "pw"
     secret_file.write_text(FILE_VALUE + "\n")
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         f'[database]\ndsn = "postgresql://u:{LITERAL}@db/x"\n',
         acme=f"""
@@ -1003,7 +994,7 @@ def test_reprs_never_contain_secret_values(tmp_path: Path, monkeypatch: pytest.M
     secret_file.write_text(f"  {FILE_VALUE}\n")
     monkeypatch.setenv("ACME_TOKEN", ENV_VALUE)
     monkeypatch.setenv("ACME_DSN", f"postgresql://u:{ENV_VALUE}@db/x")
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         '[database]\ndsn = "env:ACME_DSN"\n',
         acme=f"""
@@ -1132,7 +1123,9 @@ def test_secret_key_names() -> None:
 
 def test_an_object_store_that_cannot_be_written_fails_check_config(tmp_path: Path) -> None:
     (tmp_path / "blocker").write_text("a file where the store's directory should be")
-    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "blocker/objects"\n')
+    config = write_config_tree(
+        tmp_path, '[object_store]\nkind = "local"\npath = "blocker/objects"\n'
+    )
     problem = find(check_config(config), config, "object_store.path")
     assert problem.message == f"cannot be written: {tmp_path / 'blocker'} is not a directory"
     # `inboxd run` refuses to start on the same problem (exit 2, the path named)
@@ -1144,13 +1137,15 @@ def test_an_object_store_that_cannot_be_written_fails_check_config(tmp_path: Pat
 def test_an_object_store_without_permission_fails_check_config(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "locked/objects"\n')
+    config = write_config_tree(
+        tmp_path, '[object_store]\nkind = "local"\npath = "locked/objects"\n'
+    )
     problem = find(check_config(config), config, "object_store.path")
     assert problem.message == f"cannot be written: {locked}: Permission denied"
 
 
 def test_a_missing_store_directory_under_a_writable_one_is_fine(tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[object_store]\nkind = "local"\npath = "new/objects"\n')
+    config = write_config_tree(tmp_path, '[object_store]\nkind = "local"\npath = "new/objects"\n')
     assert check_config(config) == []
     assert not (tmp_path / "new").exists()  # check-config creates nothing
 
@@ -1171,14 +1166,14 @@ def test_a_mailbox_not_connected_yet_is_valid_configuration(
 ) -> None:
     """The documented onboarding: add the mailbox, then `inboxd connect` it. Until then
     check-config (and ExecStartPre, SIGHUP) accept it; the daemon shows needs_connect."""
-    config = write_config(tmp_path, "", acme=tenant_text)
+    config = write_config_tree(tmp_path, "", acme=tenant_text)
     assert check_config(config) == []
 
 
 def test_a_literal_imap_password_is_one_problem(tmp_path: Path) -> None:
     """The refused literal is the problem; no second line blaming the same key for a
     missing credential."""
-    config = write_config(
+    config = write_config_tree(
         tmp_path,
         "",
         acme='id = "acme"\n[[mailboxes]]\nid = "m"\nprovider = "imap"\naddress = "a@b.c"\n'
@@ -1200,9 +1195,9 @@ def test_an_outlook_certificate_is_a_secret_reference(tmp_path: Path) -> None:
         'client_id = "5f1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"\ncertificate = "{}"\n'
         '[[mailboxes]]\nid = "o"\nprovider = "outlook"\naddress = "o@acme.example"\n'
     )
-    config = write_config(tmp_path, "", acme=table.format(f"file:{pem}"))
+    config = write_config_tree(tmp_path, "", acme=table.format(f"file:{pem}"))
     assert check_config(config) == []
-    config = write_config(tmp_path, "", acme=table.format("-----BEGIN PRIVATE KEY-----"))
+    config = write_config_tree(tmp_path, "", acme=table.format("-----BEGIN PRIVATE KEY-----"))
     [problem] = check_config(config)
     assert problem.key == "outlook.certificate"
     assert problem.message.startswith("literal secrets are not allowed")

@@ -23,6 +23,7 @@ import pytest
 from anyio.abc import Process
 from fakes.gmail import GMAIL_SCOPE, FakeGmail, pkce_s256
 from helpers import cli_argv, cli_env, run_cli
+from helpers.config_files import TENANTS_ONLY, write_config_tree
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -30,10 +31,12 @@ ALICE = "alice@example.com"
 DEADLINE_S = 60
 
 
-def write_config(tmp: Path, fake: FakeGmail, *, refresh_line: str = "") -> Path:
-    (tmp / "tenants").mkdir(exist_ok=True)
-    (tmp / "tenants" / "acme.toml").write_text(
-        f"""
+def write_gmail_config(tmp: Path, fake: FakeGmail, *, refresh_line: str = "") -> Path:
+    """Tenant acme with Gmail mailbox alice on `fake`; the main file's path."""
+    return write_config_tree(
+        tmp,
+        TENANTS_ONLY,
+        acme=f"""
 id = "acme"
 [gmail]
 client_id = "{fake.client_id}"
@@ -45,11 +48,8 @@ id = "alice"
 provider = "gmail"
 address = "{ALICE}"
 {refresh_line}
-"""
+""",
     )
-    main = tmp / "inboxd.toml"
-    main.write_text('[tenants]\ndir = "tenants"\n')
-    return main
 
 
 @dataclass
@@ -119,7 +119,7 @@ async def browse(url: str) -> tuple[int, str]:
 
 async def test_consent_writes_a_0600_refresh_token_the_daemon_can_use(tmp_path: Path) -> None:
     async with FakeGmail([ALICE, "bob@example.com"]) as fake:
-        config = write_config(tmp_path, fake)
+        config = write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake) as cmd:
             url = await cmd.consent_url(fake.authorize_url)
             query = parse_qs(urlsplit(url).query)
@@ -144,7 +144,7 @@ async def test_consent_writes_a_0600_refresh_token_the_daemon_can_use(tmp_path: 
         assert token not in cmd.stdout + "\n".join(cmd.stderr)
 
         # the printed line makes the tenant file valid for `inboxd run`
-        write_config(tmp_path, fake, refresh_line=line)
+        write_gmail_config(tmp_path, fake, refresh_line=line)
         env = cli_env(tmp_path / "data", ACME_GMAIL_SECRET=fake.client_secret)
         checked = await anyio.to_thread.run_sync(lambda: run_cli("check-config", config, env=env))
         assert checked.code == 0, checked.stderr
@@ -168,7 +168,7 @@ async def test_consent_writes_a_0600_refresh_token_the_daemon_can_use(tmp_path: 
 
 async def test_consent_for_another_account_writes_nothing(tmp_path: Path) -> None:
     async with FakeGmail([ALICE, "bob@example.com"]) as fake:
-        write_config(tmp_path, fake)
+        write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake) as cmd:
             url = await cmd.consent_url(fake.authorize_url)
             # the browser was signed in as bob (the fake consents as login_hint)
@@ -180,7 +180,7 @@ async def test_consent_for_another_account_writes_nothing(tmp_path: Path) -> Non
 
 async def test_no_browser_answer_times_out(tmp_path: Path) -> None:
     async with FakeGmail([ALICE]) as fake:
-        write_config(tmp_path, fake)
+        write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake, "--timeout", "1") as cmd:
             await cmd.consent_url(fake.authorize_url)
             assert await cmd.finish() == 1
@@ -205,7 +205,7 @@ async def _redirect_of(url: str) -> str:
 async def test_a_fixed_port_for_an_ssh_tunnel(tmp_path: Path) -> None:
     port = _free_port()
     async with FakeGmail([ALICE]) as fake:
-        write_config(tmp_path, fake)
+        write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake, "--port", str(port)) as cmd:
             url = await cmd.consent_url(fake.authorize_url)
             redirect = parse_qs(urlsplit(url).query)["redirect_uri"][0]
@@ -228,7 +228,7 @@ async def test_a_fixed_port_for_an_ssh_tunnel(tmp_path: Path) -> None:
 
 async def test_manual_mode_takes_the_pasted_redirect(tmp_path: Path) -> None:
     async with FakeGmail([ALICE]) as fake:
-        write_config(tmp_path, fake)
+        write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake, "--manual") as cmd:
             url = await cmd.consent_url(fake.authorize_url)
             location = await _redirect_of(url)
@@ -255,7 +255,7 @@ async def test_manual_mode_takes_the_pasted_redirect(tmp_path: Path) -> None:
 async def test_the_token_file_belongs_to_the_daemons_user(tmp_path: Path) -> None:
     nobody = pwd.getpwnam("nobody")
     async with FakeGmail([ALICE]) as fake:
-        write_config(tmp_path, fake)
+        write_gmail_config(tmp_path, fake)
         async with connect(tmp_path, fake, "--owner", "nobody") as cmd:
             await browse(await cmd.consent_url(fake.authorize_url))
             assert await cmd.finish() == 0, cmd.stderr

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from fakes.graph import DEVICE_CODE_GRANT, FakeGraph
 from fakes.graph.errors import Answer
 from helpers import cli_argv, cli_env, eventually, run_cli_async
+from helpers.config_files import TENANTS_ONLY, write_config_tree
 from helpers.keys import make_certificate, rsa_key
 
 from inboxd.adapters.outlook.auth import GraphTokens
@@ -53,7 +54,7 @@ async def fake() -> AsyncIterator[FakeGraph]:
         yield server
 
 
-def write_config(
+def write_outlook_config(
     tmp: Path,
     fake: FakeGraph,
     *,
@@ -62,7 +63,6 @@ def write_config(
     credential: str = 'client_secret = "env:ACME_GRAPH_SECRET"',
 ) -> Path:
     """The main config; its tenant file is tmp/tenants/acme.toml."""
-    (tmp / "tenants").mkdir(exist_ok=True)
     outlook = f"""
 [outlook]
 directory_id = "{fake.directory_id}"
@@ -71,8 +71,10 @@ client_id = "{fake.client_id}"
 graph_url = "{fake.graph_url}"
 authority_url = "{fake.authority_url}"
 """
-    (tmp / "tenants" / "acme.toml").write_text(
-        f"""
+    return write_config_tree(
+        tmp,
+        TENANTS_ONLY,
+        acme=f"""
 id = "acme"
 {outlook if table else ""}
 [[mailboxes]]
@@ -80,11 +82,8 @@ id = "alice"
 provider = "outlook"
 address = "{ALICE}"
 {line}
-"""
+""",
     )
-    main = tmp / "inboxd.toml"
-    main.write_text('[tenants]\ndir = "tenants"\n')
-    return main
 
 
 def env_for(tmp: Path, fake: FakeGraph) -> dict[str, str]:
@@ -189,7 +188,7 @@ async def polls_answered(seen: Seen, error: str, count: int) -> None:
 async def test_sign_in_writes_a_0600_refresh_token_the_daemon_can_use(
     tmp_path: Path, fake: FakeGraph, seen: Seen
 ) -> None:
-    config = write_config(tmp_path, fake)
+    config = write_outlook_config(tmp_path, fake)
     async with connect(tmp_path, fake) as cmd:
         code = await cmd.user_code()
         await polls_answered(seen, "authorization_pending", 3)
@@ -222,7 +221,7 @@ async def test_sign_in_writes_a_0600_refresh_token_the_daemon_can_use(
     assert sorted(p.name for p in out.parent.iterdir()) == [TOKEN_FILE, "acme.toml"]
 
     # the printed line makes the tenant file valid, and the token opens the mailbox
-    write_config(tmp_path, fake, line=line)
+    write_outlook_config(tmp_path, fake, line=line)
     env = env_for(tmp_path, fake)
     checked = await run_cli_async("check-config", config, env=env)
     assert checked.code == 0, checked.stderr
@@ -248,7 +247,7 @@ async def test_sign_in_writes_a_0600_refresh_token_the_daemon_can_use(
 async def test_slow_down_makes_every_later_poll_wait_5_s_longer(
     tmp_path: Path, fake: FakeGraph, seen: Seen
 ) -> None:
-    write_config(tmp_path, fake)
+    write_outlook_config(tmp_path, fake)
     async with connect(tmp_path, fake, "--json") as cmd:
         code = await cmd.user_code()
         fake.slow_down_device_code(code, times=2)
@@ -279,7 +278,7 @@ async def test_slow_down_makes_every_later_poll_wait_5_s_longer(
 async def test_a_failed_sign_in_writes_nothing(
     tmp_path: Path, fake: FakeGraph, seen: Seen, act: Any, message: str
 ) -> None:
-    write_config(tmp_path, fake)
+    write_outlook_config(tmp_path, fake)
     async with connect(tmp_path, fake) as cmd:
         code = await cmd.user_code()
         await polls_answered(seen, "authorization_pending", 1)
@@ -294,7 +293,7 @@ async def test_a_failed_sign_in_writes_nothing(
 async def test_ctrl_c_while_waiting_stops_cleanly(
     tmp_path: Path, fake: FakeGraph, seen: Seen
 ) -> None:
-    write_config(tmp_path, fake)
+    write_outlook_config(tmp_path, fake)
     async with connect(tmp_path, fake) as cmd:
         await cmd.user_code()
         await polls_answered(seen, "authorization_pending", 1)
@@ -307,7 +306,7 @@ async def test_ctrl_c_while_waiting_stops_cleanly(
 async def test_an_unusable_outlook_table_is_a_config_error(
     tmp_path: Path, fake: FakeGraph, seen: Seen
 ) -> None:
-    config = write_config(tmp_path, fake, table=False)
+    config = write_outlook_config(tmp_path, fake, table=False)
     argv = ("connect", "outlook", "--config", config, "--tenant", "acme", "--mailbox", "alice")
     tenant_file = tmp_path / "tenants" / "acme.toml"
     missing = await run_cli_async(*argv, env=env_for(tmp_path, fake))
@@ -316,7 +315,7 @@ async def test_an_unusable_outlook_table_is_a_config_error(
         missing.stderr
     )
 
-    write_config(tmp_path, fake)
+    write_outlook_config(tmp_path, fake)
     text = tenant_file.read_text().replace(f'client_id = "{fake.client_id}"', 'client_id = "x"')
     tenant_file.write_text(text)
     bad = await run_cli_async(*argv, env=env_for(tmp_path, fake))
