@@ -353,8 +353,14 @@ ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS poll_interval_s double precision 
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS last_polled_at timestamptz;
 ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS next_poll_at timestamptz;
 COMMENT ON COLUMN mailboxes.poll_interval_s IS 'Seconds between polls (poll mode), or how long push may stay quiet before a poll (auto mode). From the tenant config.';
-COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and last_success_at.';
+COMMENT ON COLUMN mailboxes.last_polled_at IS 'When a poll scanner last claimed the mailbox; it is due again poll_interval_s after the later of this and the start of its last clean sync run (sync_started_at).';
 COMMENT ON COLUMN mailboxes.next_poll_at IS 'Claim cooldown: no scanner claims the mailbox again before this time (keeps overlapping scanners and replicas from double-scheduling).';
+-- The start of a sync run (its lease acquisition): a clean run's start is when the
+-- mailbox was last known in sync, and its next poll is due an interval after that, not
+-- after the run's end (issue 25: counting from the end stretched every period by the
+-- run's length). Added after the table existed.
+ALTER TABLE mailboxes ADD COLUMN IF NOT EXISTS sync_started_at timestamptz;
+COMMENT ON COLUMN mailboxes.sync_started_at IS 'When the latest sync run took the lease. When last_success_at is later, that run was clean and the mailbox was in sync as of this time.';
 
 -- Presence of a lease holder (pipeline/mailbox/leases.py): the key of the session-level
 -- advisory lock it holds; when the lock is gone, so is the holder. Added after the

@@ -55,6 +55,7 @@ from inboxd.daemon.metrics.extraction import refresh_extraction_backlog
 from inboxd.daemon.metrics.registry import Metrics
 from inboxd.daemon.ses_door import ses_door
 from inboxd.daemon.sync.fleet import MailboxFleet
+from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import RunnerDeps
@@ -121,8 +122,7 @@ class Daemon:
             pool,
             self.queue,
             self.metrics,
-            self.owner,
-            main.lease_ttl_s,
+            LeaseKeeper(dsn, self.owner, main.lease_ttl_s),
             presence=Presence(dsn, self.owner),
         )
         self.fleet = MailboxFleet(

@@ -1,6 +1,7 @@
 """The mailbox runners of one process, and the two things that ring them.
 
     fleet task group ─┬─ presence lock                 (sync/presence.py)
+                      ├─ lease keeper                  (sync/lease_keeper.py)
                       ├─ runner × configured mailbox   (sync/runner.py)
                       ├─ poll scanner                  (sync/scanner.py)
                       └─ doorbell listener             (sync/doorbell.py)
@@ -88,6 +89,7 @@ class MailboxFleet:
                 self._tg = tg
                 if self.deps.presence is not None:  # before any lease is taken
                     await tg.start(self.deps.presence.run)
+                await tg.start(self.deps.keeper.run)
                 # Side by side: one after another took 11-19 s at 1,000 mailboxes.
                 limiter = anyio.CapacityLimiter(MAILBOX_STARTS_AT_ONCE)
                 async with anyio.create_task_group() as starting:

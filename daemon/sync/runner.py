@@ -19,8 +19,9 @@ State machine of a runner:
   queue; after its results, the Source settles it, and the cursor moves only
   past a clean page, with the lease's fencing token (a stale owner stops).
   The cancel flag in the database is checked between pages.
-- The lease is renewed every third of its TTL while syncing; losing it cancels
-  the run at once.
+- The lease is renewed every third of its TTL while syncing, with every other
+  lease of the process, by its LeaseKeeper (sync/lease_keeper.py); losing it
+  cancels the run at once.
 - cancel_sync() (SIGUSR1) cancels the current run; stop() ends the runner
   (SIGHUP removed or changed the mailbox, or shutdown).
 """
@@ -40,6 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from inboxd.adapters.base import Page, Source, Watchable
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.metrics.registry import Metrics
+from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
@@ -78,9 +80,16 @@ class RunnerDeps:
     pool: asyncpg.Pool
     queue: IngestQueue
     metrics: Metrics
-    owner: str
-    lease_ttl_s: float
+    keeper: LeaseKeeper  # renews the leases of every run; its owner and TTL are ours
     presence: Presence | None = None  # leases carry its key while it is held
+
+    @property
+    def owner(self) -> str:
+        return self.keeper.owner
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return self.keeper.ttl_s
 
 
 class MailboxRunner:
@@ -269,12 +278,14 @@ class MailboxRunner:
                     self._log.warning("lease_not_released", error=describe(exc))
 
     async def _sync_pages(self, token: int) -> bool:
-        """The pages, with the lease renewed beside them."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._renew, token)
-            completed = await self._pages(token)
-            tg.cancel_scope.cancel()
-        return completed
+        """The pages, with the lease renewed by the process's keeper meanwhile."""
+        with self.deps.keeper.holding(self.key, token, self._lease_lost):
+            return await self._pages(token)
+
+    def _lease_lost(self) -> None:
+        """The keeper found the lease gone: another process syncs now; stop at once."""
+        if self._run_scope is not None:
+            self._run_scope.cancel()
 
     async def _pages(self, token: int) -> bool:
         """Sync every page; True when the source is exhausted, False when stopped early."""
@@ -339,27 +350,6 @@ class MailboxRunner:
                     external_id=page.items[result.index].external_id,
                     reason=result.detail,
                 )
-
-    async def _renew(self, token: int) -> None:
-        tenant, mailbox = self.key
-        interval_s = self.deps.lease_ttl_s / 3
-        while True:
-            await anyio.sleep(interval_s)
-            try:
-                async with self.deps.pool.acquire() as conn:
-                    ok = await leases.renew_lease(
-                        conn, tenant, mailbox, self.deps.owner, token, self.deps.lease_ttl_s
-                    )
-            except DATABASE_ERRORS as exc:
-                # The lease outlives two missed renewals; if it expires meanwhile,
-                # the fencing token makes the next cursor write fail (LeaseLost).
-                self._log.warning("lease_renewal_failed", error=describe(exc))
-                continue
-            if not ok:
-                self._log.warning("lease_lost")
-                if self._run_scope is not None:
-                    self._run_scope.cancel()
-                return
 
     async def _record_failure(
         self, error: str, *, attention: bool = False, retry_after_s: float | None = None

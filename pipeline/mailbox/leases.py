@@ -18,6 +18,10 @@ Lease protocol (one lease per mailbox; `lease_token` is the fencing token)::
       └──── expires ≤ now() (EXPIRED) ◀───────────────────┘
               anyone's acquire_lease → N+2: the holder of N+1 is fenced off
 
+`renew_leases` is renew_lease for every lease one owner holds, in one statement:
+the daemon renews all of its leases that way, on a connection of its own
+(daemon/sync/lease_keeper.py), so a renewal never queues behind the syncs it keeps.
+
 * Every successful acquire increments `lease_token`, also when the same owner
   re-acquires (after expiry or not): each acquisition has its own token, and a
   token never comes back. Two holders must therefore never share an owner id:
@@ -77,6 +81,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 
 from inboxd.pipeline.mailbox.rows import (
     HELD,
@@ -122,6 +127,7 @@ WITH target AS (
            lease_expires_at = now() + make_interval(secs => $4),
            lease_token = lease_token + 1,
            lease_session_key = $5,
+           sync_started_at = now(),
            -- a cancel meant for an earlier holder's run (one that died before
            -- seeing it) must not stop this one
            cancel_requested = false
@@ -147,6 +153,16 @@ UPDATE mailboxes SET lease_expires_at = now() + make_interval(secs => $5)
  WHERE tenant_id = $1 AND mailbox_id = $2 AND lease_owner = $3 AND lease_token = $4
    AND lease_expires_at > now()
 RETURNING true
+"""
+
+# Every lease of one owner in one statement (renew_leases): a daemon holding
+# hundreds renews them all with one round trip instead of one each.
+_RENEW_MANY = """
+UPDATE mailboxes m SET lease_expires_at = now() + make_interval(secs => $5)
+  FROM unnest($2::text[], $3::text[], $4::bigint[]) AS h (tenant_id, mailbox_id, token)
+ WHERE m.tenant_id = h.tenant_id AND m.mailbox_id = h.mailbox_id
+   AND m.lease_owner = $1 AND m.lease_token = h.token AND m.lease_expires_at > now()
+RETURNING m.tenant_id, m.mailbox_id
 """
 
 # A cancel meant for this run must not stop the next one: releasing clears it.
@@ -223,6 +239,30 @@ async def renew_lease(
         _RENEW, tenant_id, mailbox_id, owner, token, positive_seconds("ttl_s", ttl_s)
     )
     return bool(renewed)
+
+
+async def renew_leases(
+    conn: Executor,
+    owner: str,
+    held: Sequence[tuple[str, str, int]],
+    ttl_s: float,
+) -> set[tuple[str, str]]:
+    """`renew_lease` for many (tenant_id, mailbox_id, token) leases of `owner` in one
+    statement; the (tenant_id, mailbox_id) pairs renewed. A pair missing from the
+    answer was lost, exactly as renew_lease's False: its run must stop at once."""
+    require_owner(owner)
+    ttl = positive_seconds("ttl_s", ttl_s)
+    if not held:
+        return set()
+    rows = await conn.fetch(
+        _RENEW_MANY,
+        owner,
+        [t for t, _, _ in held],
+        [m for _, m, _ in held],
+        [token for _, _, token in held],
+        ttl,
+    )
+    return {(r[0], r[1]) for r in rows}
 
 
 async def release_lease(

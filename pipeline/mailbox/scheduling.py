@@ -246,8 +246,6 @@ async def set_sync_state(
 
 # --- poll scheduling ---------------------------------------------------------------------
 
-# When a mailbox is next due: its interval after the later of its last poll
-# claim and its last successful sync (by any trigger). NULL: never either.
 # The outbox event of a mailbox that newly needs an operator (record_failure).
 NEEDS_ATTENTION_EVENT = "mailbox.needs_attention"
 # A push-mode mailbox is still synced once a day: a lost notification is caught up,
@@ -263,14 +261,26 @@ def poll_every_s(sync_mode: str, poll_interval_s: float) -> float:
     return poll_interval_s
 
 
+# When the mailbox was last known in sync: the start of its last clean run (a run
+# that took the lease at sync_started_at and then succeeded), else — a run under
+# way or failed since, or a row from before sync_started_at — its last success.
+_IN_SYNC_AS_OF = (
+    "CASE WHEN m.last_success_at >= m.sync_started_at THEN m.sync_started_at "
+    "ELSE m.last_success_at END"
+)
+
+# When a mailbox is next due: its interval after the later of its last poll claim
+# and when it was last known in sync (by any trigger). Counting from the run's start,
+# not its end, keeps the period at the interval however long a poll takes (issue 25:
+# from the end, every period grew by the run). NULL: neither ever happened.
 _DUE_AT = (
-    "greatest(m.last_polled_at, m.last_success_at) + make_interval(secs => "
+    f"greatest(m.last_polled_at, {_IN_SYNC_AS_OF}) + make_interval(secs => "
     f"CASE WHEN m.sync_mode = 'push' THEN greatest(m.poll_interval_s, {PUSH_SAFETY_SYNC_S}) "
     "ELSE m.poll_interval_s END)"
 )
 
 _IS_DUE = f"""
-       coalesce({_DUE_AT}, '-infinity') <= now()
+       coalesce({_DUE_AT}, '-infinity') <= now() + make_interval(secs => $7)
        AND coalesce(m.next_poll_at, '-infinity') <= now()
        AND coalesce(m.throttle_until, '-infinity') <= now()
        AND NOT (m.sync_mode = 'auto'
@@ -318,6 +328,7 @@ async def claim_due(
     cooldown_s: float,
     limit: int,
     push_quiet_after_s: float = 0.0,
+    ahead_s: float = 0.0,
 ) -> list[tuple[str, str]]:
     """Claim up to `limit` of `mailboxes` that are due for a poll; (tenant, mailbox) pairs.
 
@@ -326,10 +337,13 @@ async def claim_due(
     "push has been quiet" threshold); others are never returned. A mailbox is
     due when all hold:
 
-    * its interval has passed: now() ≥ poll_interval_s after the later of
-      last_polled_at (the last claim) and last_success_at (the last clean sync,
-      whatever triggered it — so a push-fed mailbox is only polled once push
-      has been quiet for its interval), or it has neither;
+    * its interval has passed, or passes within `ahead_s`: now() + ahead_s ≥
+      poll_interval_s after the later of last_polled_at (the last claim) and the
+      start of its last clean sync run (sync_started_at, whatever triggered the
+      run — so a push-fed mailbox is only polled once push has been quiet for its
+      interval), or it has neither. A scanner passes half its period as
+      `ahead_s`: a mailbox falling due before the next pass is claimed in the
+      pass nearest to its due time, early or late, instead of always late;
     * its claim cooldown has passed: next_poll_at ≤ now();
     * it is not throttled: throttle_until ≤ now();
     * in push mode, at least PUSH_SAFETY_SYNC_S since the last poll or success
@@ -351,6 +365,7 @@ async def claim_due(
     require_owner(owner)
     cooldown_s = _non_negative("cooldown_s", cooldown_s)
     push_quiet_after_s = _non_negative("push_quiet_after_s", push_quiet_after_s)
+    ahead_s = _non_negative("ahead_s", ahead_s)
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     pairs = list(dict.fromkeys((t, m) for t, m in mailboxes))
@@ -364,6 +379,7 @@ async def claim_due(
         cooldown_s,
         limit,
         push_quiet_after_s,
+        ahead_s,
     )
     return sorted((r[0], r[1]) for r in rows)
 

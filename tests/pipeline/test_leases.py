@@ -156,6 +156,49 @@ async def test_renew_extends_and_release_frees(pool, inbox) -> None:
     assert await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S) == token + 1
 
 
+async def test_renew_leases_renews_what_the_owner_still_holds(pool, make_mailbox) -> None:
+    """One statement for every lease of an owner: a lease taken over (token moved on),
+    released or expired is reported lost; another tenant's mailbox of the same name is
+    a separate lease."""
+    for tenant, mailbox in [(T, "kept"), (T, "taken"), (T, "released"), (T, "expired")]:
+        await make_mailbox(tenant, mailbox)
+    await make_mailbox("other", "kept")
+    kept = await leases.acquire_lease(pool, T, "kept", "a", 5.0)
+    other_kept = await leases.acquire_lease(pool, "other", "kept", "a", 5.0)
+    taken = await leases.acquire_lease(pool, T, "taken", "a", 5.0)
+    released = await leases.acquire_lease(pool, T, "released", "a", 5.0)
+    expired = await leases.acquire_lease(pool, T, "expired", "a", SHORT_TTL_S)
+    assert None not in (kept, other_kept, taken, released, expired)
+    await wait_lease_expired(pool, T, "expired")
+    await pool.execute(  # another replica's acquisition after an expiry: the token moves on
+        "UPDATE mailboxes SET lease_owner = 'b', lease_token = lease_token + 1 "
+        "WHERE tenant_id = $1 AND mailbox_id = 'taken'",
+        T,
+    )
+    await leases.release_lease(pool, T, "released", "a", released)
+    before = (await row(pool, T, "kept"))["lease_expires_at"]
+
+    renewed = await leases.renew_leases(
+        pool,
+        "a",
+        [
+            (T, "kept", kept),
+            ("other", "kept", other_kept),
+            (T, "taken", taken),
+            (T, "released", released),
+            (T, "expired", expired),
+        ],
+        LONG_TTL_S,
+    )
+
+    assert renewed == {(T, "kept"), ("other", "kept")}
+    assert (await row(pool, T, "kept"))["lease_expires_at"] > before
+    assert (await row(pool, T, "taken"))["lease_owner"] == "b"
+    assert await leases.renew_leases(pool, "a", [], LONG_TTL_S) == set()
+    # a stale token of the same owner is lost too
+    assert await leases.renew_leases(pool, "a", [(T, "kept", kept - 1)], LONG_TTL_S) == set()
+
+
 async def test_concurrent_acquire_gives_exactly_one_token(pool, db_dsn, inbox) -> None:
     contenders = 10
     connected: list[str] = []
@@ -418,6 +461,84 @@ async def test_claim_due_honours_interval_cooldown_and_recent_success(pool, make
         "WHERE mailbox_id = 'pushed'",
     )
     assert await scheduling.claim_due(pool, "me", mailboxes=pushed, cooldown_s=0, limit=1) == pushed
+
+
+async def set_times(pool: asyncpg.Pool, mailbox: str, **ago_s: float | None) -> None:
+    """Set timestamp columns to `now() - seconds` (None: NULL), on the database clock."""
+    for column, seconds in ago_s.items():
+        assert column in ("last_polled_at", "sync_started_at", "last_success_at")
+        await pool.execute(
+            f"UPDATE mailboxes SET {column} = now() - make_interval(secs => $3) "
+            "WHERE tenant_id = $1 AND mailbox_id = $2",
+            T,
+            mailbox,
+            seconds,
+        )
+
+
+async def test_a_poll_is_due_an_interval_after_its_clean_run_started_not_ended(
+    pool, make_mailbox
+) -> None:
+    """Polled 61 s ago with a 60 s interval, a run of 59.5 s that ended a second ago:
+    the mailbox was in sync as of the run's start, so it is due now. Counting from the
+    end stretched every period by the run's length (issue 25: polls on time 0.89)."""
+    names = ["long-clean-run", "run-since-success", "row-before-the-column"]
+    await scheduling.upsert_configured_mailboxes(
+        pool, [MailboxRow(T, n, "imap", sync_mode="poll", poll_interval_s=60) for n in names]
+    )
+    await set_times(
+        pool, "long-clean-run", last_polled_at=61, sync_started_at=60.5, last_success_at=1
+    )
+    # a run started after the last success is under way or failed: the success counts
+    await set_times(
+        pool, "run-since-success", last_polled_at=61, last_success_at=1, sync_started_at=0.5
+    )
+    await set_times(pool, "row-before-the-column", last_polled_at=61, last_success_at=1)
+    await pool.execute(
+        "UPDATE mailboxes SET sync_started_at = NULL WHERE mailbox_id = $1", names[2]
+    )
+
+    claimed = await scheduling.claim_due(
+        pool, "me", mailboxes=[(T, n) for n in names], cooldown_s=5, limit=10
+    )
+
+    assert claimed == [(T, "long-clean-run")]
+
+
+async def test_acquiring_the_lease_marks_the_run_start(pool, inbox) -> None:
+    assert (await row(pool))["sync_started_at"] is None
+    assert await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S) is not None
+    first = (await row(pool))["sync_started_at"]
+    assert first is not None
+    assert await leases.acquire_lease(pool, T, M, "b", LONG_TTL_S) is None  # not taken: kept
+    assert (await row(pool))["sync_started_at"] == first
+    assert await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S) is not None
+    assert (await row(pool))["sync_started_at"] > first
+
+
+async def test_a_mailbox_falling_due_before_the_next_pass_is_claimed_now(
+    pool, make_mailbox
+) -> None:
+    """With `ahead_s` (half the scan period), a poll falls in the pass nearest to its
+    due time: otherwise every poll was late by up to a whole period."""
+    await scheduling.upsert_configured_mailboxes(
+        pool,
+        [
+            MailboxRow(T, n, "imap", sync_mode="poll", poll_interval_s=60)
+            for n in ("due-in-2s", "due-in-10s")
+        ],
+    )
+    await set_times(pool, "due-in-2s", last_polled_at=58)
+    await set_times(pool, "due-in-10s", last_polled_at=50)
+    both = [(T, "due-in-2s"), (T, "due-in-10s")]
+
+    assert await scheduling.claim_due(pool, "me", mailboxes=both, cooldown_s=5, limit=10) == []
+    claimed = await scheduling.claim_due(
+        pool, "me", mailboxes=both, cooldown_s=5, limit=10, ahead_s=2.5
+    )
+    assert claimed == [(T, "due-in-2s")]
+    with pytest.raises(ValueError, match="ahead_s"):
+        await scheduling.claim_due(pool, "me", mailboxes=both, cooldown_s=5, limit=1, ahead_s=-1)
 
 
 async def test_an_auto_mailbox_is_polled_only_once_its_pushes_are_quiet(

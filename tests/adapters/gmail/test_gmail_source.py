@@ -23,6 +23,7 @@ from inboxd.adapters.gmail.config import Backfill, GmailMailbox, GmailSettings
 from inboxd.adapters.gmail.source import RELIST_CURSOR, GmailSource
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.metrics.registry import Metrics
+from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.pipeline import copies
@@ -72,6 +73,7 @@ class Rig:
 @asynccontextmanager
 async def rig(
     pool: asyncpg.Pool,
+    db_dsn: str,
     store: ObjectStore,
     make_mailbox,
     *,
@@ -119,22 +121,26 @@ async def rig(
         )
         metrics = Metrics()
         queue = IngestQueue(IngestStage(pool, store), metrics, capacity_pages=2)
-        deps = RunnerDeps(pool, queue, metrics, "test-owner", lease_ttl_s=30)
+        keeper = LeaseKeeper(db_dsn, "test-owner", ttl_s=30)
+        deps = RunnerDeps(pool, queue, metrics, keeper)
         config = MailboxConfig(T, M, "gmail", address=USER, sync_mode=sync_mode)
         runner = MailboxRunner(source, deps, config)
         async with anyio.create_task_group() as tg:
             await tg.start(queue.run_worker)
+            keeper_scope = tg.cancel_scope  # the keeper serves until cancelled
+            await tg.start(keeper.run)
             await tg.start(runner.run)
             yield Rig(fake, pool, runner, source)
             runner.stop()
             queue.close()
+            keeper_scope.cancel()
 
 
 async def test_backfill_then_incremental_stores_each_message_once(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 12)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:8])
         await r.sync(8)
@@ -153,10 +159,10 @@ async def test_backfill_then_incremental_stores_each_message_once(
 
 
 async def test_an_expired_cursor_resyncs_without_losing_doubling_or_redownloading(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 10)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:6])
         await r.sync(6)
@@ -173,10 +179,10 @@ async def test_an_expired_cursor_resyncs_without_losing_doubling_or_redownloadin
 
 
 async def test_a_reset_cut_short_goes_on_as_a_reset_not_as_a_first_sync(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 3)
-    async with rig(pool, store, make_mailbox, backfill="none") as r:
+    async with rig(pool, db_dsn, store, make_mailbox, backfill="none") as r:
         box = r.fake.mailbox(USER)
         r.runner.ring()  # the first sync of backfill "none": no list, a cursor
         await eventually(r.cursor, DEADLINE_S, what="the first cursor")
@@ -202,10 +208,10 @@ async def test_a_reset_cut_short_goes_on_as_a_reset_not_as_a_first_sync(
 
 
 async def test_a_message_deleted_before_fetch_is_settled_and_does_not_pin_the_cursor(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 4)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
         await r.sync(2)
@@ -220,10 +226,10 @@ async def test_a_message_deleted_before_fetch_is_settled_and_does_not_pin_the_cu
 
 
 async def test_a_per_part_429_holds_the_cursor_and_the_next_run_completes(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 4)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
         await r.sync(2)
@@ -244,10 +250,10 @@ async def test_a_per_part_429_holds_the_cursor_and_the_next_run_completes(
 
 
 async def test_deletions_and_label_changes_reach_the_stored_copies(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 3)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         a, b, c = box.add_files(files)
         await r.sync(3)
@@ -275,15 +281,15 @@ async def test_deletions_and_label_changes_reach_the_stored_copies(
 
 
 @pytest.mark.parametrize("label", ["SENT"])
-async def test_sent_copies_are_outbound(pool, store, make_mailbox, label: str) -> None:
+async def test_sent_copies_are_outbound(pool, db_dsn, store, make_mailbox, label: str) -> None:
     files = corpus_files(CORPUS, 1)
-    async with rig(pool, store, make_mailbox, labels=("INBOX", label)) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, labels=("INBOX", label)) as r:
         r.fake.mailbox(USER).add_files(files, label_ids=[label])
         await r.sync(1)
         assert await pool.fetchval("SELECT direction FROM messages") == "outbound"
 
 
-async def test_a_removed_mailbox_stops_its_watch(pool, store, make_mailbox) -> None:
+async def test_a_removed_mailbox_stops_its_watch(pool, db_dsn, store, make_mailbox) -> None:
     await make_mailbox(T, M, provider="gmail", address=USER)
     async with FakeGmail([USER]) as fake:
         settings = GmailSettings(
@@ -312,9 +318,9 @@ FAST_QUOTA_UNITS_PER_S = 20_000.0
 
 
 async def test_3000_new_messages_in_one_history_window_are_all_stored(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
-    async with rig(pool, store, make_mailbox, units_per_s=FAST_QUOTA_UNITS_PER_S) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, units_per_s=FAST_QUOTA_UNITS_PER_S) as r:
         box = r.fake.mailbox(USER)
         box.add_files(corpus_files(CORPUS, 1))
         await r.sync(1)
@@ -327,11 +333,11 @@ async def test_3000_new_messages_in_one_history_window_are_all_stored(
 
 
 async def test_the_watch_is_renewed_on_its_schedule_without_syncs_or_cursor_moves(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     topic = "projects/acme-project/topics/gmail"
     # a renewal every second (WATCH_RENEW_MIN_WAIT_S) instead of every day
-    async with rig(pool, store, make_mailbox, topic=topic, watch_renew_period_s=1.0) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, topic=topic, watch_renew_period_s=1.0) as r:
         r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)
         cursor = await r.cursor()
@@ -349,9 +355,11 @@ async def test_the_watch_is_renewed_on_its_schedule_without_syncs_or_cursor_move
         assert await r.cursor() == cursor
 
 
-async def test_in_poll_mode_a_sync_renews_a_watch_that_is_due(pool, store, make_mailbox) -> None:
+async def test_in_poll_mode_a_sync_renews_a_watch_that_is_due(
+    pool, db_dsn, store, make_mailbox
+) -> None:
     topic = "projects/acme-project/topics/gmail"
-    async with rig(pool, store, make_mailbox, topic=topic, sync_mode="poll") as r:
+    async with rig(pool, db_dsn, store, make_mailbox, topic=topic, sync_mode="poll") as r:
         r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)
         assert r.fake.counters.calls_of("users.watch", USER) == 1
@@ -369,9 +377,11 @@ async def test_in_poll_mode_a_sync_renews_a_watch_that_is_due(pool, store, make_
         assert await r.cursor() == cursor
 
 
-async def test_a_watch_gmail_refuses_does_not_stop_the_sync(pool, store, make_mailbox) -> None:
+async def test_a_watch_gmail_refuses_does_not_stop_the_sync(
+    pool, db_dsn, store, make_mailbox
+) -> None:
     topic = "projects/acme-project/topics/gmail"
-    async with rig(pool, store, make_mailbox, topic=topic) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, topic=topic) as r:
         r.fake.faults.fail_next_calls(1, status=403, methods={"users.watch"})
         r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 2))
         await r.sync(2)  # synced all the same; the watch is tried again next run
@@ -379,7 +389,7 @@ async def test_a_watch_gmail_refuses_does_not_stop_the_sync(pool, store, make_ma
 
 
 async def test_a_topic_gmail_may_not_publish_to_needs_attention_and_mail_still_syncs(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     """users.watch refused (the topic lacks Gmail's publish right): no push will
     ever come, so the status says so (needs_attention with Gmail's text) instead of
@@ -388,7 +398,13 @@ async def test_a_topic_gmail_may_not_publish_to_needs_attention_and_mail_still_s
     topic = "projects/acme-project/topics/gmail"
     files = corpus_files(CORPUS, 2)
     async with rig(
-        pool, store, make_mailbox, topic=topic, watch_renew_period_s=0.2, gmail_setup=no_topics
+        pool,
+        db_dsn,
+        store,
+        make_mailbox,
+        topic=topic,
+        watch_renew_period_s=0.2,
+        gmail_setup=no_topics,
     ) as r:
 
         async def state() -> tuple[str, str | None]:

@@ -31,6 +31,7 @@ from inboxd.adapters.outlook.source import OutlookSource
 from inboxd.adapters.settings import Backfill
 from inboxd.daemon.config.tenant import MailboxConfig
 from inboxd.daemon.metrics.registry import Metrics
+from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import MailboxRunner, RunnerDeps
 from inboxd.pipeline import copies
@@ -100,6 +101,7 @@ class Rig:
 @asynccontextmanager
 async def rig(
     pool: asyncpg.Pool,
+    db_dsn: str,
     store: ObjectStore,
     make_mailbox,
     *,
@@ -127,19 +129,25 @@ async def rig(
         source = OutlookSource(T, M, settings, mailbox, known, pool, transport_options=FAST_RETRIES)
         metrics = Metrics()
         queue = IngestQueue(IngestStage(pool, store), metrics, capacity_pages=2)
-        deps = RunnerDeps(pool, queue, metrics, "test-owner", lease_ttl_s=30)
+        keeper = LeaseKeeper(db_dsn, "test-owner", ttl_s=30)
+        deps = RunnerDeps(pool, queue, metrics, keeper)
         runner = MailboxRunner(source, deps, MailboxConfig(T, M, "outlook", address=USER))
         async with anyio.create_task_group() as tg:
             await tg.start(queue.run_worker)
+            keeper_scope = tg.cancel_scope  # the keeper serves until cancelled
+            await tg.start(keeper.run)
             await tg.start(runner.run)
             yield Rig(fake, None if refresh is None else refresh.reveal(), pool, runner, source)
             runner.stop()
             queue.close()
+            keeper_scope.cancel()
 
 
-async def test_backfill_then_delta_stores_each_message_once(pool, store, make_mailbox) -> None:
+async def test_backfill_then_delta_stores_each_message_once(
+    pool, db_dsn, store, make_mailbox
+) -> None:
     files = corpus_files(CORPUS, 14)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:8])
         sent = box.add_files(files[8:10], folder="sentitems")
@@ -168,10 +176,10 @@ async def copy_row(pool: asyncpg.Pool, external_id: str) -> asyncpg.Record | Non
 
 
 async def test_a_move_between_synced_folders_keeps_one_row_and_a_delete_is_recorded(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 4)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         moved, deleted, _, _ = box.add_files(files)
         await r.sync(4)
@@ -196,10 +204,10 @@ async def test_a_move_between_synced_folders_keeps_one_row_and_a_delete_is_recor
 
 
 async def test_an_expired_delta_restarts_only_that_folder_and_downloads_nothing_twice(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 8)
-    async with rig(pool, store, make_mailbox) as r:
+    async with rig(pool, db_dsn, store, make_mailbox) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:4])
         box.add_files(files[4:6], folder="sentitems")
@@ -214,10 +222,10 @@ async def test_an_expired_delta_restarts_only_that_folder_and_downloads_nothing_
 
 
 async def test_a_body_throttled_past_every_retry_holds_the_cursor_then_completes(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     files = corpus_files(CORPUS, 5)
-    async with rig(pool, store, make_mailbox, folders=("inbox",)) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, folders=("inbox",)) as r:
         box = r.fake.mailbox(USER)
         box.add_files(files[:2])
         await r.sync(2)
@@ -240,8 +248,10 @@ async def test_a_body_throttled_past_every_retry_holds_the_cursor_then_completes
         assert r.fake.counters.missing_immutable_total() == 0
 
 
-async def test_a_revoked_grant_needs_attention_with_the_reason(pool, store, make_mailbox) -> None:
-    async with rig(pool, store, make_mailbox, delegated=True) as r:
+async def test_a_revoked_grant_needs_attention_with_the_reason(
+    pool, db_dsn, store, make_mailbox
+) -> None:
+    async with rig(pool, db_dsn, store, make_mailbox, delegated=True) as r:
         r.fake.mailbox(USER).add_files(corpus_files(CORPUS, 1))
         await r.sync(1)
         assert r.refresh_token is not None
@@ -261,9 +271,9 @@ async def test_a_revoked_grant_needs_attention_with_the_reason(pool, store, make
 
 
 async def test_a_link_expiring_mid_round_of_the_first_sync_restarts_the_round(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
-    async with rig(pool, store, make_mailbox, folders=("inbox",)) as r:
+    async with rig(pool, db_dsn, store, make_mailbox, folders=("inbox",)) as r:
         r.fake.mailbox(USER).add_generated(250)  # three delta pages of 100
         r.fake.delta.expire_next_skiptoken = True  # the first nextLink followed: 410
         await r.sync(250)
@@ -326,14 +336,14 @@ EXCHANGE_BEHIND_S = 120
 
 
 async def test_backfill_none_stores_mail_exchange_stamps_before_our_clock_said_now(
-    pool, store, make_mailbox
+    pool, db_dsn, store, make_mailbox
 ) -> None:
     """receivedDateTime is Exchange's clock; the first round's bound (and every
     round after it, a reset's included) is ours. With ours two minutes ahead, mail
     arriving right after the mailbox was added is stamped below the bound: no
     round would ever report it."""
     files = corpus_files(CORPUS, 2)
-    async with rig(pool, store, make_mailbox, folders=("inbox",), backfill="none") as r:
+    async with rig(pool, db_dsn, store, make_mailbox, folders=("inbox",), backfill="none") as r:
         box = r.fake.mailbox(USER)
         await r.sync()  # the first round: nothing to store
         assert await r.rows() == 0
