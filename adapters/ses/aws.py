@@ -43,8 +43,11 @@ AWS_CALL_TIMEOUT_S = 30.0
 S3_READ_CHUNK_BYTES = 256 * 1024
 # Slowest transfer accepted for an object body: 1 MiB/s on top of the fixed part.
 S3_MIN_THROUGHPUT_BYTES_PER_S = 1024 * 1024
-# Connections per client: pollers × max_messages object fetches at once at most.
+# Connections per client, at least: the S3 client holds fetch_concurrency GETs and
+# the object deletes; the SQS client the receive loops, the deletes, the heartbeat
+# (poller.py). AWS_SPARE_CONNECTIONS covers the deletes and the rest.
 AWS_MAX_POOL_CONNECTIONS = 32
+AWS_SPARE_CONNECTIONS = 8
 # DeleteMessageBatch / ChangeMessageVisibilityBatch take at most 10 entries (SQS API).
 SQS_BATCH_ENTRIES = 10
 # Attempts for the entries of a batch call that failed on the server's side.
@@ -85,9 +88,13 @@ class AwsClients:
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
+        settings = self.settings
         base = {
             "connect_timeout": AWS_CONNECT_TIMEOUT_S,
-            "max_pool_connections": AWS_MAX_POOL_CONNECTIONS,
+            "max_pool_connections": max(
+                AWS_MAX_POOL_CONNECTIONS,
+                settings.fetch_concurrency + settings.pollers + AWS_SPARE_CONNECTIONS,
+            ),
             "retries": {"mode": "standard", "total_max_attempts": 1},
         }
         try:

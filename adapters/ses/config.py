@@ -4,7 +4,7 @@
     queue_url = "https://sqs.eu-west-1.amazonaws.com/123/inbound"
     region, endpoint_url                    S3 and SQS (tests point it at moto)
     wait_time_s, max_messages, visibility_timeout_s, max_receive_count,
-    max_message_bytes, pollers
+    max_message_bytes, pollers, fetch_concurrency, max_in_flight
     verify_sns_signature = true             an SNS envelope's signature is checked
     sns_topic_arns = [...]                  optional: the topics its envelopes may name
     buckets = [...]                         optional: the buckets its pointers may name
@@ -57,6 +57,16 @@ DEFAULT_MAX_MESSAGE_BYTES = 40 * 1024 * 1024
 # one loop's S3 fetches overlapping the other's ingest on the 2-core target.
 DEFAULT_POLLERS = 2
 MAX_POLLERS = 64
+# S3 GETs at once for the door (poller.py): one slow object holds one of them. Each
+# is a connection of the S3 client's pool (aws.py sizes the pool from it).
+DEFAULT_FETCH_CONCURRENCY = 32
+MAX_FETCH_CONCURRENCY = 256
+# Messages received and not yet deleted or left, at most: a receive waits while
+# another max_messages would pass it. Bounds memory (objects waiting for ingest)
+# and the heartbeat's work; ~5 receives' worth per default poller, enough to keep
+# receives, GETs, ingest and deletes all busy at once (bench/README.md, ses.py).
+DEFAULT_MAX_IN_FLIGHT = 100
+MAX_IN_FLIGHT = 10_000
 
 # Domains where anyone can open a mailbox: a wildcard over them admits the world.
 PUBLIC_MAILBOX_DOMAINS = frozenset(
@@ -103,6 +113,8 @@ SES_KEYS = frozenset(
         "max_receive_count",
         "max_message_bytes",
         "pollers",
+        "fetch_concurrency",
+        "max_in_flight",
         "verify_sns_signature",
         "sns_topic_arns",
         "buckets",
@@ -139,6 +151,8 @@ class SesSettings:
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     pollers: int = DEFAULT_POLLERS
+    fetch_concurrency: int = DEFAULT_FETCH_CONCURRENCY
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     # An SQS body that is an SNS envelope carrying a signature is verified like the
     # SNS delivery webhooks' (adapters/esp/sns.py) before its pointer is followed.
     verify_sns_signature: bool = True
@@ -178,6 +192,16 @@ class SesSettings:
                 settings, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, 1024, 2**40
             ),
             pollers=_integer(settings, "pollers", DEFAULT_POLLERS, 1, MAX_POLLERS),
+            fetch_concurrency=_integer(
+                settings,
+                "fetch_concurrency",
+                DEFAULT_FETCH_CONCURRENCY,
+                1,
+                MAX_FETCH_CONCURRENCY,
+            ),
+            max_in_flight=_integer(
+                settings, "max_in_flight", DEFAULT_MAX_IN_FLIGHT, 1, MAX_IN_FLIGHT
+            ),
             verify_sns_signature=_boolean(settings, "verify_sns_signature", default=True),
             sns_topic_arns=_matching(settings, "sns_topic_arns", _TOPIC_ARN, "an SNS topic ARN"),
             buckets=_matching(settings, "buckets", _BUCKET, "an S3 bucket name"),

@@ -1,6 +1,7 @@
-"""One received batch of SQS messages, from bodies to settled items.
+"""One SQS message, from its body to settled items: the steps the door's pipeline
+(poller.py) runs for each message, whatever receive it came in.
 
-Per message (the poller, poller.py, receives and deletes):
+Per message:
 
     received more than max_receive_count times → poison: dead (unless every pointer
     │   is stored already: its deletes were lost, a duplicate); an envelope still
@@ -10,15 +11,19 @@ Per message (the poller, poller.py, receives and deletes):
     │   envelope.py): forged or foreign → dead, its pointers never followed;
     │   not verifiable now (certificate unreachable) → leave the message
     ├─ a pointer to a bucket outside [ses] buckets (when set) → dead, nothing read
+    │                                                         (`Settler.prepare`)
     ├─ fetch each object from S3, streamed and size-limited (aws.py)
     │     missing → a duplicate when its message is stored, else dead;
     │     too large → dead;  throttled / 5xx / network → leave the message
-    ├─ parse the bytes once (worker processes), route by the envelope recipients
-    │   (else To/Cc/Delivered-To) to mailboxes (routing.py), apply each mailbox's
-    │   sender allowlist (refused → a dead item in that mailbox)
-    └─ ingest, one transaction per mailbox; any item retriable → leave the message
+    │                                                         (`Settler.fetch`)
+    ├─ parse the bytes (worker processes, many messages per call), route by the
+    │   envelope recipients (else To/Cc/Delivered-To) to mailboxes (routing.py),
+    │   apply each mailbox's sender allowlist (refused → a dead item in that
+    │   mailbox)                                              (`Settler.place`)
+    └─ ingest, one transaction per mailbox and gathered batch (poller.py); any
+       item retriable → leave the message                    (`Settler.answered`)
 
-A message is settled when none of its items is pending and it was not left; only
+A message is settled when none of its steps is open and it was not left; only
 settled messages are deleted. "Dead" is a dead_items row in each mailbox the
 message routes to, or, when it routes nowhere, an unrouted record with no tenant.
 Everything outside the door (ingest, records, counters) goes through the daemon's
@@ -47,7 +52,7 @@ from inboxd.pipeline.message import DeadItem, MessageData
 from inboxd.pipeline.mime.workers import parse_in_workers
 from inboxd.pipeline.outcomes import Outcome
 
-__all__ = ["BatchSettler", "CheckBody", "Unrouted", "Work"]
+__all__ = ["CheckBody", "Entry", "Settler", "Unrouted", "Work"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,20 +67,29 @@ _PARSE_TENANT = "-"  # items are parsed once, then copied to each mailbox they r
 CheckBody = Callable[[str], Awaitable[None]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Work:
-    """One SQS message being processed: its items and whether each is settled."""
+    """One SQS message in the pipeline: its pointers, its open steps, whether it is left.
+
+    `open` counts what is not settled yet: the preparation (1 from the start),
+    each fetched object until it is placed, each copy handed to ingest until its
+    result is in. The message is done when it reaches 0: settled (deleted) unless
+    `failed` (left for redelivery)."""
 
     message: QueueMessage
     pointers: list[Pointer] = field(default_factory=list)
-    routes: list[Route] = field(default_factory=list)
-    pending: int = 0  # items handed to ingest and not answered settled yet
+    open: int = 1
     failed: bool = False  # left for redelivery
     objects: list[Pointer] = field(default_factory=list)  # to delete after commit
+    done: anyio.Event = field(default_factory=anyio.Event)  # deleted or left
 
 
-class BatchSettler:
-    """Settles the messages of one received batch (module docstring)."""
+# One copy of a parsed message for one mailbox, waiting for (or in) an ingest batch.
+Entry = tuple[Work, MessageData | DeadItem]
+
+
+class Settler:
+    """The per-message steps (module docstring); the pipeline (poller.py) runs them."""
 
     def __init__(
         self,
@@ -92,49 +106,28 @@ class BatchSettler:
         self._aws = aws
         self._sink = sink
 
-    async def settle(self, works: list[Work]) -> None:
-        """Take each message of a batch as far as it goes: items committed or dead,
-        or the message marked `failed` (left for redelivery)."""
-        fetches: list[tuple[Work, Pointer]] = []
-        for work in works:
-            message = work.message
-            try:
-                work.pointers = parse_pointers(message.body)
-            except SesPermanent as exc:
-                await self._dead(work, None, exc.reason, exc.detail)
-                continue
-            if message.receive_count > self.settings.max_receive_count:
-                await self._poisoned(work)  # reads no object
-                continue
-            if not await self._checked(work):
-                continue
-            for pointer in work.pointers:
-                if self.settings.buckets and pointer.bucket not in self.settings.buckets:
-                    detail = f"s3://{pointer.bucket}/{pointer.key}: bucket not in [ses] buckets"
-                    await self._dead(work, pointer, "bucket_not_allowed", detail)
-                else:
-                    fetches.append((work, pointer))
-        raws = await self._fetch_all(fetches)
-        fetched = [
-            (w, p, raw) for (w, p), raw in zip(fetches, raws, strict=True) if raw is not None
-        ]
-        if not fetched:
-            return
-        parsed = await parse_in_workers(
-            [raw for _, _, raw in fetched], _PARSE_TENANT, _PARSE_TENANT, "ses"
-        )
-        groups: dict[tuple[str, str], list[tuple[Work, MessageData | DeadItem]]] = {}
-        for (work, pointer, raw), item in zip(fetched, parsed, strict=True):
-            placed = await self._place(work, pointer, raw, item)
-            for route, copy in placed:
-                groups.setdefault((route.tenant_id, route.mailbox_id), []).append((work, copy))
-                work.pending += 1
-            # the object goes only when no mailbox it reached keeps it as its raw copy
-            if placed and not any(route.mailbox.keep_objects for route, _ in placed):
-                work.objects.append(pointer)
-        async with anyio.create_task_group() as tg:
-            for (tenant, mailbox), entries in groups.items():
-                tg.start_soon(self._ingest_group, tenant, mailbox, entries)
+    async def prepare(self, work: Work) -> list[Pointer]:
+        """Pointers, poison, envelope, buckets: the pointers whose objects are to be
+        fetched (the others are dead or the message is left already)."""
+        message = work.message
+        try:
+            work.pointers = parse_pointers(message.body)
+        except SesPermanent as exc:
+            await self._dead(work, None, exc.reason, exc.detail)
+            return []
+        if message.receive_count > self.settings.max_receive_count:
+            await self._poisoned(work)  # reads no object
+            return []
+        if not await self._checked(work):
+            return []
+        fetches: list[Pointer] = []
+        for pointer in work.pointers:
+            if self.settings.buckets and pointer.bucket not in self.settings.buckets:
+                detail = f"s3://{pointer.bucket}/{pointer.key}: bucket not in [ses] buckets"
+                await self._dead(work, pointer, "bucket_not_allowed", detail)
+            else:
+                fetches.append(pointer)
+        return fetches
 
     async def _checked(self, work: Work) -> bool:
         """Whether the message's pointers may be followed (`CheckBody`); when not, the
@@ -147,34 +140,43 @@ class BatchSettler:
             await self._dead(work, None, exc.reason, exc.detail)
             return False
         except SesTransient as exc:
-            self._leave(work, str(exc))
+            self.leave(work, str(exc))
             return False
         return True
 
-    async def _fetch_all(self, fetches: list[tuple[Work, Pointer]]) -> list[bytes | None]:
-        raws: list[bytes | None] = [None] * len(fetches)
+    async def fetch(self, work: Work, pointer: Pointer) -> bytes | None:
+        """The object's bytes, or None when there is nothing to parse (dead, a
+        redelivery of a stored message, or the message left)."""
+        try:
+            return await self._aws.fetch(
+                pointer.bucket, pointer.key, max_bytes=self.settings.max_message_bytes
+            )
+        except SesPermanent as exc:
+            if exc.reason == "object_missing" and await self._stored_already(work, pointer):
+                return None  # keep_objects = false deleted it after a commit: a redelivery
+            await self._dead(work, pointer, exc.reason, exc.detail)
+        except SesTransient as exc:
+            self.leave(work, str(exc))
+        return None
 
-        async def fetch(index: int, work: Work, pointer: Pointer) -> None:
-            try:
-                raws[index] = await self._aws.fetch(
-                    pointer.bucket, pointer.key, max_bytes=self.settings.max_message_bytes
-                )
-            except SesPermanent as exc:
-                if exc.reason == "object_missing" and await self._stored_already(work, pointer):
-                    return  # keep_objects = false deleted it after a commit: a redelivery
-                await self._dead(work, pointer, exc.reason, exc.detail)
-            except SesTransient as exc:
-                self._leave(work, str(exc))
+    async def parse(self, raws: Sequence[bytes]) -> list[MessageData | DeadItem]:
+        """Parse fetched objects of any messages at once, in the worker processes."""
+        return await parse_in_workers(list(raws), _PARSE_TENANT, _PARSE_TENANT, "ses")
 
-        async with anyio.create_task_group() as tg:
-            for index, (work, pointer) in enumerate(fetches):
-                tg.start_soon(fetch, index, work, pointer)
-        return raws
+    async def place(
+        self, work: Work, pointer: Pointer, raw: bytes, item: MessageData | DeadItem
+    ) -> list[tuple[Route, MessageData | DeadItem]]:
+        """The copies of one parsed message, one per mailbox it reaches (none: it is
+        recorded unrouted). Notes the object for deletion after commit when no
+        mailbox it reached keeps it as its raw copy."""
+        placed = await self._place(work, pointer, raw, item)
+        if placed and not any(route.mailbox.keep_objects for route, _ in placed):
+            work.objects.append(pointer)
+        return placed
 
     async def _place(
         self, work: Work, pointer: Pointer, raw: bytes, item: MessageData | DeadItem
     ) -> list[tuple[Route, MessageData | DeadItem]]:
-        """The copies of one parsed message, one per mailbox it reaches."""
         recipients = pointer.recipients or _header_recipients(raw, item)
         routes = self.router.route(recipients)
         if not routes:
@@ -214,17 +216,18 @@ class BatchSettler:
             copies.append((route, copy))
         return copies
 
-    async def _ingest_group(
-        self, tenant: str, mailbox: str, entries: list[tuple[Work, MessageData | DeadItem]]
-    ) -> None:
+    async def ingest(self, tenant: str, mailbox: str, entries: Sequence[Entry]) -> None:
+        """One ingest transaction for copies of any messages bound for one mailbox;
+        each answer is noted on its message (`answered`)."""
         batch = IngestBatch(tenant, mailbox, [item for _, item in entries])
         results = await self._sink.ingest(batch)
         for (work, _), result in zip(entries, results, strict=True):
-            outcome = result.outcome
-            if outcome is Outcome.RETRIABLE_FAILURE:
-                self._leave(work, result.detail or "ingest retriable")
-                continue
-            work.pending -= 1
+            self.answered(work, result.outcome, result.detail)
+
+    def answered(self, work: Work, outcome: Outcome, detail: str | None = None) -> None:
+        if outcome is Outcome.RETRIABLE_FAILURE:
+            self.leave(work, detail or "ingest retriable")
+        else:
             self._sink.counted(_COUNTER.get(outcome, "stored"))
 
     async def _stored_already(self, work: Work, pointer: Pointer) -> bool:
@@ -237,7 +240,7 @@ class BatchSettler:
         try:
             stored = await self._sink.stored_in(candidates, pointer.external_id)
         except Exception as exc:  # the database: decide when SQS redelivers
-            self._leave(work, f"stored copy not checked: {type(exc).__name__}")
+            self.leave(work, f"stored copy not checked: {type(exc).__name__}")
             return True
         if stored:
             self._sink.counted("duplicate")
@@ -295,7 +298,7 @@ class BatchSettler:
             batch = IngestBatch(route.tenant_id, route.mailbox_id, [item])
             [result] = await self._sink.ingest(batch)
             if result.outcome is Outcome.RETRIABLE_FAILURE:
-                self._leave(work, result.detail or "dead item not recorded")
+                self.leave(work, result.detail or "dead item not recorded")
                 return
             self._sink.counted("dead")
 
@@ -317,14 +320,15 @@ class BatchSettler:
         try:
             await self._sink.record_unrouted(record)
         except Exception as exc:  # the database: try again when SQS redelivers
-            self._leave(work, f"unrouted record not written: {type(exc).__name__}")
+            self.leave(work, f"unrouted record not written: {type(exc).__name__}")
             return
         log.warning(
             "ses_unrouted", reason=reason, detail=detail, sqs_message=work.message.message_id
         )
         self._sink.counted("unrouted")
 
-    def _leave(self, work: Work, error: str) -> None:
+    def leave(self, work: Work, error: str) -> None:
+        """The message is left for SQS to redeliver (counted once), the error kept."""
         if not work.failed:
             work.failed = True
             self._sink.counted("left")

@@ -1,4 +1,6 @@
-"""A queue and a bucket on moto's server, and a poller wired to a real ingest stage."""
+"""A queue and a bucket on moto's server (or on the in-memory stand-in,
+tests/fakes/ses_aws.py, where a test must hold one S3 object), and a poller wired
+to a real ingest stage."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import pytest
+from fakes.ses_aws import FakeSesAws
 from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
 from inboxd.adapters.base import Unrouted
@@ -105,5 +108,67 @@ def make_poller(aws: Aws, pool: asyncpg.Pool, stage: IngestStage):
                 ),
                 sink,
             )
+
+    return make
+
+
+@dataclass
+class FakeQueue:
+    """The stand-in (tests/fakes/ses_aws.py) with one queue and one bucket."""
+
+    fake: FakeSesAws
+    queue_url: str
+    bucket: str
+
+    def counts(self) -> tuple[int, int]:
+        """(visible, in flight) messages of the queue."""
+        return self.fake.counts(self.queue_url)
+
+
+@pytest.fixture
+async def fake_aws(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeQueue]:
+    """The in-memory SQS/S3 stand-in on a free port, with fake credentials in the
+    environment (it checks none; botocore wants some) and no developer's profile."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": "/nonexistent/inboxd-test-aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/inboxd-test-aws-credentials",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    async with FakeSesAws() as fake:
+        queue_url = fake.create_queue("inbound")
+        fake.buckets["mail-bucket"] = {}
+        yield FakeQueue(fake, queue_url, "mail-bucket")
+
+
+@pytest.fixture
+def make_fake_poller(fake_aws: FakeQueue, pool: asyncpg.Pool, stage: IngestStage):
+    """`make_poller` on the stand-in's queue: `async with make_fake_poller(mailboxes,
+    ingest=…, **settings) as (poller, sink)`."""
+
+    @asynccontextmanager
+    async def make(
+        mailboxes: Sequence[tuple[str, str, SesMailbox]],
+        *,
+        ingest: Callable | None = None,
+        **settings: object,
+    ) -> AsyncIterator[tuple[SesPoller, Sink]]:
+        config = SesSettings.from_settings(
+            {
+                "queue_url": fake_aws.queue_url,
+                "endpoint_url": fake_aws.fake.url,
+                "region": REGION,
+                "wait_time_s": 0,
+                "verify_sns_signature": False,
+                **settings,
+            }
+        )
+        sink = Sink(ingest or stage.ingest, pool)
+        async with AwsClients(config) as clients:
+            yield SesPoller(config, clients, router=Router(mailboxes), sink=sink), sink
 
     return make
