@@ -1266,6 +1266,11 @@ def row(label: str, n: int, clock: Clock, extra: str = "") -> str:
     ).rstrip()
 
 
+def cpu_seconds(clock: Clock) -> float | None:
+    """Client + server CPU of a timed path; None when the server's is unknown."""
+    return None if clock.server is None else clock.client + clock.server
+
+
 def ratio(name: str, value: float, target: float, fmt: str = ".2f") -> str:
     return f"{name} = {value:{fmt}} (target ≥ {target:g}: {verdict(value, target)})"
 
@@ -1352,11 +1357,13 @@ async def run_rows(
     print("\nMessageData -> rows, each path on a fresh database:")
     print(HEADER)
     results: dict[str, float] = {}
+    cpu: dict[str, float | None] = {}  # client + server CPU seconds of each path
     sums: dict[str, tuple] = {}
     if "a" in only:
         dsn = await server.fresh("a")
         clock = await run_copy(dsn, prepared, analyze)
         results["a"] = rate(n, clock.wall)
+        cpu["a"] = cpu_seconds(clock)
         sums["a"] = await summary(dsn)
         expect_timed("(a)", clock)
         if sums["a"][0] != n:
@@ -1377,6 +1384,7 @@ async def run_rows(
                 pool, pids, batches, store_root, analyze_dsn=dsn if analyze else None
             )
             results["b"] = rate(n, clock.wall)
+            cpu["b"] = cpu_seconds(clock)
             sums["b"] = await summary(dsn)
             expect_timed("(b)", clock)
             expect_outcomes("(b)", counts, n)
@@ -1438,6 +1446,13 @@ async def run_rows(
     out = []
     if {"a", "b"} <= set(results):
         out.append(ratio("b/a", results["b"] / results["a"], TARGET_B_OVER_A))
+        cpu_a, cpu_b = cpu.get("a"), cpu.get("b")
+        if cpu_a and cpu_b:
+            # what the wall-time ratio tends to on an idle machine: (a) and (b) both
+            # run client and server one after the other, so on a loaded one each
+            # waits its turn for a core, (b) with its ~15 round trips per batch more
+            # (bench/README.md, ingest.py "Measured")
+            out.append(f"b/a by CPU (client + server) = {cpu_a / cpu_b:.2f}")
     if {"b", "d"} <= set(results):
         out.append(ratio("b/d", results["b"] / results["d"], TARGET_B_OVER_D, ".1f"))
     if "c" in results:
