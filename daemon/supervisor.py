@@ -59,6 +59,7 @@ from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
 from inboxd.daemon.sync.runner import RunnerDeps
+from inboxd.daemon.sync.turns import SyncTurns
 from inboxd.daemon.webhooks import Webhooks
 from inboxd.daemon.webhooks.esp import EspHooks, HookTable
 from inboxd.daemon.webhooks.esp_config import build_delivery_hooks, confirm_subscription
@@ -124,6 +125,7 @@ class Daemon:
             self.metrics,
             LeaseKeeper(dsn, self.owner, main.lease_ttl_s),
             presence=Presence(dsn, self.owner),
+            turns=SyncTurns(main.max_syncs_at_once),
         )
         self.fleet = MailboxFleet(
             deps,

@@ -54,6 +54,7 @@ from inboxd.daemon.config.tenant import TenantSet, parse_tenant_files
 from inboxd.daemon.database import ENV_DSN, dsn_has_password, mask_dsn
 from inboxd.daemon.embedded_pg.data_dir import default_data_dir
 from inboxd.daemon.logging import LOG_LEVELS
+from inboxd.daemon.sync.turns import DEFAULT_SYNCS_AT_ONCE
 from inboxd.pipeline import errors
 from inboxd.pipeline.objectstore.database_tier import MAX_MAX_BYTES
 from inboxd.pipeline.objectstore.local import unwritable_reason
@@ -96,7 +97,13 @@ _MAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "queue": ("capacity",),
     "workers": ("ingest", "batch_size"),
     "shutdown": ("deadline_s",),
-    "sync": ("lease_ttl_s", "poll_scan_interval_s", "push_quiet_after_s", "max_imap_idle"),
+    "sync": (
+        "lease_ttl_s",
+        "poll_scan_interval_s",
+        "push_quiet_after_s",
+        "max_imap_idle",
+        "max_syncs_at_once",
+    ),
     "tenants": ("dir",),
     "log": ("level",),
     "ses": tuple(sorted(SES_KEYS)),
@@ -156,6 +163,9 @@ class MainConfig:
     # the mailboxes past it poll at their interval. One file handle each, so the
     # default stays far below the units' LimitNOFILE of 65,536.
     max_imap_idle: int = 1000
+    # Sync runs of this process at work at once (daemon/sync/turns.py); the others wait
+    # in line, a long one takes turns.
+    max_syncs_at_once: int = DEFAULT_SYNCS_AT_ONCE
     log_level: str = "info"
     ses: SesSettings | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -336,6 +346,9 @@ def _parse_main(path: Path, options: Options) -> tuple[MainConfig | None, list[C
             sync, "push_quiet_after_s", "sync", defaults.push_quiet_after_s
         ),
         max_imap_idle=r.integer(sync, "max_imap_idle", "sync", defaults.max_imap_idle, minimum=0),
+        max_syncs_at_once=r.integer(
+            sync, "max_syncs_at_once", "sync", defaults.max_syncs_at_once, minimum=1
+        ),
         log_level=r.choice(log, "level", "log", LOG_LEVELS, None) or defaults.log_level,
         ses=_ses(r, section("ses")) if isinstance(raw.get("ses"), dict) else None,
         raw=raw,

@@ -10,6 +10,9 @@ State machine of a runner:
                                                 ▼
                                           needs_attention (no more runs until reload)
 
+- A run first waits for a turn (sync/turns.py: at most `[sync] max_syncs_at_once`
+  runs of the process work at once; a long run passes its turn on after a
+  committed page when others wait).
 - ring() during a run sets `pending`: the run is followed by exactly one more
   (notifications for a busy mailbox are coalesced).
 - A ring while the mailbox is throttled (an earlier run failed) is kept for the
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import asyncpg
@@ -45,6 +48,7 @@ from inboxd.daemon.sync.lease_keeper import LeaseKeeper
 from inboxd.daemon.sync.pages import batch_of, read_ahead, unwrap_single
 from inboxd.daemon.sync.presence import Presence
 from inboxd.daemon.sync.queue import IngestQueue
+from inboxd.daemon.sync.turns import DEFAULT_SYNCS_AT_ONCE, SyncTurns, Turn
 from inboxd.pipeline import copies
 from inboxd.pipeline.errors import (
     DATABASE_ERRORS,
@@ -82,6 +86,8 @@ class RunnerDeps:
     metrics: Metrics
     keeper: LeaseKeeper  # renews the leases of every run; its owner and TTL are ours
     presence: Presence | None = None  # leases carry its key while it is held
+    # how many runs of the process work at once ([sync] max_syncs_at_once)
+    turns: SyncTurns = field(default_factory=lambda: SyncTurns(DEFAULT_SYNCS_AT_ONCE))
 
     @property
     def owner(self) -> str:
@@ -106,6 +112,7 @@ class MailboxRunner:
         self._finished = False
         self._life = anyio.CancelScope()
         self._run_scope: anyio.CancelScope | None = None
+        self._turn: Turn | None = None
         # a ring skipped by a throttle: seconds until the runner rings itself
         self._deferred_s = math.inf
         self._log = log.bind(tenant=source.tenant_id, mailbox=source.mailbox_id)
@@ -228,6 +235,18 @@ class MailboxRunner:
             )
 
     async def _sync(self) -> None:
+        """One run in its turn (sync/turns.py): waiting for one counts as busy, or the
+        poll scanner would claim the mailbox again and queue a second run after it."""
+        self._running = True
+        try:
+            async with self.deps.turns.turn() as turn:
+                self._turn = turn
+                await self._sync_in_turn()
+        finally:
+            self._turn = None
+            self._running = False
+
+    async def _sync_in_turn(self) -> None:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async with pool.acquire() as conn:
@@ -248,7 +267,6 @@ class MailboxRunner:
         if token is None:
             self._log.debug("sync_skipped_leased_elsewhere")
             return
-        self._running = True
         try:
             # anyio wraps what the sync raised (renew + page reader groups); the
             # handlers in _one_run need the error itself
@@ -269,7 +287,6 @@ class MailboxRunner:
                 # caught up with the source: nothing left behind the cursor
                 self.deps.metrics.mark_caught_up(tenant, mailbox)
         finally:
-            self._running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
                 try:
                     async with pool.acquire() as conn:
@@ -339,6 +356,8 @@ class MailboxRunner:
                     self._log.info("sync_cancel_flag_honoured")
                     return False
             self._log.info("sync_page_committed", items=len(page.items))
+            if self._turn is not None:
+                await self._turn.pass_on_if_due()  # a long run lets the others have a turn
         return True
 
     def _log_dead_items(self, page: Page, results: list[ItemResult]) -> None:
