@@ -1,10 +1,21 @@
 #!/usr/bin/env python3
-"""The SES door (SES → S3 → SQS → rows) under `inboxd run`, against moto's server, next
-to moto alone and to `inboxd import` of the same raw files, all in one run.
+"""The SES door (SES → S3 → SQS → rows) under `inboxd run`, against moto's server or an
+in-memory S3/SQS stand-in with a latency per call, next to that server alone and to
+`inboxd import` of the same raw files, all in one run.
 
-    .venv/bin/python bench/ses.py [--messages N] [--pollers P] [--more-loops M]
+    .venv/bin/python bench/ses.py [--aws moto|standin] [--latency-ms L]
+        [--messages N] [--pollers P] [--more-loops M]
         [--backlog B] [--wait-time-s W] [--dsn ADMIN_DSN] [--interval S]
         [--gen-workers W] [--seed S] [--keep] [--smoke]
+
+`--aws standin` (issue 25): instead of moto, tests/fakes/ses_aws.py in a process of
+its own — SQS (receive, long poll, visibility, delete, send, counts) and S3 (put,
+get, delete) in memory, every request answered after L ms (default 10, about what
+AWS's SQS and S3 take from inside their region) and otherwise at once, so neither
+the queue's CPU (moto's, below) nor the store bounds the run: what is left is the
+round trips, the client and the database. Its queue is O(1) per message, so the
+pointers are all sent before the clock (a burst; --backlog B to feed it as for
+moto). Everything below says "moto"; with the stand-in, read "the stand-in".
 
 Defaults: N=5,000; the daemon's default `[ses] pollers` (2), then moto alone and the
 daemon again with 8 loops; a backlog of 40. ~10 min on 2 quiet cores (2 of them
@@ -143,6 +154,11 @@ ADDRESS = _OWNER[1]
 # The receive long poll: small, so loops that find the queue empty at the end come
 #: moto.server with its SQS operations serialised (tests/helpers/moto_consistent.py).
 MOTO_LAUNCHER = Path(__file__).resolve().parents[1] / "tests" / "helpers" / "moto_consistent.py"
+#: the in-memory S3/SQS stand-in with a latency per call (--aws standin).
+STANDIN = Path(__file__).resolve().parents[1] / "tests" / "fakes" / "ses_aws.py"
+LATENCY_MS = 10.0
+# What the figures name the S3/SQS server: "moto" or "stand-in" (set by main).
+SERVER = {"label": "moto"}
 
 # back quickly (with a full queue moto answers at once, whatever the wait).
 WAIT_TIME_S = 1
@@ -254,38 +270,50 @@ class Moto:
     # lost or revived messages under the baseline's concurrent loops and, on a loaded
     # machine, left "moto alone" short of its messages (92 of 100 after 90 s in CI).
 
+    label = "moto"
+
     def __init__(self, log_path: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.what = "moto server"
         with log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(MOTO_LAUNCHER), "-H", "127.0.0.1", "-p", str(self.port)],
+                self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,
             )
 
+    def command(self) -> list[str]:
+        return [sys.executable, str(MOTO_LAUNCHER), "-H", "127.0.0.1", "-p", str(self.port)]
+
     async def ready(self) -> float:
         started = time.monotonic()
         while time.monotonic() - started < MOTO_START_TIMEOUT_S:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"moto exited with {self.proc.returncode}: {self.log_path}")
+                raise RuntimeError(
+                    f"{self.label} exited with {self.proc.returncode}: {self.log_path}"
+                )
             if await asyncio.to_thread(self._probe):
                 return time.monotonic() - started
             await asyncio.sleep(0.1)
-        raise RuntimeError(f"moto not answering after {MOTO_START_TIMEOUT_S:g} s")
+        raise RuntimeError(f"{self.label} not answering after {MOTO_START_TIMEOUT_S:g} s")
 
     def _probe(self) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
         try:
             conn.request("GET", "/moto-api/data.json")
-            return conn.getresponse().status == 200
+            return self._answered(conn.getresponse().status)
         except OSError:
             return False
         finally:
             conn.close()
+
+    @staticmethod
+    def _answered(status: int) -> bool:
+        return status == 200
 
     def cpu_s(self) -> float:
         return sum(cpu_s(p) or 0.0 for p in tree(self.proc.pid))
@@ -298,6 +326,31 @@ class Moto:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class StandIn(Moto):
+    """tests/fakes/ses_aws.py as a subprocess: S3 and SQS in memory, `latency_ms` a call."""
+
+    label = "stand-in"
+
+    def __init__(self, log_path: Path, latency_ms: float) -> None:
+        self.latency_ms = latency_ms
+        super().__init__(log_path)
+        self.what = f"S3/SQS stand-in ({latency_ms:g} ms a call)"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            str(STANDIN),
+            "--port",
+            str(self.port),
+            "--latency-ms",
+            str(self.latency_ms),
+        ]
+
+    @staticmethod
+    def _answered(status: int) -> bool:
+        return status > 0  # any answer (its S3 says NoSuchBucket)
 
 
 class Aws:
@@ -504,7 +557,7 @@ class Reference:
         if self.left_in_flight:
             extra.append(f"{self.left_in_flight} back in flight after their delete (moto)")
         return (
-            f"  {'moto alone: ' + self.name:<38} {self.n:>7,} {self.wall_s:>8.2f} "
+            f"  {SERVER['label'] + ' alone: ' + self.name:<42} {self.n:>7,} {self.wall_s:>8.2f} "
             f"{self.rate:>8,.0f}  "
             f"{pct(self.client_cpu_s)}  {pct(self.moto_cpu_s)}  "
             f"{100 * self.machine_busy_s / self.wall_s:4.0f} %   " + ", ".join(extra)
@@ -714,7 +767,7 @@ async def run_daemon(
             )
             print(f"  daemon pid {proc.pid}, database {dbname}, log {log_path}", flush=True)
             watch = Watch(proc, dbname, monitor, started, server.local)
-            sampler = Sampler(watch, proc.pid, moto, "moto")  # type: ignore[arg-type]
+            sampler = Sampler(watch, proc.pid, moto, SERVER["label"])  # type: ignore[arg-type]
             feeding = asyncio.create_task(feeder.run())
             log_pos, tick, last_print = 0, started, started
             # (time, in flight) since every row exists and nothing is visible
@@ -879,7 +932,7 @@ def cpu_lines(res: Result, sampler: Sampler | None) -> list[str]:
             ("daemon main", w.daemon_main_s),
             ("parse workers", w.daemon_tree_s - w.daemon_main_s),
             ("PostgreSQL", w.server_s),
-            ("moto", w.fake_s),
+            (SERVER["label"], w.fake_s),
             ("this script", w.bench_s),
         ]
         shown = [
@@ -940,7 +993,12 @@ def daemon_lines(res: Result, sampler: Sampler | None) -> list[str]:
 async def main(args: argparse.Namespace) -> int:
     fake_aws_env()
     work = Path(tempfile.mkdtemp(prefix="bench_ses_"))
-    moto = Moto(work / "moto.log")
+    moto = (
+        StandIn(work / "standin.log", args.latency_ms)
+        if args.aws == "standin"
+        else Moto(work / "moto.log")
+    )
+    SERVER["label"] = moto.label
     server = FreshServer(args.dsn, args.keep, "bench_ses")
     base = SesSettings(
         queue_url="", region=REGION, endpoint_url=moto.url, wait_time_s=args.wait_time_s
@@ -957,7 +1015,7 @@ async def main(args: argparse.Namespace) -> int:
     same: dict[str, bool] = {}
     problems: list[str] = []
     try:
-        print(f"moto server on {moto.url} ready after {await moto.ready():.1f} s", flush=True)
+        print(f"{moto.what} on {moto.url} ready after {await moto.ready():.1f} s", flush=True)
         t0 = time.monotonic()
         spool = work / "spool"
         meta = generate(spool, args.messages, args.seed, args.gen_workers)
@@ -1027,19 +1085,19 @@ async def main(args: argparse.Namespace) -> int:
     print(f"inboxd at {code_version()} (at the end of the run)")
     print(
         f"SES door, {args.messages:,} forwarded messages (versioned pointers, objects on "
-        f"moto's server, a backlog of {args.backlog or 'all'}); [ses] pollers "
+        f"the {moto.what}, a backlog of {args.backlog or 'all'}); [ses] pollers "
         f"{' and '.join(map(str, loops))}, wait_time_s {args.wait_time_s}, max_messages "
         f"{base.max_messages}; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print(
-        f"  {'':<38} {'msgs':>7} {'wall s':>8} {'msg/s':>8}  {'client CPU, per msg':>22}  "
-        f"{'moto CPU, per msg':>22}  machine"
+        f"  {'':<42} {'msgs':>7} {'wall s':>8} {'msg/s':>8}  {'client CPU, per msg':>22}  "
+        f"{moto.label + ' CPU, per msg':>22}  machine"
     )
     for ref in refs:
         print(ref.line())
-        problems += [f"moto alone, {ref.name}: {p}" for p in ref.problems]
+        problems += [f"{moto.label} alone, {ref.name}: {p}" for p in ref.problems]
         if not ref.problems and not finite_positive(ref.rate):
-            problems.append(f"moto alone, {ref.name}: no throughput")
+            problems.append(f"{moto.label} alone, {ref.name}: no throughput")
     print(
         f"  {'':<8} {'msgs':>8} {'wall s':>9} {'msg/s':>8}  {'client CPU':>9} "
         f"{'server CPU':>9}  {'peak RSS':>8} {'main RSS':>8}   (MB)"
@@ -1063,13 +1121,25 @@ async def main(args: argparse.Namespace) -> int:
     for res, _ in daemons:
         pollers = res.extra["pollers"]
         ratios = [
-            f"{res.label} / moto alone {r.name} = {res.rate / r.rate:.3f}"
+            f"{res.label} / {moto.label} alone {r.name} = {res.rate / r.rate:.3f}"
             for r in refs
             if r.loops == pollers
         ]
         if imported is not None:
             ratios.append(f"{res.label} / import = {res.rate / imported.rate:.3f}")
         print(f"  ratios, same run: {'; '.join(ratios)}")
+        if res.ready_s is not None and finite_positive(res.wall_s - res.ready_s):
+            # start-up left out on both sides: the door's queue → rows, import's own time
+            warm = res.n / (res.wall_s - res.ready_s)
+            ratios = [
+                f"{res.label} from ready / {moto.label} alone {r.name} = {warm / r.rate:.3f}"
+                for r in refs
+                if r.loops == pollers and r.get
+            ]
+            if imported is not None and imported.command_elapsed_s:
+                own = imported.n / imported.command_elapsed_s
+                ratios.append(f"{res.label} from ready / import's own elapsed = {warm / own:.3f}")
+            print(f"  ratios without start-up: {'; '.join(ratios)}")
         g = growth_mb(res)
         print(
             f"  {res.label}: peak RSS {res.peak_tree_mb:,.1f} MB (main {res.peak_main_mb:,.1f}); "
@@ -1099,8 +1169,21 @@ def cli() -> int:
     parser.add_argument(
         "--backlog",
         type=int,
-        default=BACKLOG,
-        help="visible messages the feeder keeps in each queue (0: send all before the clock)",
+        default=None,
+        help="visible messages the feeder keeps in each queue (0: send all before the clock; "
+        f"default {BACKLOG} with moto, 0 with the stand-in)",
+    )
+    parser.add_argument(
+        "--aws",
+        choices=("moto", "standin"),
+        default="moto",
+        help="S3/SQS: moto's server, or the in-memory stand-in with --latency-ms a call",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=LATENCY_MS,
+        help="the stand-in's latency per request (--aws standin)",
     )
     parser.add_argument("--wait-time-s", type=int, default=WAIT_TIME_S, help="[ses] wait_time_s")
     parser.add_argument("--interval", type=float, default=0.5, help="sampling interval, s")
@@ -1122,6 +1205,8 @@ def cli() -> int:
     )
     args = parser.parse_args()
     args.import_args = ""  # daemon_backfill.run_import's options
+    if args.backlog is None:
+        args.backlog = 0 if args.aws == "standin" else BACKLOG
     if args.smoke:
         args.messages, args.more_loops = SMOKE_MESSAGES, SMOKE_MORE_LOOPS
         args.interval, args.idle_s = SMOKE_INTERVAL_S, SMOKE_IDLE_S

@@ -2,12 +2,14 @@
 queue, the routing table of the tenants' ses mailboxes, the SNS envelope check.
 
     run(sink, stop) ── AwsClients (SQS, S3) ── SesPoller.run ─┬─ receive loops × pollers
+                                                               ├─ the pipeline: fetch, parse,
+                                                               │  gather, ingest, delete
                                                                └─ visibility heartbeat
 
 It receives until `stop` is set and returns once the messages in flight are
 stored and deleted (or released, if the daemon's drain deadline cancels them);
 everything it settles goes through the daemon's QueueSink. `reload` (SIGHUP)
-swaps the routing table whole: the next batch routes by it.
+swaps the routing table whole: messages placed from then on route by it.
 """
 
 from __future__ import annotations

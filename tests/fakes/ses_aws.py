@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import heapq
 import itertools
+import signal
 import sys
 import time
 import uuid
@@ -434,7 +435,10 @@ def main() -> int:
             latency_s=args.latency_ms / 1000, host=args.host, port=args.port
         ) as fake:
             print(f"listening on {fake.url}", flush=True)
-            await anyio.sleep_forever()
+            # SIGTERM (the benchmark stopping it) ends it like SIGINT, at once
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    return
 
     try:
         anyio.run(serve)
