@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import anyio
 import orjson
 from aiohttp import web
 from fakes.gmail import FakeGmail
-from harness import DaemonProcess, generated_messages, write_config
-from helpers import cli_env, run_cli
-from helpers.db import value
+from harness import DaemonProcess, DaemonReads, generated_messages, write_config
 from helpers.google_jwt import GoogleSigner
 
 AUDIENCE = "https://inboxd.acme.example/push/gmail/acme"
@@ -36,7 +33,6 @@ PUSHER = "gmail-push@acme-mail.iam.gserviceaccount.com"
 TOPIC = "projects/acme-mail/topics/gmail"
 SUPPORT, SALES = "support@acme.example", "sales@acme.example"
 API_TOKEN = "acme-api-token-for-tests"
-WAIT_S = 60
 
 
 class GatedGmail(FakeGmail):
@@ -52,7 +48,7 @@ class GatedGmail(FakeGmail):
 
 
 @dataclass
-class Running:
+class Running(DaemonReads):
     tmp: Path
     dsn: str
     fake: GatedGmail
@@ -94,43 +90,12 @@ class Running:
         published, box.published = box.published, []
         return [await self.push(address, note["historyId"]) for note in published]
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await value(self.dsn, sql, *args)
-
-    async def eventually(self, check: Callable[[], Awaitable[Any]], what: str) -> Any:
-        return await self.daemon.eventually(check, WAIT_S, what=what)
-
-    async def rows(self, mailbox: str) -> int:
-        return await self.fetchval(
-            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1", mailbox
-        )
-
-    async def cursor(self, mailbox: str) -> str | None:
-        return await self.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", mailbox)
-
     async def cursor_is(self, mailbox: str, expected: str) -> bool:
         return await self.cursor(mailbox) == expected
-
-    async def has_copy(self, mailbox: str, gmail_id: str) -> bool:
-        return bool(
-            await self.fetchval(
-                "SELECT count(*) FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
-                mailbox,
-                gmail_id,
-            )
-        )
 
     async def backfilled(self, mailbox: str, count: int) -> bool:
         """The mailbox has a cursor and exactly `count` copies."""
         return await self.cursor(mailbox) is not None and await self.rows(mailbox) == count
-
-    async def status(self) -> dict[str, dict[str, Any]]:
-        env = cli_env(self.tmp / "data")
-        result = await anyio.to_thread.run_sync(
-            lambda: run_cli("status", "--json", "--dsn", self.dsn, env=env)
-        )
-        assert result.code == 0, result.stderr
-        return {s["mailbox_id"]: s for s in orjson.loads(result.stdout)}
 
 
 def tenant_file(

@@ -11,8 +11,10 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import anyio
+import asyncpg
 import orjson
-from helpers import cli_argv, eventually, wait_for
+from helpers import cli_argv, cli_env, db, eventually, run_cli, wait_for
 from helpers.config_files import write_config_tree, write_tenant_file
 
 READY_TIMEOUT_S = 60.0
@@ -209,7 +211,61 @@ def write_ses_tenant(tmp: Path, tenant: str, mailboxes: dict[str, dict[str, Any]
     for mailbox, keys in mailboxes.items():
         body = "".join(f"{key} = {orjson.dumps(value).decode()}\n" for key, value in keys.items())
         blocks.append(f'\n[[mailboxes]]\nid = "{mailbox}"\nprovider = "ses"\n{body}')
-    (tmp / "tenants").mkdir(exist_ok=True)
-    path = tmp / "tenants" / f"{tenant}.toml"
-    path.write_text(f'id = "{tenant}"\nname = "{tenant.title()}"\n' + "".join(blocks))
-    return path
+    text = f'id = "{tenant}"\nname = "{tenant.title()}"\n' + "".join(blocks)
+    return write_tenant_file(tmp, tenant, text)
+
+
+#: How long a rig's `eventually` waits on a running daemon: generous, every wait under
+#: it ends as soon as its condition holds.
+DAEMON_WAIT_S = 60.0
+
+
+class DaemonReads:
+    """What the tests of a running daemon read back: its database's rows and
+    `inboxd status`. A rig's Running (gmail_rig, outlook_rig) mixes it in; it needs
+    the test's folder `tmp`, the database `dsn` and the `daemon`."""
+
+    tmp: Path
+    dsn: str
+    daemon: DaemonProcess
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await db.fetchval(self.dsn, sql, *args)
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return await db.fetch(self.dsn, sql, *args)
+
+    async def eventually(self, check: Callable[[], Awaitable[Any]], what: str) -> Any:
+        return await self.daemon.eventually(check, DAEMON_WAIT_S, what=what)
+
+    async def rows(self, mailbox: str) -> int:
+        """How many copies the mailbox holds."""
+        return await db.count(
+            self.dsn, "SELECT count(*) FROM message_copies WHERE mailbox_id = $1", mailbox
+        )
+
+    async def has_copy(self, mailbox: str, external_id: str) -> bool:
+        return bool(
+            await db.count(
+                self.dsn,
+                "SELECT count(*) FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
+                mailbox,
+                external_id,
+            )
+        )
+
+    async def cursor(self, mailbox: str) -> str | None:
+        return await self.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", mailbox)
+
+    async def status_text(self) -> str:
+        """`inboxd status --json`'s output."""
+        env = cli_env(self.tmp / "data")
+        result = await anyio.to_thread.run_sync(
+            lambda: run_cli("status", "--json", "--dsn", self.dsn, env=env)
+        )
+        assert result.code == 0, result.stderr
+        return result.stdout
+
+    async def status(self) -> dict[str, dict[str, Any]]:
+        """`inboxd status`, mailbox id → its status."""
+        return {s["mailbox_id"]: s for s in orjson.loads(await self.status_text())}

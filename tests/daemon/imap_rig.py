@@ -16,10 +16,10 @@ from typing import Any
 
 import aiohttp
 import anyio
-import asyncpg
 import orjson
 from harness import DaemonProcess
 from helpers import cli_env, run_cli
+from helpers.db import fetch, fetchval
 from helpers.dovecot import DovecotServer, ImapAccount
 
 WAIT_S = 60
@@ -121,22 +121,6 @@ def stop(daemon: DaemonProcess) -> None:
         daemon.kill()
         code = None
     assert code == 0, daemon.log_tail()
-
-
-async def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
-
-
-async def fetchval(dsn: str, sql: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetchval(sql, *args)
-    finally:
-        await conn.close()
 
 
 async def copies(dsn: str, tenant: str, mailbox: str) -> set[str]:

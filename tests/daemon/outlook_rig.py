@@ -16,15 +16,14 @@ from typing import Any
 import aiohttp
 import anyio
 import asyncpg
-import orjson
 from fakes.graph import FakeGraph
-from harness import DaemonProcess, generated_messages, write_config
+from harness import DAEMON_WAIT_S, DaemonProcess, DaemonReads, generated_messages, write_config
 from helpers import WaitTimeout, cli_env, eventually, run_cli
 
 OPS, SALES = "ops@contoso.example", "sales@contoso.example"
 API_TOKEN = "acme-api-token-for-tests"
 FOLDERS = ("inbox", "sentitems")
-WAIT_S = 60
+WAIT_S = DAEMON_WAIT_S
 #: How long "nothing more happens" is watched for: a ring reaches the runner and its
 #: sync asks Graph within tens of milliseconds on this machine.
 QUIET_S = 2.0
@@ -42,7 +41,7 @@ class Box:
 
 
 @dataclass
-class Running:
+class Running(DaemonReads):
     tmp: Path
     dsn: str
     fake: FakeGraph
@@ -66,37 +65,6 @@ class Running:
         self.daemon = DaemonProcess(self.config, self.dsn, log, env=self.env)
         await anyio.to_thread.run_sync(self.daemon.wait_ready)
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            return await conn.fetchval(sql, *args)
-        finally:
-            await conn.close()
-
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    async def eventually(self, check: Callable[[], Awaitable[Any]], what: str) -> Any:
-        return await self.daemon.eventually(check, WAIT_S, what=what)
-
-    async def rows(self, mailbox: str) -> int:
-        return await self.fetchval(
-            "SELECT count(*) FROM message_copies WHERE mailbox_id = $1", mailbox
-        )
-
-    async def has_copy(self, mailbox: str, external_id: str) -> bool:
-        return bool(
-            await self.fetchval(
-                "SELECT count(*) FROM message_copies WHERE mailbox_id = $1 AND external_id = $2",
-                mailbox,
-                external_id,
-            )
-        )
-
     async def copy(self, mailbox: str, external_id: str) -> asyncpg.Record | None:
         found = await self.fetch(
             "SELECT message_id, labels, removed_at, removal_reason FROM message_copies"
@@ -105,9 +73,6 @@ class Running:
             external_id,
         )
         return found[0] if found else None
-
-    async def cursor(self, mailbox: str) -> str | None:
-        return await self.fetchval("SELECT cursor FROM mailboxes WHERE mailbox_id = $1", mailbox)
 
     async def events(self, kind: str, mailbox: str) -> list[asyncpg.Record]:
         return await self.fetch(
@@ -127,17 +92,6 @@ class Running:
             mailbox,
         )
         return {r["folder"]: r for r in found}
-
-    async def status_text(self) -> str:
-        env = cli_env(self.tmp / "data")
-        result = await anyio.to_thread.run_sync(
-            lambda: run_cli("status", "--json", "--dsn", self.dsn, env=env)
-        )
-        assert result.code == 0, result.stderr
-        return result.stdout
-
-    async def status(self) -> dict[str, dict[str, Any]]:
-        return {s["mailbox_id"]: s for s in orjson.loads(await self.status_text())}
 
     async def sync_now(self, mailbox: str) -> None:
         env = cli_env(self.tmp / "data")

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
-import asyncpg
 import orjson
 import pytest
 from helpers import CLI_TIMEOUT_S, cli_argv, cli_env, eventually, run_cli_async
+from helpers.db import rows_in
 from helpers.parse_workers import READ_SYSCALL, holds_the_parent, parse_workers, signal_all
 
 from inboxd.pipeline.mime.workers import WORKER_DIED
@@ -58,14 +58,6 @@ def bulk_mbox(path: Path, corpus: Path, count: int) -> Path:
             fh.write(POSTMARK + template.replace(message_id, f"<w-{n}@test.invalid>".encode()))
             fh.write(b"\n")
     return path
-
-
-async def count_messages(dsn: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM messages")
-    finally:
-        await conn.close()
 
 
 async def term_the_group(proc: anyio.abc.Process, workers: list[int]) -> None:
@@ -180,7 +172,7 @@ async def test_import(
     assert summary["input_left_unread"] is True
     done = summary["messages"]
     assert isinstance(done, int) and 0 < done < IMPORT_MESSAGES
-    assert await count_messages(db_dsn) == done, "every page counted is stored"
+    assert await rows_in(db_dsn, "messages") == done, "every page counted is stored"
     if status == "failed":
         assert summary["error"] == WORKER_DIED
         assert f"inboxd: error: {WORKER_DIED}; the messages before it are stored" in stderr

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from harness import write_config
 from helpers import run_cli_async
+from helpers.db import fetch, fetchval
 from helpers.dovecot import DovecotServer
 from imap_rig import (
     LONG_POLL_S,
@@ -26,8 +27,6 @@ from imap_rig import (
     copies,
     corpus_messages,
     external_ids,
-    fetch,
-    fetchval,
     imap_tenant,
     passwords,
     start,

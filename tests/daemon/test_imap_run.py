@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 from harness import deliver, generated_messages, maildir, write_config
+from helpers.db import fetch, fetchval
 from helpers.dovecot import DovecotServer
 from imap_rig import (
     ATTENTION_METRIC_S,
@@ -31,8 +32,6 @@ from imap_rig import (
     copies,
     corpus_messages,
     external_ids,
-    fetch,
-    fetchval,
     imap_tenant,
     metrics_text,
     passwords,

@@ -16,10 +16,10 @@ MAIN_FILE = "inboxd.toml"
 TENANTS_ONLY = '[tenants]\ndir = "tenants"\n'
 
 
-def write_tenant_file(tmp: Path, tenant_file: str, text: str) -> Path:
-    """tmp/tenants/<tenant_file>.toml with `text`; its path."""
+def write_tenant_file(tmp: Path, name: str, text: str) -> Path:
+    """tmp/tenants/<name>.toml with `text`; its path."""
     (tmp / "tenants").mkdir(exist_ok=True)
-    path = tmp / "tenants" / f"{tenant_file}.toml"
+    path = tmp / "tenants" / f"{name}.toml"
     path.write_text(text)
     return path
 

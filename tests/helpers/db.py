@@ -36,7 +36,7 @@ async def fetch(db: Database, sql: str, *args: Any) -> list[asyncpg.Record]:
         return list(await conn.fetch(sql, *args))
 
 
-async def value(db: Database, sql: str, *args: Any) -> Any:
+async def fetchval(db: Database, sql: str, *args: Any) -> Any:
     """The first column of the first row `sql` answers (None without a row)."""
     async with _connection(db) as conn:
         return await conn.fetchval(sql, *args)
@@ -44,7 +44,7 @@ async def value(db: Database, sql: str, *args: Any) -> Any:
 
 async def count(db: Database, sql: str, *args: Any) -> int:
     """The number a `SELECT count(*) ...` query answers."""
-    return int(await value(db, sql, *args))
+    return int(await fetchval(db, sql, *args))
 
 
 async def rows_in(db: Database, table: str) -> int:
