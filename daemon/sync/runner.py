@@ -11,8 +11,8 @@ State machine of a runner:
                                           needs_attention (no more runs until reload)
 
 - A run first waits for a turn (sync/turns.py: at most `[sync] max_syncs_at_once`
-  runs of the process work at once; a long run passes its turn on after a
-  committed page when others wait).
+  runs of the process work at once; a run past 10 s goes on in one of half as
+  many long turns, so polls are not kept waiting behind backfills).
 - ring() during a run sets `pending`: the run is followed by exactly one more
   (notifications for a busy mailbox are coalesced).
 - A ring while the mailbox is throttled (an earlier run failed) is kept for the
@@ -256,7 +256,7 @@ class MailboxRunner:
                 self._deferred_s = throttled_s  # this ring is run when the throttle ends
                 return
             presence = self.deps.presence
-            token = await leases.acquire_lease(
+            held = await leases.acquire_lease_and_cursor(
                 conn,
                 tenant,
                 mailbox,
@@ -264,18 +264,22 @@ class MailboxRunner:
                 self.deps.lease_ttl_s,
                 session_key=presence.session_key if presence is not None else None,
             )
-        if token is None:
+        if held is None:
             self._log.debug("sync_skipped_leased_elsewhere")
             return
+        token, cursor = held
+        released = False
         try:
             # anyio wraps what the sync raised (renew + page reader groups); the
             # handlers in _one_run need the error itself
-            completed = await unwrap_single(self._sync_pages(token))
+            completed = await unwrap_single(self._sync_pages(token, cursor))
             if completed:
                 # a door that skipped a part it could not read (an IMAP folder gone)
                 # says so: the status names it, the rest of the mailbox keeps syncing
                 degraded = getattr(self.source, "degraded", None)
                 problem = degraded() if degraded is not None else None
+                # one connection for the outcome and the release: a poll at 10,000
+                # mailboxes is a few statements, each acquisition counts (issue 25)
                 async with pool.acquire() as conn:
                     if problem is None:
                         await scheduling.record_success(conn, tenant, mailbox)
@@ -284,32 +288,39 @@ class MailboxRunner:
                         await scheduling.record_partial_success(
                             conn, tenant, mailbox, problem[0], attention=problem[1]
                         )
+                    await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
+                    released = True
                 # caught up with the source: nothing left behind the cursor
                 self.deps.metrics.mark_caught_up(tenant, mailbox)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
-                try:
-                    async with pool.acquire() as conn:
-                        await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
-                except DATABASE_ERRORS as exc:  # the lease expires by itself
-                    self._log.warning("lease_not_released", error=describe(exc))
+            if not released:
+                await self._release(token)
 
-    async def _sync_pages(self, token: int) -> bool:
+    async def _release(self, token: int) -> None:
+        """Give the lease back however the run ended (bounded, even when cancelled)."""
+        tenant, mailbox = self.key
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE_S):
+            try:
+                async with self.deps.pool.acquire() as conn:
+                    await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
+            except DATABASE_ERRORS as exc:  # the lease expires by itself
+                self._log.warning("lease_not_released", error=describe(exc))
+
+    async def _sync_pages(self, token: int, cursor: str | None) -> bool:
         """The pages, with the lease renewed by the process's keeper meanwhile."""
         with self.deps.keeper.holding(self.key, token, self._lease_lost):
-            return await self._pages(token)
+            return await self._pages(token, cursor)
 
     def _lease_lost(self) -> None:
         """The keeper found the lease gone: another process syncs now; stop at once."""
         if self._run_scope is not None:
             self._run_scope.cancel()
 
-    async def _pages(self, token: int) -> bool:
-        """Sync every page; True when the source is exhausted, False when stopped early."""
+    async def _pages(self, token: int, cursor: str | None) -> bool:
+        """Sync every page from `cursor` (the lease's, read when it was taken); True
+        when the source is exhausted, False when stopped early."""
         tenant, mailbox = self.key
         pool = self.deps.pool
-        async with pool.acquire() as conn:
-            cursor = await leases.read_cursor(conn, tenant, mailbox)
         for _ in range(MAX_CURSOR_RESETS):
             try:
                 return await unwrap_single(self._read_from(token, cursor))
@@ -333,7 +344,11 @@ class MailboxRunner:
         tenant, mailbox = self.key
         pool = self.deps.pool
         async for page in pages:
-            results = await self.deps.queue.ingest(batch_of(self.source, page))
+            # a poll that found nothing new has no items: no turn in the ingest queue,
+            # where it would wait behind backfill pages
+            results = (
+                await self.deps.queue.ingest(batch_of(self.source, page)) if page.items else []
+            )
             self._log_dead_items(page, results)
             await self.source.settle(page, results)
             if not page_is_clean(results):
@@ -357,7 +372,7 @@ class MailboxRunner:
                     return False
             self._log.info("sync_page_committed", items=len(page.items))
             if self._turn is not None:
-                await self._turn.pass_on_if_due()  # a long run lets the others have a turn
+                await self._turn.at_page_end()  # a long run goes on in a long turn
         return True
 
     def _log_dead_items(self, page: Page, results: list[ItemResult]) -> None:

@@ -143,9 +143,9 @@ WITH target AS (
                                          WHERE datname = current_database())
                       AND l.classid = ((lease_session_key >> 32) & 4294967295)::oid
                       AND l.objid = (lease_session_key & 4294967295)::oid)))
-    RETURNING lease_token
+    RETURNING lease_token, cursor
 )
-SELECT (SELECT lease_token FROM taken), EXISTS (SELECT 1 FROM target)
+SELECT (SELECT lease_token FROM taken), EXISTS (SELECT 1 FROM target), (SELECT cursor FROM taken)
 """
 
 _RENEW = """
@@ -208,6 +208,24 @@ async def acquire_lease(
     holds it. Raises MailboxNotFound when the mailbox does not exist,
     ValueError for a bad owner or ttl_s.
     """
+    held = await acquire_lease_and_cursor(
+        conn, tenant_id, mailbox_id, owner, ttl_s, session_key=session_key
+    )
+    return None if held is None else held[0]
+
+
+async def acquire_lease_and_cursor(
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    ttl_s: float,
+    *,
+    session_key: int | None = None,
+) -> tuple[int, str | None] | None:
+    """`acquire_lease`, also returning the cursor the new holder starts from (in the
+    same statement: a sync run's start is one round trip, not two); None when not
+    taken."""
     require_owner(owner)
     row = await conn.fetchrow(
         _ACQUIRE, tenant_id, mailbox_id, owner, positive_seconds("ttl_s", ttl_s), session_key
@@ -216,7 +234,10 @@ async def acquire_lease(
     exists: bool = row[1]
     if not exists:
         raise MailboxNotFound(tenant_id, mailbox_id)
-    return token
+    if token is None:
+        return None
+    cursor: str | None = row[2]
+    return token, cursor
 
 
 async def renew_lease(

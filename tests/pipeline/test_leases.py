@@ -505,6 +505,16 @@ async def test_a_poll_is_due_an_interval_after_its_clean_run_started_not_ended(
     assert claimed == [(T, "long-clean-run")]
 
 
+async def test_a_lease_comes_with_the_cursor_its_holder_starts_from(pool, inbox) -> None:
+    assert await leases.acquire_lease_and_cursor(pool, T, M, "a", LONG_TTL_S) == (1, None)
+    assert await leases.commit_cursor(pool, T, M, 1, "h-42")
+    assert await leases.acquire_lease_and_cursor(pool, T, M, "b", LONG_TTL_S) is None  # held
+    await leases.release_lease(pool, T, M, "a", 1)
+    assert await leases.acquire_lease_and_cursor(pool, T, M, "b", LONG_TTL_S) == (2, "h-42")
+    with pytest.raises(MailboxNotFound):
+        await leases.acquire_lease_and_cursor(pool, T, "no-such-mailbox", "b", LONG_TTL_S)
+
+
 async def test_acquiring_the_lease_marks_the_run_start(pool, inbox) -> None:
     assert (await row(pool))["sync_started_at"] is None
     assert await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S) is not None
