@@ -6,6 +6,16 @@ retries are off (one failed request is one error here): the queue is the retry
 mechanism for a message (redelivery after the visibility timeout), and the few
 calls retried in place (deletes, visibility changes) go through tenacity with
 jitter (CONTRIBUTING.md rule 8). Credentials and region come from botocore's chain.
+
+Object GETs skip the SDK's per-call machinery (`ObjectReader`): botocore spent
+≈ 2.5 ms of CPU on each GetObject (endpoint rules evaluated again for every key,
+hooks, response parsing: 75 % of the door's process, bench/README.md ses.py),
+which bounded the door on a busy core. Each bucket's endpoint and signing region
+are resolved once, by the SDK (a presigned URL for a probe key); every GET is then
+signed with botocore's own S3 SigV4 signer (the client's credentials, refreshed as
+the SDK refreshes them) and sent on aiohttp. A bucket whose GET answers anything
+but an object, a missing key, throttling or a server error (a redirect to another
+region, a refusal) is read through the SDK from then on, which knows what to do.
 """
 
 from __future__ import annotations
@@ -14,11 +24,16 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Self
+from urllib.parse import parse_qs, quote, urlsplit
 
 import aioboto3
 import aiohttp
 import anyio
+import structlog
+import yarl
 from aiobotocore.config import AioConfig
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError, ClientError
 from tenacity import (
     AsyncRetrying,
@@ -31,7 +46,9 @@ from tenacity import (
 from inboxd.adapters.ses.config import SesSettings
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
 
-__all__ = ["AwsClients", "QueueMessage"]
+__all__ = ["AwsClients", "ObjectReader", "QueueMessage"]
+
+log = structlog.get_logger(__name__)
 
 # TCP/TLS connect; an endpoint silent for 5 s is down (botocore's default is 60 s).
 AWS_CONNECT_TIMEOUT_S = 5.0
@@ -54,6 +71,11 @@ SQS_BATCH_ENTRIES = 10
 SQS_BATCH_ATTEMPTS = 4
 # Closing a client drains aiohttp's pool; never allowed to hang a shutdown.
 AWS_CLOSE_TIMEOUT_S = 5.0
+
+# The key of the presigned URL that gives a bucket's endpoint (never fetched).
+_PROBE_KEY = "inboxd-endpoint-probe"
+# An error answer's body is read this far for its <Code>.
+_ERROR_BODY_BYTES = 64 * 1024
 
 # S3 answers these when the object (or its bucket) is not there: permanent for the
 # message that points at it. AccessDenied is left transient on purpose: it is an
@@ -85,6 +107,7 @@ class AwsClients:
         self._stack: AsyncExitStack | None = None
         self._sqs: Any = None
         self._s3: Any = None
+        self._objects: ObjectReader | None = None
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
@@ -122,6 +145,8 @@ class AwsClients:
                     ),
                 )
             )
+            self._objects = ObjectReader(self._s3, base["max_pool_connections"])  # type: ignore[arg-type]
+            stack.push_async_callback(self._objects.close)
         except BaseException:
             await stack.aclose()
             raise
@@ -232,6 +257,14 @@ class AwsClients:
         """The object's bytes, streamed; SesPermanent when it is missing or larger than
         `max_bytes` (refused from Content-Length before reading, or as soon as the
         stream passes the limit); SesTransient for throttling, 5xx, network."""
+        assert self._objects is not None
+        if bucket not in self._objects.sdk_buckets:
+            answer = await self._objects.fetch(bucket, key, max_bytes=max_bytes)
+            if answer is not None:
+                return answer
+        return await self._fetch_sdk(bucket, key, max_bytes=max_bytes)
+
+    async def _fetch_sdk(self, bucket: str, key: str, *, max_bytes: int) -> bytes:
         where = f"s3://{bucket}/{key}"
         try:
             with anyio.fail_after(AWS_CALL_TIMEOUT_S):
@@ -246,11 +279,8 @@ class AwsClients:
         size = int(response.get("ContentLength") or 0)
         body = response["Body"]  # aiobotocore's StreamingBody: read(amt) streams
         try:
-            if size > max_bytes:
-                raise SesPermanent(
-                    "too_large", f"{where}: {size} bytes, over max_message_bytes {max_bytes}"
-                )
-            return await _read_limited(body, where, size, max_bytes)
+            _refuse_size(where, size, max_bytes)
+            return await _read_limited(body.read, where, size, max_bytes)
         finally:
             body.close()  # an unread remainder is dropped with the connection
 
@@ -264,12 +294,19 @@ class AwsClients:
             raise SesTransient(f"s3 delete s3://{bucket}/{key}: {type(exc).__name__}") from exc
 
 
-async def _read_limited(stream: Any, where: str, size: int, max_bytes: int) -> bytes:
+def _refuse_size(where: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise SesPermanent(
+            "too_large", f"{where}: {size} bytes, over max_message_bytes {max_bytes}"
+        )
+
+
+async def _read_limited(read: Any, where: str, size: int, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     total = 0
     try:
         with anyio.fail_after(AWS_CALL_TIMEOUT_S + size / S3_MIN_THROUGHPUT_BYTES_PER_S):
-            while chunk := await stream.read(S3_READ_CHUNK_BYTES):
+            while chunk := await read(S3_READ_CHUNK_BYTES):
                 total += len(chunk)
                 if total > max_bytes:  # Content-Length lied or was absent
                     raise SesPermanent("too_large", f"{where}: over max_message_bytes {max_bytes}")
@@ -281,3 +318,107 @@ async def _read_limited(stream: Any, where: str, size: int, max_bytes: int) -> b
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code") or "error")
+
+
+class ObjectReader:
+    """S3 GetObject on aiohttp, signed by botocore's S3 SigV4 signer (module docstring).
+
+    `fetch` answers None when the SDK should read the object instead (the bucket's
+    endpoint could not be resolved, or it answered something only the SDK handles);
+    the bucket joins `sdk_buckets` then and is not tried here again."""
+
+    def __init__(self, client: Any, connections: int) -> None:
+        self._client = client
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(sock_connect=AWS_CONNECT_TIMEOUT_S),
+            auto_decompress=False,
+            trust_env=True,  # HTTPS_PROXY / NO_PROXY, as botocore honours them
+        )
+        self._bases: dict[str, tuple[str, str]] = {}  # bucket → (URL before the key, region)
+        self.sdk_buckets: set[str] = set()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _base(self, bucket: str) -> tuple[str, str]:
+        """The URL a key of `bucket` is appended to and the region to sign for, as the
+        SDK resolves them (path or virtual-hosted style, the endpoint, FIPS, …)."""
+        base = self._bases.get(bucket)
+        if base is None:
+            url = await self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY}, ExpiresIn=60
+            )
+            parts = urlsplit(url)
+            if not parts.path.endswith("/" + _PROBE_KEY):
+                raise ValueError("unexpected presigned URL shape")
+            # a SigV4 presigned URL names its signing region (key/date/region/s3/…); a
+            # legacy one does not, and the client signs for its own region then
+            credential = parse_qs(parts.query).get("X-Amz-Credential")
+            region = credential[0].split("/")[2] if credential else self._client.meta.region_name
+            prefix = f"{parts.scheme}://{parts.netloc}{parts.path[: -len(_PROBE_KEY)]}"
+            base = self._bases[bucket] = (prefix, region)
+        return base
+
+    async def _signed(self, bucket: str, key: str) -> tuple[str, dict[str, str]]:
+        prefix, region = await self._base(bucket)
+        # the key as the SDK puts it in the path (its S3 signer signs the path as sent)
+        url = prefix + quote(key, safe="/~")
+        credentials = await self._client._request_signer._credentials.get_frozen_credentials()
+        request = AWSRequest(method="GET", url=url)
+        S3SigV4Auth(credentials, "s3", region).add_auth(request)
+        return url, dict(request.headers.items())
+
+    async def fetch(self, bucket: str, key: str, *, max_bytes: int) -> bytes | None:
+        where = f"s3://{bucket}/{key}"
+        try:
+            url, headers = await self._signed(bucket, key)
+        except (BotoCoreError, ClientError, ValueError, KeyError, IndexError, AttributeError):
+            self.sdk_buckets.add(bucket)  # no endpoint or credentials here: the SDK says why
+            return None
+        try:
+            with anyio.fail_after(AWS_CALL_TIMEOUT_S):
+                response = await self._session.get(
+                    yarl.URL(url, encoded=True), headers=headers, allow_redirects=False
+                )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise SesTransient(f"s3 get {where}: {type(exc).__name__}") from exc
+        try:
+            if response.status != 200:
+                await self._refused(bucket, where, response)  # raises, or: the SDK's turn
+                response.release()
+                return None
+            size = response.content_length or 0
+            _refuse_size(where, size, max_bytes)
+            raw = await _read_limited(response.content.read, where, size, max_bytes)
+        except BaseException:
+            response.close()  # an unread remainder is dropped with the connection
+            raise
+        response.release()
+        return raw
+
+    async def _refused(self, bucket: str, where: str, response: aiohttp.ClientResponse) -> None:
+        """An answer other than the object: missing (permanent), throttled or a server
+        error (transient, like the SDK's), or one for the SDK to handle (None)."""
+        try:
+            with anyio.fail_after(AWS_CALL_TIMEOUT_S):
+                text = await response.content.read(_ERROR_BODY_BYTES)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise SesTransient(f"s3 get {where}: {type(exc).__name__}") from exc
+        code = _xml_code(text) or str(response.status)
+        if response.status == 404 and code in _MISSING_CODES:
+            raise SesPermanent("object_missing", f"{where}: {code}")
+        if response.status == 503 or response.status >= 500:
+            raise SesTransient(f"s3 get {where}: {code}")
+        log.info("ses_object_read_through_sdk", bucket=bucket, status=response.status, code=code)
+        self.sdk_buckets.add(bucket)
+        return None
+
+
+def _xml_code(body: bytes) -> str | None:
+    """The <Code> of an S3 error document."""
+    start = body.find(b"<Code>")
+    end = body.find(b"</Code>", start)
+    if start < 0 or end < 0:
+        return None
+    return body[start + len("<Code>") : end].decode("utf-8", "replace").strip() or None

@@ -70,7 +70,7 @@ def stop(daemon: DaemonProcess, timeout_s: float = 60) -> int | None:
 async def test_a_slow_object_delays_only_its_own_message_and_sigterm_releases_it(
     tmp_path: Path, db_dsn: str
 ) -> None:
-    async with FakeSesAws() as fake:
+    async with FakeSesAws(secret_key="testing") as fake:  # signatures checked
         queue_url = fake.create_queue("inbound")
         fake.buckets[BUCKET] = {}
         ids = [f"pipe-{i}" for i in range(25)]
@@ -120,6 +120,9 @@ async def test_a_slow_object_delays_only_its_own_message_and_sigterm_releases_it
                 until=(0, 1).__eq__,
             )
             assert fake.gets.get("in/0") == 1
+            assert not [
+                e for e in first.events() if e.get("event") == "ses_object_read_through_sdk"
+            ]
             # SIGTERM: the drain deadline finds it waiting and releases it
             code = await anyio.to_thread.run_sync(stop, first)
             assert code == 0, first.log_tail()

@@ -6,6 +6,7 @@ against a queue whose every call costs what AWS's does, not moto's CPU).
         fake.put("bucket", "in/1", raw)                 # or PutObject over HTTP
         fake.send(queue_url, body)                      # or SendMessage(Batch)
         fake.hold["in/1"] = anyio.Event()               # GET of in/1 waits for it
+        fake.throttle["in/2"] = 1                       # one GET of in/2: 503 SlowDown
         ... fake.url is the endpoint_url of [ses] (S3 and SQS both) ...
 
     python tests/fakes/ses_aws.py --latency-ms 10 [--port P]   # a process of its own
@@ -27,7 +28,9 @@ handle); only the current receipt handle deletes or changes it (an older one
 answers ReceiptHandleIsInvalid, SenderFault — what real SQS says of a handle whose
 message was received again); a long poll answers as soon as one message is
 visible. Every request waits `latency_s` first (concurrent requests wait side
-by side, as independent round trips do). No authentication, no MD5 of
+by side, as independent round trips do). With `secret_key`, every request's
+SigV4 signature is computed again with botocore's signer and a wrong one is
+refused (403 SignatureDoesNotMatch); without, none is checked. No MD5 of
 attributes, no FIFO, no redrive. Counters for tests: `gets` per key,
 `receives` (message ids per ReceiveMessage), `deletes` (message ids per
 DeleteMessageBatch / DeleteMessage call).
@@ -150,13 +153,25 @@ class SqsError(Exception):
 class FakeSesAws:
     """SQS queues and S3 buckets in memory behind one HTTP endpoint (module docstring)."""
 
-    def __init__(self, *, latency_s: float = 0.0, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        secret_key: str | None = None,
+    ) -> None:
         self.latency_s = latency_s
+        # Set: every request must carry a SigV4 signature made with this secret key
+        # (checked with botocore's own signer), else 403 SignatureDoesNotMatch.
+        self.secret_key = secret_key
+        self.signed = 0  # requests whose signature was checked
         self.host, self.port = host, port
         self.url = ""
         self.queues: dict[str, _Queue] = {}  # by name
         self.buckets: dict[str, dict[str, bytes]] = {}
         self.hold: dict[str, anyio.Event] = {}  # object key → GET waits until set
+        self.throttle: dict[str, int] = {}  # object key → GETs answered 503 SlowDown
         self.gets: dict[str, int] = {}
         self.receives: list[list[str]] = []
         self.deletes: list[list[str]] = []
@@ -214,9 +229,45 @@ class FakeSesAws:
         if self.latency_s:
             await anyio.sleep(self.latency_s)
         target = request.headers.get("X-Amz-Target", "")
+        if self.secret_key is not None and not self._signature_holds(request, body):
+            if target:
+                return web.Response(
+                    status=403,
+                    body=orjson.dumps(
+                        {"__type": "com.amazonaws.sqs#SignatureDoesNotMatch", "message": "no"}
+                    ),
+                    content_type=_JSON,
+                )
+            return _s3_error(403, "SignatureDoesNotMatch", request.path)
         if target.startswith("AmazonSQS."):
             return await self._sqs(target.removeprefix("AmazonSQS."), body)
         return await self._s3(request, body)
+
+    def _signature_holds(self, request: web.Request, body: bytes) -> bool:
+        """The request's SigV4 signature, computed again by botocore's signer from the
+        headers it says it signed, the path as sent and this secret key."""
+        from botocore.auth import S3SigV4Auth, SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("AWS4-HMAC-SHA256 "):
+            return False
+        fields = dict(
+            part.strip().split("=", 1) for part in auth.removeprefix("AWS4-HMAC-SHA256 ").split(",")
+        )
+        access_key, _date, region, service, _ = fields["Credential"].split("/")
+        signed = fields["SignedHeaders"].split(";")
+        headers = {name: request.headers.get(name, "") for name in signed}
+        url = f"http://{request.headers.get('Host', '')}{request.raw_path}"
+        aws_request = AWSRequest(method=request.method, url=url, headers=headers, data=body)
+        aws_request.context["timestamp"] = request.headers.get("X-Amz-Date", "")
+        signer_class = S3SigV4Auth if service == "s3" else SigV4Auth
+        signer = signer_class(Credentials(access_key, self.secret_key), service, region)
+        canonical = signer.canonical_request(aws_request)
+        expected = signer.signature(signer.string_to_sign(aws_request, canonical), aws_request)
+        self.signed += 1
+        return bool(expected == fields["Signature"])
 
     async def _sqs(self, action: str, body: bytes) -> web.Response:
         params: dict[str, Any] = orjson.loads(body) if body else {}
@@ -372,6 +423,9 @@ class FakeSesAws:
                 held = self.hold.get(key)
                 if held is not None:
                     await held.wait()
+                if self.throttle.get(key, 0) > 0:
+                    self.throttle[key] -= 1
+                    return _s3_error(503, "SlowDown", key)
             raw = objects.get(key)
             if raw is None:
                 return _s3_error(404, "NoSuchKey", key)

@@ -139,7 +139,9 @@ async def fake_aws(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeQueue]:
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    async with FakeSesAws() as fake:
+    # every request's SigV4 signature checked: the door's own object GETs (aws.py
+    # ObjectReader) are signed as the SDK's are
+    async with FakeSesAws(secret_key="testing") as fake:
         queue_url = fake.create_queue("inbound")
         fake.buckets["mail-bucket"] = {}
         yield FakeQueue(fake, queue_url, "mail-bucket")

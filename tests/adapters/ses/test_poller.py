@@ -348,9 +348,23 @@ async def test_missing_object_is_dead_and_deleted(
     assert aws.queue_counts() == (0, 0)
 
 
+def read_through_sdk(poller) -> None:
+    """Objects of every bucket read through the SDK's GetObject (aws.py `_fetch_sdk`,
+    the path of a bucket the door's own GETs hand over), so a test can bend it."""
+
+    class Every(set):
+        def __contains__(self, bucket: object) -> bool:
+            return True
+
+    poller._aws._objects.sdk_buckets = Every()
+
+
 def spy_object_reads(monkeypatch, poller, *, hide_length: bool = False) -> list:
-    """Count the body bytes the poller reads from each S3 object it gets; with
-    `hide_length`, answer without Content-Length (a stream of unknown size)."""
+    """Count the body bytes the poller reads from each S3 object it gets through the
+    SDK; with `hide_length`, answer without Content-Length (a stream of unknown
+    size). The door's own GETs are bent on the wire instead (test_ses_run.py
+    AwsProxy)."""
+    read_through_sdk(poller)
     s3 = poller._aws._s3
     get_object = s3.get_object
     bodies: list[CountingBody] = []
@@ -463,6 +477,7 @@ async def test_s3_throttling_leaves_the_message_for_redelivery(
                 "GetObject",
             )
 
+        read_through_sdk(poller)
         monkeypatch.setattr(poller._aws._s3, "get_object", slow_down)
         await drain(poller)
     assert aws.queue_counts() == (0, 1)
