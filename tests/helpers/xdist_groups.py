@@ -58,12 +58,12 @@ SERIAL_GROUPS = {
 LONG_FIRST = (
     "tests/daemon/test_run.py::test_database_cancel_flag_stops_between_pages",
     "tests/daemon/test_run.py::test_sigterm_mid_backfill_then_restart",
+    "tests/daemon/test_imap_run.py::test_a_server_going_away_fails_the_run_at_once",
     "tests/daemon/test_ses_run.py::test_two_daemons_on_one_queue",
     "tests/daemon/test_resilience.py::",
     "tests/daemon/test_cli_import.py::test_database_lost_midway",
     "tests/daemon/test_package.py::test_a_wheel_installed_into_a_fresh_environment",
     "tests/daemon/test_gmail_run.py::test_a_part_rate_limited_past_every_retry",
-    "tests/daemon/test_imap_run.py::test_a_server_going_away_fails_the_run_at_once",
     "tests/daemon/test_imap_run.py::test_a_server_stopped_mid_sync_then_back",
     "tests/daemon/test_gmail_reset_run.py::",
     "tests/daemon/test_outlook_faults_run.py::test_a_rotated_refresh_token",
@@ -88,11 +88,12 @@ def group_of(nodeid: str) -> str | None:
 
 
 def hand_out_rank(item: pytest.Item) -> int:
-    """When `item` is handed to a worker: known-long tests (0), other slow ones (1),
-    the rest (2)."""
-    if item.nodeid.startswith(LONG_FIRST):
-        return 0
-    return 1 if item.get_closest_marker(SLOW_MARK) is not None else 2
+    """When `item` is handed to a worker: the known-long tests in LONG_FIRST's order,
+    then the other slow ones, then the rest."""
+    for rank, prefix in enumerate(LONG_FIRST):
+        if item.nodeid.startswith(prefix):
+            return rank
+    return len(LONG_FIRST) + (0 if item.get_closest_marker(SLOW_MARK) is not None else 1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
