@@ -38,6 +38,12 @@ POSTMARK = b"From MAILER-DAEMON Thu Jan  1 00:00:00 1970\n"
 # batch of unchanged messages takes ~0.15 s).
 IMPORT_MESSAGES = 5000
 REPROCESS_MESSAGES = 4000
+# The import that fills the database before a reprocess test: thousands of messages,
+# CPU-bound, not the small command CLI_TIMEOUT_S (60 s) is for. 4,000 took 27 s beside a
+# suite and ran past 60 s with two suites at once (load 22 on 2 cores).
+SETUP_IMPORT_TIMEOUT_S = 180.0
+# A reprocess test's own limit: the setup import, then its commands (CLI_TIMEOUT_S each).
+REPROCESS_TEST_TIMEOUT_S = SETUP_IMPORT_TIMEOUT_S + 3 * CLI_TIMEOUT_S
 # Workers take a chunk every ~25 ms while a page is parsed, and pages follow each
 # other while the import runs: one holds the command within a second or so.
 PENDING_TIMEOUT_S = 30.0
@@ -187,12 +193,15 @@ async def test_import(
     [(term_the_group, 130, "interrupted"), (kill_the_workers, 1, "failed")],
     ids=["SIGTERM-group", "SIGKILL-workers"],
 )
+@pytest.mark.timeout(REPROCESS_TEST_TIMEOUT_S)
 async def test_reprocess(
     db_dsn: str, corpus: Path, tmp_path: Path, hit: Hit, code: int, status: str
 ) -> None:
     env = cli_env(tmp_path / "data")
     archive = bulk_mbox(tmp_path / "bulk.mbox", corpus, REPROCESS_MESSAGES)
-    imported = await run_cli_async(*import_command(db_dsn, archive, "thread")[1:], env=env)
+    imported = await run_cli_async(
+        *import_command(db_dsn, archive, "thread")[1:], env=env, timeout_s=SETUP_IMPORT_TIMEOUT_S
+    )
     assert imported.code == 0, imported.stderr
     command = cli_argv(
         "reprocess",
@@ -301,12 +310,15 @@ async def test_import_ctrl_c_while_a_worker_starts(
         assert summary["input_left_unread"] is True
 
 
+@pytest.mark.timeout(REPROCESS_TEST_TIMEOUT_S + len(START_UP_OFFSETS_S) * CLI_TIMEOUT_S)
 async def test_reprocess_ctrl_c_while_a_worker_starts(
     db_dsn: str, corpus: Path, tmp_path: Path
 ) -> None:
     env = cli_env(tmp_path / "data")
     archive = bulk_mbox(tmp_path / "bulk.mbox", corpus, START_UP_IMPORT_MESSAGES)
-    imported = await run_cli_async(*import_command(db_dsn, archive, "thread")[1:], env=env)
+    imported = await run_cli_async(
+        *import_command(db_dsn, archive, "thread")[1:], env=env, timeout_s=SETUP_IMPORT_TIMEOUT_S
+    )
     assert imported.code == 0, imported.stderr
     command = cli_argv(
         "reprocess",
