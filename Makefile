@@ -23,7 +23,8 @@ export INBOXD_DEMO_TOKEN ?= $(DEMO_TOKEN)
 # processes (TEST_WORKERS=0: all in pytest's own process). Most slow tests wait on a
 # subprocess daemon, so more workers than the 2 cores of a CI runner pay; see the
 # commit that set the number for the measurements. --dist loadgroup keeps the tests of
-# one xdist_group on one worker, one after another (tests/bench: CPU-bound runs).
+# one group on one worker, one after another (tests/bench: two groups of CPU-bound
+# runs), and tests/helpers/xdist_groups.py hands the known-long tests out first.
 # pytest run by hand stays in one process: starting workers costs more than one file.
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadgroup

@@ -44,8 +44,9 @@ POLL_S = 0.5
 #: kept the pipe open is not waited for longer than this.
 READER_JOIN_S = 10
 
-# Under `make test` (pytest-xdist) these run one after another on one worker: each
-# loads both cores by itself (tests/helpers/xdist_groups.py).
+# Under `make test` (pytest-xdist) these run in two groups, one after another within a
+# group, so at most two at once: each loads both cores by itself
+# (tests/helpers/xdist_groups.py).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_TIMEOUT_S)]
 
 
