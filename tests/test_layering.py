@@ -397,3 +397,49 @@ def test_no_test_module_imports_another_test_module() -> None:
         "test modules importing test modules (move what they share to tests/helpers/ "
         "or a rig module)\n" + "\n".join(problems)
     )
+
+
+#: Modules that hold a connection of their own (never a pooled one) and may keep
+#: session state on it: LISTEN, the presence lock.
+OWN_CONNECTION_MODULES = frozenset(
+    {
+        "daemon/http/events.py",
+        "daemon/sync/doorbell.py",
+        "pipeline/delivery/worker.py",
+        "pipeline/mailbox/presence.py",
+    }
+)
+SESSION_STATE_SQL = re.compile(
+    r"^\s*(SET\s+(?!LOCAL\b)|LISTEN\b|DECLARE\b.*\bWITH\s+HOLD\b)"
+    r"|\bpg_(try_)?advisory_lock(_shared)?\s*\(",
+    re.DOTALL,  # SQL keywords are upper case here (CONTRIBUTING.md); prose is not SQL
+)
+
+
+def test_no_session_state_is_left_on_a_pooled_connection() -> None:
+    """The daemon's pool does not reset a connection on the server when it goes back
+    (daemon/database.py keep_session: a round trip per acquisition saved). So nothing
+    may leave session state on one: a session SET (SET LOCAL is fine), a LISTEN or
+    add_listener, a session advisory lock, a WITH HOLD cursor — only the modules with
+    a connection of their own (OWN_CONNECTION_MODULES) may."""
+    problems = []
+    for package in ("inboxd.pipeline", "inboxd.daemon", "inboxd.adapters"):
+        for source in sources(PACKAGE_DIRS[package]):
+            if source.rel in OWN_CONNECTION_MODULES:
+                continue
+            tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
+            docstrings = _docstring_nodes(tree)
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                    and SESSION_STATE_SQL.search(node.value)
+                ):
+                    problems.append(f"{source.rel}:{node.lineno}: {node.value.strip()[:60]}")
+                elif isinstance(node, ast.Attribute) and node.attr == "add_listener":
+                    problems.append(f"{source.rel}:{node.lineno}: add_listener")
+    assert not problems, (
+        "session state on what may be a pooled connection (use SET LOCAL, a "
+        "transaction-scoped lock, or a connection of its own listed here)\n" + "\n".join(problems)
+    )

@@ -135,7 +135,7 @@ WITH target AS (
        AND (lease_owner IS NULL OR lease_owner = $3
             OR lease_expires_at IS NULL OR lease_expires_at <= now()
             OR (lease_session_key IS NOT NULL AND NOT EXISTS (
-                   -- the holder's presence lock (pg_advisory_lock(bigint) shows as
+                   -- the holder's presence lock (a session advisory lock on a bigint key shows as
                    -- classid = high 32 bits, objid = low 32 bits, objsubid = 1)
                    SELECT 1 FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
