@@ -103,9 +103,10 @@ PARSE_BATCH = 64
 PARSES = 2
 # DeleteMessageBatch calls at once (each ≤ 10 entries, SQS's limit).
 DELETES = 4
-# Object bytes fetched and not yet handed to ingest, above which no further GET
-# starts (a soft bound: GETs under way finish). Keeps memory flat when objects are
-# large and the database slow; one object always passes.
+# Object bytes fetched and not yet parsed, above which no further GET starts (a
+# soft bound: GETs under way finish). Keeps memory flat when objects are large and
+# parsing is behind; one object always passes. (Parsed copies waiting for ingest
+# are bounded by max_in_flight.)
 BUFFERED_BYTES = 256 * 1024 * 1024
 
 
@@ -131,6 +132,7 @@ class SesPoller:
         self._receiving.set()
         self._in_flight: dict[str, QueueMessage] = {}
         self._room = anyio.Event()  # set (and replaced) whenever a message leaves flight
+        self._receiving_now = 0  # max_messages for every receive under way
         self._probing = False
         self._stop: anyio.Event | None = None
         self._pipeline_group: TaskGroup | None = None  # where the database probe runs
@@ -241,21 +243,33 @@ class SesPoller:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            limit = max(self.settings.max_in_flight - self.settings.max_messages, 0)
             while True:
                 await self._receiving.wait()  # no loop receives while the database is down
-                while len(self._in_flight) > limit:
+                while not self._room_for_a_receive():
                     await self._room.wait()
                 await self._sink.wait_for_room()
-                if self._receiving.is_set() and len(self._in_flight) <= limit:
+                if self._receiving.is_set() and self._room_for_a_receive():
                     break
             tg.cancel_scope.cancel()
         if stop.is_set():
             return []
-        received = await self._aws.receive()
+        # the receive's share of max_in_flight is taken before it goes out, so the
+        # loops together never pass it
+        self._receiving_now += self.settings.max_messages
+        try:
+            received = await self._aws.receive()
+        finally:
+            self._receiving_now -= self.settings.max_messages
+            self._wake()
         if received:
             self._sink.counted("received", len(received))
         return received
+
+    def _room_for_a_receive(self) -> bool:
+        """Whether another max_messages fit under max_in_flight (one receive always
+        may when nothing is in flight, whatever max_in_flight says)."""
+        taken = len(self._in_flight) + self._receiving_now
+        return not taken or taken + self.settings.max_messages <= self.settings.max_in_flight
 
     async def _release(self, messages: Sequence[QueueMessage]) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S):
@@ -264,6 +278,10 @@ class SesPoller:
 
     def _out_of_flight(self, message: QueueMessage) -> None:
         self._in_flight.pop(message.receipt_handle, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Room in flight may have been made: loops waiting for it look again."""
         self._room.set()
         self._room = anyio.Event()
 

@@ -166,6 +166,9 @@ async def test_receiving_stops_at_max_in_flight(
             await anyio.sleep(0.5)  # room for a loop that would receive more
             visible, in_flight = fake_aws.counts()
             assert in_flight <= 5 and visible + in_flight == 12
+            # two loops, never more than max_in_flight between them (each receive
+            # takes its share before it goes out)
+            assert sum(len(r) for r in fake_aws.fake.receives) <= 5
             for event in fake_aws.fake.hold.values():
                 event.set()
             await eventually(fake_aws.counts, WAIT_S, what="an empty queue", until=(0, 0).__eq__)
@@ -219,6 +222,10 @@ async def test_cancelled_mid_pipeline_releases_every_message_and_loses_nothing(
                     lambda: fake_aws.fake.gets.get("in/cut/0", 0), WAIT_S, what="the held GET"
                 )
                 await eventually(fake_aws.counts, WAIT_S, what="all in flight", until=(0, 8).__eq__)
+                if where == "deleting":  # every message but the held one committed
+                    await eventually(
+                        lambda: copies(pool), WAIT_S, what="7 rows", until=lambda r: len(r) == 7
+                    )
                 tg.cancel_scope.cancel()  # the drain deadline
         assert not scope.cancelled_caught
     assert fake_aws.counts() == (8, 0)  # released, none deleted

@@ -92,6 +92,9 @@ def test_every_key_read() -> None:
         ("max_receive_count", [1, 1000], [0, -1]),
         ("max_message_bytes", [1024, 40 * 1024 * 1024], [0, 1023]),
         ("pollers", [1, 64], [0, 65]),
+        # the pipeline (issue 25): S3 GETs at once, messages in flight
+        ("fetch_concurrency", [1, 256], [0, 257]),
+        ("max_in_flight", [1, 10_000], [0, 10_001]),
     ],
 )
 def test_integer_bounds(key: str, good: list[int], bad: list[int]) -> None:
@@ -100,6 +103,12 @@ def test_integer_bounds(key: str, good: list[int], bad: list[int]) -> None:
     for value in bad:
         message = refused(SesSettings.from_settings, {"queue_url": QUEUE, key: value}, key)
         assert "integer from" in message
+
+
+def test_pipeline_defaults() -> None:
+    s = settings()
+    # ~5 receives' worth per default poller; 32 GETs, so one slow object is one of many
+    assert (s.fetch_concurrency, s.max_in_flight) == (32, 100)
 
 
 @pytest.mark.parametrize("value", [True, False, 5.0, "5", [5]])
