@@ -249,14 +249,11 @@ class MailboxRunner:
     async def _sync_in_turn(self) -> None:
         tenant, mailbox = self.key
         pool = self.deps.pool
+        presence = self.deps.presence
         async with pool.acquire() as conn:
-            throttled_s = await scheduling.throttled_for_s(conn, tenant, mailbox)
-            if throttled_s is not None:
-                self._log.debug("sync_skipped_throttled", for_s=throttled_s)
-                self._deferred_s = throttled_s  # this ring is run when the throttle ends
-                return
-            presence = self.deps.presence
-            held = await leases.acquire_lease_and_cursor(
+            # throttle check, lease and cursor: one statement (a poll at 10,000
+            # mailboxes is a handful of statements, each counts: issue 25)
+            start = await leases.begin_run(
                 conn,
                 tenant,
                 mailbox,
@@ -264,10 +261,14 @@ class MailboxRunner:
                 self.deps.lease_ttl_s,
                 session_key=presence.session_key if presence is not None else None,
             )
-        if held is None:
+        if start.throttled_for_s is not None:
+            self._log.debug("sync_skipped_throttled", for_s=start.throttled_for_s)
+            self._deferred_s = start.throttled_for_s  # this ring is run when the throttle ends
+            return
+        if start.token is None:
             self._log.debug("sync_skipped_leased_elsewhere")
             return
-        token, cursor = held
+        token, cursor = start.token, start.cursor
         released = False
         try:
             # anyio wraps what the sync raised (renew + page reader groups); the
@@ -278,18 +279,18 @@ class MailboxRunner:
                 # says so: the status names it, the rest of the mailbox keeps syncing
                 degraded = getattr(self.source, "degraded", None)
                 problem = degraded() if degraded is not None else None
-                # one connection for the outcome and the release: a poll at 10,000
-                # mailboxes is a few statements, each acquisition counts (issue 25)
                 async with pool.acquire() as conn:
-                    if problem is None:
-                        await scheduling.record_success(conn, tenant, mailbox)
+                    if problem is None:  # recorded clean and released: one statement
+                        released = await leases.finish_run(
+                            conn, tenant, mailbox, self.deps.owner, token
+                        )
+                        if not released:
+                            raise LeaseLost("the mailbox lease moved to another process")
                     else:
                         self._log.warning("sync_degraded", error=problem[0])
                         await scheduling.record_partial_success(
                             conn, tenant, mailbox, problem[0], attention=problem[1]
                         )
-                    await leases.release_lease(conn, tenant, mailbox, self.deps.owner, token)
-                    released = True
                 # caught up with the source: nothing left behind the cursor
                 self.deps.metrics.mark_caught_up(tenant, mailbox)
         finally:
@@ -363,11 +364,11 @@ class MailboxRunner:
                 )
             async with pool.acquire() as conn:
                 await _record_changes(conn, tenant, mailbox, page)
-                if page.cursor_after is not None and not await leases.commit_cursor(
-                    conn, tenant, mailbox, token, page.cursor_after
-                ):
+                # the cursor and the cancel flag: one statement, fenced
+                cancel = await leases.commit_page(conn, tenant, mailbox, token, page.cursor_after)
+                if cancel is None:
                     raise LeaseLost("the mailbox lease moved to another process")
-                if await leases.take_cancel(conn, tenant, mailbox):
+                if cancel:
                     self._log.info("sync_cancel_flag_honoured")
                     return False
             self._log.info("sync_page_committed", items=len(page.items))

@@ -82,8 +82,10 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from inboxd.pipeline.mailbox.rows import (
+    CLEAN_RUN,
     HELD,
     Executor,
     MailboxNotFound,
@@ -118,9 +120,11 @@ def new_owner_id(name: str = "inboxd") -> str:
 
 # --- leases ------------------------------------------------------------------------------
 
+# $6: leave a throttled mailbox alone (begin_run). `target` is the row as it was
+# before the statement: its throttle, and whether it exists at all.
 _ACQUIRE = """
 WITH target AS (
-    SELECT 1 FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2
+    SELECT throttle_until FROM mailboxes WHERE tenant_id = $1 AND mailbox_id = $2
 ), taken AS (
     UPDATE mailboxes
        SET lease_owner = $3,
@@ -132,6 +136,7 @@ WITH target AS (
            -- seeing it) must not stop this one
            cancel_requested = false
      WHERE tenant_id = $1 AND mailbox_id = $2
+       AND NOT ($6 AND coalesce(throttle_until, '-infinity') > now())
        AND (lease_owner IS NULL OR lease_owner = $3
             OR lease_expires_at IS NULL OR lease_expires_at <= now()
             OR (lease_session_key IS NOT NULL AND NOT EXISTS (
@@ -145,7 +150,36 @@ WITH target AS (
                       AND l.objid = (lease_session_key & 4294967295)::oid)))
     RETURNING lease_token, cursor
 )
-SELECT (SELECT lease_token FROM taken), EXISTS (SELECT 1 FROM target), (SELECT cursor FROM taken)
+SELECT (SELECT lease_token FROM taken), EXISTS (SELECT 1 FROM target), (SELECT cursor FROM taken),
+       (SELECT extract(epoch FROM throttle_until - now())::float8 FROM target
+         WHERE $6 AND throttle_until > now())
+"""
+
+# A page's end (commit_page): its cursor (when it has one) and the cancel flag, taken
+# and cleared, in one fenced statement. `before` reads the flag as it was: joined in
+# FROM, it is read (and the row locked) before the update, so a cancel set
+# concurrently is either seen now or left for the next page. (As a CTE read only in
+# RETURNING it saw the row this statement had just written.)
+_COMMIT_PAGE = f"""
+UPDATE mailboxes
+   SET cursor = coalesce($4, cursor),
+       cursor_updated_at = CASE WHEN $4 IS NOT NULL AND cursor IS DISTINCT FROM $4 THEN now()
+                                ELSE cursor_updated_at END,
+       cancel_requested = false
+  FROM (SELECT cancel_requested AS was FROM mailboxes
+         WHERE tenant_id = $1 AND mailbox_id = $2 FOR UPDATE) AS before
+ WHERE tenant_id = $1 AND mailbox_id = $2 AND {HELD}
+RETURNING before.was
+"""
+
+# A clean run's end (finish_run): the run recorded clean and the lease released, in one
+# statement, while this holder still has it.
+_FINISH_RUN = f"""
+UPDATE mailboxes
+   SET {CLEAN_RUN},
+       lease_owner = NULL, lease_expires_at = NULL, cancel_requested = false
+ WHERE tenant_id = $1 AND mailbox_id = $2 AND lease_owner = $3 AND lease_token = $4
+RETURNING true
 """
 
 _RENEW = """
@@ -208,13 +242,21 @@ async def acquire_lease(
     holds it. Raises MailboxNotFound when the mailbox does not exist,
     ValueError for a bad owner or ttl_s.
     """
-    held = await acquire_lease_and_cursor(
-        conn, tenant_id, mailbox_id, owner, ttl_s, session_key=session_key
-    )
-    return None if held is None else held[0]
+    start = await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, False)
+    return start.token
 
 
-async def acquire_lease_and_cursor(
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What `begin_run` found: the lease taken (`token`, and the `cursor` to start
+    from), or why not — throttled for `throttled_for_s`, or held elsewhere (both None)."""
+
+    token: int | None
+    cursor: str | None = None
+    throttled_for_s: float | None = None
+
+
+async def begin_run(
     conn: Executor,
     tenant_id: str,
     mailbox_id: str,
@@ -222,22 +264,36 @@ async def acquire_lease_and_cursor(
     ttl_s: float,
     *,
     session_key: int | None = None,
-) -> tuple[int, str | None] | None:
-    """`acquire_lease`, also returning the cursor the new holder starts from (in the
-    same statement: a sync run's start is one round trip, not two); None when not
-    taken."""
+) -> RunStart:
+    """A sync run's start in one statement (a poll at 10,000 mailboxes is a handful of
+    statements, each counts): unless the mailbox is throttled, `acquire_lease`, with
+    the cursor the new holder starts from. Raises MailboxNotFound."""
+    return await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, True)
+
+
+async def _acquire(
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    ttl_s: float,
+    session_key: int | None,
+    unless_throttled: bool,
+) -> RunStart:
     require_owner(owner)
     row = await conn.fetchrow(
-        _ACQUIRE, tenant_id, mailbox_id, owner, positive_seconds("ttl_s", ttl_s), session_key
+        _ACQUIRE,
+        tenant_id,
+        mailbox_id,
+        owner,
+        positive_seconds("ttl_s", ttl_s),
+        session_key,
+        unless_throttled,
     )
-    token: int | None = row[0]
-    exists: bool = row[1]
-    if not exists:
+    if not row[1]:
         raise MailboxNotFound(tenant_id, mailbox_id)
-    if token is None:
-        return None
-    cursor: str | None = row[2]
-    return token, cursor
+    throttled = row[3]
+    return RunStart(row[0], row[2], None if throttled is None else float(throttled))
 
 
 async def renew_lease(
@@ -323,6 +379,37 @@ async def commit_cursor(
     if not cursor:
         raise ValueError("cursor must be a non-empty string; use reset_cursor to clear it")
     return bool(await conn.fetchval(_COMMIT_CURSOR, tenant_id, mailbox_id, token, cursor))
+
+
+async def commit_page(
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    token: int,
+    cursor: str | None,
+) -> bool | None:
+    """A committed page's end in one statement: `commit_cursor` (when `cursor` is not
+    None) and `take_cancel`, fenced by `token`. None: the lease is no longer held
+    (stale holder: stop, nothing was written); otherwise whether a cancel was
+    requested (it is cleared: stop now)."""
+    if cursor == "":
+        raise ValueError("cursor must be a non-empty string; use reset_cursor to clear it")
+    row = await conn.fetchrow(_COMMIT_PAGE, tenant_id, mailbox_id, token, cursor)
+    return None if row is None else bool(row[0])
+
+
+async def finish_run(
+    conn: Executor,
+    tenant_id: str,
+    mailbox_id: str,
+    owner: str,
+    token: int,
+) -> bool:
+    """A clean run's end in one statement: scheduling.record_success and
+    release_lease. False: `owner`/`token` no longer hold the lease, and nothing was
+    written (the holder that took it over records its own runs)."""
+    require_owner(owner)
+    return bool(await conn.fetchval(_FINISH_RUN, tenant_id, mailbox_id, owner, token))
 
 
 async def read_cursor(conn: Executor, tenant_id: str, mailbox_id: str) -> str | None:

@@ -14,6 +14,7 @@ from typing import TypeAlias
 import asyncpg
 
 __all__ = [
+    "CLEAN_RUN",
     "ERROR_MAX_CHARS",
     "HELD",
     "Executor",
@@ -33,6 +34,12 @@ ERROR_MAX_CHARS = 300
 # The fencing condition shared by every write a lease holder makes (leases.py, and
 # scheduling.set_sync_state with a token): $3 is the holder's lease token.
 HELD = "lease_token = $3 AND lease_owner IS NOT NULL AND lease_expires_at > now()"
+
+# What a clean sync run writes on its row (scheduling.record_success, and
+# leases.finish_run, which releases the lease in the same statement).
+CLEAN_RUN = (
+    "last_success_at = now(), throttle_backoff_s = 0, throttle_until = NULL, sync_state = 'idle'"
+)
 
 
 class MailboxNotFound(LookupError):

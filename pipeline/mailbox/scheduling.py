@@ -41,6 +41,7 @@ from inboxd.pipeline.doorbell import ring
 # Private helpers of leases on purpose: the fence and argument checks of the one
 # row both modules write, kept in one place (leases does not import this module).
 from inboxd.pipeline.mailbox.rows import (
+    CLEAN_RUN,
     HELD,
     Executor,
     MailboxNotFound,
@@ -65,10 +66,8 @@ BACKOFF_MAX_S = 3600
 
 # --- throttle and health -----------------------------------------------------------------
 
-_RECORD_SUCCESS = """
-UPDATE mailboxes
-   SET last_success_at = now(), throttle_backoff_s = 0, throttle_until = NULL,
-       sync_state = 'idle'
+_RECORD_SUCCESS = f"""
+UPDATE mailboxes SET {CLEAN_RUN}
  WHERE tenant_id = $1 AND mailbox_id = $2
 RETURNING true
 """

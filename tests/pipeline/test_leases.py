@@ -505,14 +505,54 @@ async def test_a_poll_is_due_an_interval_after_its_clean_run_started_not_ended(
     assert claimed == [(T, "long-clean-run")]
 
 
-async def test_a_lease_comes_with_the_cursor_its_holder_starts_from(pool, inbox) -> None:
-    assert await leases.acquire_lease_and_cursor(pool, T, M, "a", LONG_TTL_S) == (1, None)
-    assert await leases.commit_cursor(pool, T, M, 1, "h-42")
-    assert await leases.acquire_lease_and_cursor(pool, T, M, "b", LONG_TTL_S) is None  # held
+async def test_a_run_begins_in_one_statement_unless_throttled_or_held(pool, inbox) -> None:
+    assert await leases.begin_run(pool, T, M, "a", LONG_TTL_S) == leases.RunStart(1, None)
+    assert await leases.commit_page(pool, T, M, 1, "h-42") is False  # committed, no cancel
+    assert await leases.begin_run(pool, T, M, "b", LONG_TTL_S) == leases.RunStart(None)  # held
     await leases.release_lease(pool, T, M, "a", 1)
-    assert await leases.acquire_lease_and_cursor(pool, T, M, "b", LONG_TTL_S) == (2, "h-42")
+    assert await leases.begin_run(pool, T, M, "b", LONG_TTL_S) == leases.RunStart(2, "h-42")
+    await leases.release_lease(pool, T, M, "b", 2)
+    until = await scheduling.record_failure(pool, T, M, "503")  # throttled ~30 s
+    assert until is not None
+    throttled = await leases.begin_run(pool, T, M, "b", LONG_TTL_S)
+    assert throttled.token is None
+    assert throttled.throttled_for_s is not None and 0 < throttled.throttled_for_s <= 30
+    assert (await row(pool))["lease_owner"] is None  # not taken while throttled
+    # acquire_lease itself does not look at the throttle (the status command's, tests')
+    assert await leases.acquire_lease(pool, T, M, "c", LONG_TTL_S) == 3
     with pytest.raises(MailboxNotFound):
-        await leases.acquire_lease_and_cursor(pool, T, "no-such-mailbox", "b", LONG_TTL_S)
+        await leases.begin_run(pool, T, "no-such-mailbox", "b", LONG_TTL_S)
+
+
+async def test_a_page_commits_its_cursor_and_takes_the_cancel_flag_in_one_statement(
+    pool, inbox
+) -> None:
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert token is not None
+    assert await leases.commit_page(pool, T, M, token, "c1") is False
+    assert await leases.read_cursor(pool, T, M) == "c1"
+    assert await leases.cancel_running_sync(pool, T, M)
+    assert await leases.commit_page(pool, T, M, token, None) is True  # no cursor: kept
+    assert await leases.read_cursor(pool, T, M) == "c1"
+    assert not await leases.cancel_requested(pool, T, M)  # taken: cleared
+    assert await leases.commit_page(pool, T, M, token - 1, "stale") is None  # fenced
+    assert await leases.read_cursor(pool, T, M) == "c1"
+    with pytest.raises(ValueError):
+        await leases.commit_page(pool, T, M, token, "")
+
+
+async def test_a_clean_run_ends_recorded_and_released_in_one_statement(pool, inbox) -> None:
+    await scheduling.record_failure(pool, T, M, "503")
+    await pool.execute("UPDATE mailboxes SET throttle_until = now() WHERE tenant_id = $1", T)
+    token = await leases.acquire_lease(pool, T, M, "a", LONG_TTL_S)
+    assert token is not None
+    assert not await leases.finish_run(pool, T, M, "b", token)  # not b's lease
+    assert (await row(pool))["last_success_at"] is None
+    assert await leases.finish_run(pool, T, M, "a", token)
+    after = await row(pool)
+    assert after["lease_owner"] is None and after["last_success_at"] is not None
+    assert (after["throttle_backoff_s"], after["throttle_until"]) == (0, None)
+    assert not await leases.finish_run(pool, T, M, "a", token)  # released already
 
 
 async def test_acquiring_the_lease_marks_the_run_start(pool, inbox) -> None:
