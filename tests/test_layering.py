@@ -294,6 +294,19 @@ def _docstring_nodes(tree: ast.Module) -> set[int]:
     return found
 
 
+def code_strings(source: PyModule) -> Iterator[tuple[int, str]]:
+    """Every string literal of the module that is not a docstring: (line, text)."""
+    tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
+    docstrings = _docstring_nodes(tree)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            yield node.lineno, node.value
+
+
 def test_sql_lives_in_pipeline_or_in_a_doors_tables_module() -> None:
     """SQL is written in pipeline/ or in a door's own tables.py (CONTRIBUTING.md
     "Adding a door"), so every statement on a table is found in one of those places.
@@ -306,18 +319,10 @@ def test_sql_lives_in_pipeline_or_in_a_doors_tables_module() -> None:
                 rel.startswith("adapters/") and rel.endswith("/tables.py")
             ):
                 continue
-            tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
-            docstrings = _docstring_nodes(tree)
-            for node in ast.walk(tree):
-                if (
-                    isinstance(node, ast.Constant)
-                    and isinstance(node.value, str)
-                    and id(node) not in docstrings
-                    and SQL_STATEMENT.match(node.value)
-                    and node.value.strip() not in SQL_PROBES
-                ):
-                    first = node.value.strip().splitlines()[0][:60]
-                    problems.append(f"{rel}:{node.lineno}: {first}")
+            for line, text in code_strings(source):
+                if SQL_STATEMENT.match(text) and text.strip() not in SQL_PROBES:
+                    first = text.strip().splitlines()[0][:60]
+                    problems.append(f"{rel}:{line}: {first}")
     assert not problems, (
         "SQL outside pipeline/ and the doors' tables.py (move it into a function there)\n"
         + "\n".join(problems)
@@ -427,18 +432,15 @@ def test_no_session_state_is_left_on_a_pooled_connection() -> None:
         for source in sources(PACKAGE_DIRS[package]):
             if source.rel in OWN_CONNECTION_MODULES:
                 continue
+            for line, text in code_strings(source):
+                if SESSION_STATE_SQL.search(text):
+                    problems.append(f"{source.rel}:{line}: {text.strip()[:60]}")
             tree = ast.parse(source.path.read_bytes(), filename=str(source.path))
-            docstrings = _docstring_nodes(tree)
-            for node in ast.walk(tree):
-                if (
-                    isinstance(node, ast.Constant)
-                    and isinstance(node.value, str)
-                    and id(node) not in docstrings
-                    and SESSION_STATE_SQL.search(node.value)
-                ):
-                    problems.append(f"{source.rel}:{node.lineno}: {node.value.strip()[:60]}")
-                elif isinstance(node, ast.Attribute) and node.attr == "add_listener":
-                    problems.append(f"{source.rel}:{node.lineno}: add_listener")
+            problems += [
+                f"{source.rel}:{node.lineno}: add_listener"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr == "add_listener"
+            ]
     assert not problems, (
         "session state on what may be a pooled connection (use SET LOCAL, a "
         "transaction-scoped lock, or a connection of its own listed here)\n" + "\n".join(problems)
