@@ -11,7 +11,8 @@ Object GETs skip the SDK's per-call machinery (`ObjectReader`): botocore spent
 ≈ 2.5 ms of CPU on each GetObject (endpoint rules evaluated again for every key,
 hooks, response parsing: 75 % of the door's process, bench/README.md ses.py),
 which bounded the door on a busy core. Each bucket's endpoint and signing region
-are resolved once, by the SDK (a presigned URL for a probe key); every GET is then
+are resolved once, by the SDK (a GetObject of a probe key built, signed and stopped
+before it is sent); every GET is then
 signed with botocore's own S3 SigV4 signer (the client's credentials, refreshed as
 the SDK refreshes them) and sent on aiohttp. A bucket whose GET answers anything
 but an object, a missing key, throttling or a server error (a redirect to another
@@ -20,11 +21,12 @@ region, a refusal) is read through the SDK from then on, which knows what to do.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Self
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote, urlsplit
 
 import aioboto3
 import aiohttp
@@ -320,6 +322,27 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code") or "error")
 
 
+# Set while ObjectReader._base has the SDK build a GetObject that is not to be sent.
+_DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("ses_s3_dry_run", default=False)
+
+
+class _Resolved(Exception):
+    """A dry-run GetObject, stopped before it was sent: its URL and Authorization."""
+
+    def __init__(self, url: str, authorization: str) -> None:
+        super().__init__(url)
+        self.url, self.authorization = url, authorization
+
+
+def _stop_dry_run(request: Any, **_: Any) -> None:
+    """botocore's before-send hook: a dry run's request goes no further."""
+    if _DRY_RUN.get():
+        authorization = request.headers.get("Authorization", b"")
+        if isinstance(authorization, bytes):
+            authorization = authorization.decode("ascii", "replace")
+        raise _Resolved(str(request.url), authorization)
+
+
 class ObjectReader:
     """S3 GetObject on aiohttp, signed by botocore's S3 SigV4 signer (module docstring).
 
@@ -329,8 +352,9 @@ class ObjectReader:
 
     def __init__(self, client: Any, connections: int) -> None:
         self._client = client
+        client.meta.events.register("before-send.s3.GetObject", _stop_dry_run)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections),
+            connector=_connector_like(client, connections),
             timeout=aiohttp.ClientTimeout(sock_connect=AWS_CONNECT_TIMEOUT_S),
             auto_decompress=False,
             trust_env=True,  # HTTPS_PROXY / NO_PROXY, as botocore honours them
@@ -342,22 +366,30 @@ class ObjectReader:
         await self._session.close()
 
     async def _base(self, bucket: str) -> tuple[str, str]:
-        """The URL a key of `bucket` is appended to and the region to sign for, as the
-        SDK resolves them (path or virtual-hosted style, the endpoint, FIPS, …)."""
+        """The URL a key of `bucket` is appended to and the region to sign for, exactly
+        as the SDK's GetObject resolves them (path or virtual-hosted style, the
+        regional endpoint, FIPS, a custom endpoint_url): one GetObject of a probe key
+        is built and signed by the SDK and stopped before it is sent."""
         base = self._bases.get(bucket)
         if base is None:
-            url = await self._client.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY}, ExpiresIn=60
-            )
+            token = _DRY_RUN.set(True)
+            try:
+                await self._client.get_object(Bucket=bucket, Key=_PROBE_KEY)
+            except _Resolved as resolved:
+                url, authorization = resolved.url, resolved.authorization
+            else:  # pragma: no cover (the hook always stops it)
+                raise ValueError("the SDK's GetObject was not stopped before it was sent")
+            finally:
+                _DRY_RUN.reset(token)
             parts = urlsplit(url)
             if not parts.path.endswith("/" + _PROBE_KEY):
-                raise ValueError("unexpected presigned URL shape")
-            # a SigV4 presigned URL names its signing region (key/date/region/s3/…); a
-            # legacy one does not, and the client signs for its own region then
-            credential = parse_qs(parts.query).get("X-Amz-Credential")
-            region = credential[0].split("/")[2] if credential else self._client.meta.region_name
+                raise ValueError("unexpected GetObject URL shape")
+            # "AWS4-HMAC-SHA256 Credential=key/date/region/s3/aws4_request, …"
+            scope = authorization.split("Credential=", 1)[1].split(",", 1)[0].split("/")
+            if scope[3] != "s3":
+                raise ValueError("not signed for s3")
             prefix = f"{parts.scheme}://{parts.netloc}{parts.path[: -len(_PROBE_KEY)]}"
-            base = self._bases[bucket] = (prefix, region)
+            base = self._bases[bucket] = (prefix, scope[2])
         return base
 
     async def _signed(self, bucket: str, key: str) -> tuple[str, dict[str, str]]:
@@ -406,13 +438,31 @@ class ObjectReader:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SesTransient(f"s3 get {where}: {type(exc).__name__}") from exc
         code = _xml_code(text) or str(response.status)
-        if response.status == 404 and code in _MISSING_CODES:
+        if response.status == 404 and code == "NoSuchKey":
             raise SesPermanent("object_missing", f"{where}: {code}")
+        # anything else permanent (NoSuchBucket: the wrong endpoint?) the SDK confirms
         if response.status == 503 or response.status >= 500:
             raise SesTransient(f"s3 get {where}: {code}")
         log.info("ses_object_read_through_sdk", bucket=bucket, status=response.status, code=code)
         self.sdk_buckets.add(bucket)
         return None
+
+
+def _connector_like(client: Any, connections: int) -> aiohttp.TCPConnector:
+    """A connector with the client's own TLS settings (AWS_CA_BUNDLE, `ca_bundle`, a
+    client certificate, verification off), built by aiobotocore's HTTP session as it
+    builds its own; a plain one (system trust store) if that is not to be had."""
+    http = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    build = getattr(http, "_create_connector", None)
+    if build is not None:
+        try:
+            connector = build(None)
+        except Exception:  # an aiobotocore of another shape: the defaults  # noqa: S110
+            pass
+        else:
+            if isinstance(connector, aiohttp.TCPConnector):
+                return connector
+    return aiohttp.TCPConnector(limit=connections)
 
 
 def _xml_code(body: bytes) -> str | None:

@@ -97,3 +97,42 @@ async def test_a_refused_get_hands_the_bucket_to_the_sdk(fake_aws, monkeypatch) 
         assert (event["status"], event["code"]) == (403, "SignatureDoesNotMatch")
         assert await aws.fetch(fake_aws.bucket, "in/m", max_bytes=1024) == raw
     assert fake_aws.fake.gets["in/m"] == 2  # the SDK's two (ours was refused unread)
+
+
+async def test_a_missing_bucket_is_confirmed_by_the_sdk(fake_aws) -> None:
+    """NoSuchBucket might be a wrong endpoint's answer: the SDK is asked before the
+    message is given up (its answer, the same here, is the one that counts)."""
+    async with AwsClients(settings(fake_aws)) as aws:
+        with pytest.raises(SesPermanent) as caught:
+            await aws.fetch("no-such-bucket", "in/m", max_bytes=1024)
+        assert aws._objects is not None and aws._objects.sdk_buckets == {"no-such-bucket"}
+    assert caught.value.reason == "object_missing"
+    assert "NoSuchBucket" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("bucket", "base"),
+    [
+        ("acme-inbound", "https://acme-inbound.s3.eu-west-1.amazonaws.com/"),
+        ("acme.inbound", "https://s3.eu-west-1.amazonaws.com/acme.inbound/"),
+    ],
+)
+async def test_the_endpoint_is_the_sdks_own(bucket: str, base: str, monkeypatch) -> None:
+    """Against AWS itself (no endpoint_url): the regional endpoint, virtual-hosted
+    unless the bucket's name has dots, as the SDK's GetObject resolves it — learnt
+    from a GetObject the SDK builds and signs and that is stopped before it is sent
+    (nothing reaches the network here)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/inboxd-test-aws-config")
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    config = SesSettings.from_settings(
+        {"queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/in", "region": "eu-west-1"}
+    )
+    async with AwsClients(config) as aws:
+        assert aws._objects is not None
+        assert await aws._objects._base(bucket) == (base, "eu-west-1")
+        url, headers = await aws._objects._signed(bucket, "in/2026 12/a+b")
+    assert url == base + "in/2026%2012/a%2Bb"
+    assert "/eu-west-1/s3/aws4_request" in headers["Authorization"]
