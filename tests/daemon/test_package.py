@@ -25,8 +25,12 @@ TREE = ("daemon", "adapters", "pipeline", "schema.sql", "pyproject.toml", "READM
 # and migrating take seconds. Generous for a busy machine.
 BUILD_TIMEOUT_S = 300.0
 COMMAND_TIMEOUT_S = 120.0
+# A test's own limit covers its commands' deadlines (a build and at most six
+# commands): under pytest-timeout's default (120 s) the wheel test was stopped inside
+# its build or install beside a suite (122-126 s, two suites at once), never by them.
+TEST_TIMEOUT_S = BUILD_TIMEOUT_S + 6 * COMMAND_TIMEOUT_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_TIMEOUT_S)]
 
 
 def _run(*argv: str | Path, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
