@@ -101,7 +101,7 @@ class MailboxFleet:
                     self.deps.owner,
                     self.poll_scan_interval_s,
                     self.polled,
-                    self.ring,
+                    self.ring_claimed,
                     self.push_quiet_after_s,
                 )
                 await tg.start(listen_doorbell, self.dsn, self.ring)
@@ -119,6 +119,13 @@ class MailboxFleet:
         runner = self.runners.get(key)
         if runner is not None:
             runner.ring()
+
+    def ring_claimed(self, key: Key) -> None:
+        """The poll scanner's ring: the run it asks for answers a claim, so the next
+        poll falls due an interval after the claim (MailboxRunner.ring)."""
+        runner = self.runners.get(key)
+        if runner is not None:
+            runner.ring(claimed=True)
 
     def polled(self) -> list[tuple[Key, float]]:
         """The mailboxes the poll scanner may claim, with the seconds between their

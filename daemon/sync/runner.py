@@ -108,6 +108,7 @@ class MailboxRunner:
         self.key = (source.tenant_id, source.mailbox_id)
         self._wake = anyio.Event()
         self._pending = False
+        self._claimed = False  # the pending run answers a poll claim
         self._running = False
         self._finished = False
         self._life = anyio.CancelScope()
@@ -123,9 +124,13 @@ class MailboxRunner:
         right after it (the poll scanner skips busy mailboxes)."""
         return self._running or self._pending
 
-    def ring(self) -> None:
-        """Ask for a sync run; coalesced with any run already asked for or running."""
+    def ring(self, *, claimed: bool = False) -> None:
+        """Ask for a sync run; coalesced with any run already asked for or running.
+        `claimed`: the poll scanner's claim asked for it; that run's start is then
+        recorded as the claim's time, so the wait for a turn does not stretch the
+        mailbox's poll period (leases.begin_run)."""
         self._pending = True
+        self._claimed = self._claimed or claimed
         self._wake.set()
 
     def cancel_sync(self) -> None:
@@ -253,6 +258,7 @@ class MailboxRunner:
         async with pool.acquire() as conn:
             # throttle check, lease and cursor: one statement (a poll at 10,000
             # mailboxes is a handful of statements, each counts: issue 25)
+            claimed, self._claimed = self._claimed, False
             start = await leases.begin_run(
                 conn,
                 tenant,
@@ -260,6 +266,7 @@ class MailboxRunner:
                 self.deps.owner,
                 self.deps.lease_ttl_s,
                 session_key=presence.session_key if presence is not None else None,
+                from_claim=claimed,
             )
         if start.throttled_for_s is not None:
             self._log.debug("sync_skipped_throttled", for_s=start.throttled_for_s)

@@ -131,7 +131,9 @@ WITH target AS (
            lease_expires_at = now() + make_interval(secs => $4),
            lease_token = lease_token + 1,
            lease_session_key = $5,
-           sync_started_at = now(),
+           -- a run answering a poll claim counts from the claim ($7, begin_run)
+           sync_started_at = CASE WHEN $7 THEN least(coalesce(last_polled_at, now()), now())
+                                  ELSE now() END,
            -- a cancel meant for an earlier holder's run (one that died before
            -- seeing it) must not stop this one
            cancel_requested = false
@@ -242,7 +244,7 @@ async def acquire_lease(
     holds it. Raises MailboxNotFound when the mailbox does not exist,
     ValueError for a bad owner or ttl_s.
     """
-    start = await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, False)
+    start = await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, False, False)
     return start.token
 
 
@@ -264,11 +266,15 @@ async def begin_run(
     ttl_s: float,
     *,
     session_key: int | None = None,
+    from_claim: bool = False,
 ) -> RunStart:
     """A sync run's start in one statement (a poll at 10,000 mailboxes is a handful of
     statements, each counts): unless the mailbox is throttled, `acquire_lease`, with
-    the cursor the new holder starts from. Raises MailboxNotFound."""
-    return await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, True)
+    the cursor the new holder starts from. `from_claim`: the run answers a poll claim
+    (scheduling.claim_due); its start is recorded as the claim's time, so the time it
+    waited for a turn does not stretch the poll period (the mailbox was in sync as of
+    the claim all the same once the run is clean). Raises MailboxNotFound."""
+    return await _acquire(conn, tenant_id, mailbox_id, owner, ttl_s, session_key, True, from_claim)
 
 
 async def _acquire(
@@ -279,6 +285,7 @@ async def _acquire(
     ttl_s: float,
     session_key: int | None,
     unless_throttled: bool,
+    from_claim: bool,
 ) -> RunStart:
     require_owner(owner)
     row = await conn.fetchrow(
@@ -289,6 +296,7 @@ async def _acquire(
         positive_seconds("ttl_s", ttl_s),
         session_key,
         unless_throttled,
+        from_claim,
     )
     if not row[1]:
         raise MailboxNotFound(tenant_id, mailbox_id)

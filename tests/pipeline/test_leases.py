@@ -566,6 +566,32 @@ async def test_acquiring_the_lease_marks_the_run_start(pool, inbox) -> None:
     assert (await row(pool))["sync_started_at"] > first
 
 
+async def test_a_run_answering_a_claim_counts_from_the_claim(pool, make_mailbox) -> None:
+    """A claimed run that waited 5 s for a turn: the mailbox is due an interval after
+    the claim, not after the run's start (at 10,000 mailboxes the wait for a turn
+    stretched every period by 5 s on average: polls on time 0.92)."""
+    await scheduling.upsert_configured_mailboxes(
+        pool, [MailboxRow(T, n, "imap", sync_mode="poll", poll_interval_s=60) for n in "ab"]
+    )
+    for name, from_claim in (("a", True), ("b", False)):
+        await set_times(pool, name, last_polled_at=5)  # claimed 5 s ago
+        start = await leases.begin_run(pool, T, name, "me", LONG_TTL_S, from_claim=from_claim)
+        assert start.token is not None
+        assert await leases.finish_run(pool, T, name, "me", start.token)
+    started = {
+        r["mailbox_id"]: r["from_claim"]
+        for r in await pool.fetch(
+            "SELECT mailbox_id, sync_started_at = last_polled_at AS from_claim FROM mailboxes"
+        )
+    }
+    assert started == {"a": True, "b": False}
+    # a falls due 55 s from now, b 60: with 57.5 s ahead, only a is claimed
+    claimed = await scheduling.claim_due(
+        pool, "me", mailboxes=[(T, "a"), (T, "b")], cooldown_s=1, limit=10, ahead_s=57.5
+    )
+    assert claimed == [(T, "a")]
+
+
 async def test_a_mailbox_falling_due_before_the_next_pass_is_claimed_now(
     pool, make_mailbox
 ) -> None:
