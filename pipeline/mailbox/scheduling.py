@@ -261,7 +261,8 @@ def poll_every_s(sync_mode: str, poll_interval_s: float) -> float:
 
 
 # When the mailbox was last known in sync: the start of its last clean run (a run
-# that took the lease at sync_started_at and then succeeded), else — a run under
+# that took the lease at sync_started_at — or, answering a claim, was recorded as
+# starting at the claim, leases.begin_run — and then succeeded), else — a run under
 # way or failed since, or a row from before sync_started_at — its last success.
 _IN_SYNC_AS_OF = (
     "CASE WHEN m.last_success_at >= m.sync_started_at THEN m.sync_started_at "
