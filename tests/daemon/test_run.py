@@ -76,6 +76,15 @@ async def test_maildir_drop_becomes_rows_and_moves_to_cur(tmp_path, db_dsn) -> N
         # `inboxd status` sees it: its row in inboxd_daemons, by pid
         mine = f"SELECT count(*) FROM inboxd_daemons WHERE pid = {daemon.proc.pid}"
         await daemon.eventually(lambda: count(db_dsn, mine), 10, what="daemon row", until=bool)
+        # a run the poll scanner's claim asked for counts from that claim: its start is
+        # the claim's time, so waiting for a turn does not stretch the period
+        claimed = (
+            "SELECT count(*) FROM mailboxes WHERE sync_started_at = last_polled_at "
+            "AND last_success_at >= sync_started_at"
+        )
+        await daemon.eventually(
+            lambda: count(db_dsn, claimed), 20, what="a claimed run from its claim", until=bool
+        )
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
