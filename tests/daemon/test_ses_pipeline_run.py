@@ -18,6 +18,7 @@ import orjson
 import pytest
 from fakes.ses_aws import FakeSesAws
 from harness import DaemonProcess, generated_messages, ses_table, write_config, write_ses_tenant
+from helpers.moto_server import isolate_aws_environment
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -36,16 +37,7 @@ SHORT_DEADLINE_S = 2.0
 def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon's botocore wants credentials (the stand-in checks none), and no
     developer's profile or endpoint override may reach it."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/nonexistent/inboxd-test-aws-config",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/inboxd-test-aws-credentials",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
+    isolate_aws_environment(monkeypatch, "us-east-1")
 
 
 async def copies(dsn: str) -> list[str]:

@@ -70,6 +70,27 @@ def _probe(host: str, port: int) -> bool:
         conn.close()
 
 
+def isolate_aws_environment(mp: pytest.MonkeyPatch, region: str = AWS_REGION) -> None:
+    """Fake credentials and `region` for every botocore client of the test and the
+    daemons it starts, and nothing of a developer's AWS set-up (profile, config
+    files, endpoint overrides, session token) that could reach a test."""
+    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    mp.setenv("AWS_DEFAULT_REGION", region)
+    mp.setenv("AWS_CONFIG_FILE", "/nonexistent/inboxd-test-aws-config")
+    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/inboxd-test-aws-credentials")
+    for name in (
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL_SQS",
+        "AWS_REGION",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+    ):
+        mp.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a moto server (S3, SQS, …) running for the whole session, with fake credentials.
@@ -80,21 +101,9 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ~/.aws profile or endpoint override can leak into a test.
     """
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        isolate_aws_environment(mp)
         mp.setenv("AWS_SECURITY_TOKEN", "testing")
         mp.setenv("AWS_SESSION_TOKEN", "testing")
-        mp.setenv("AWS_DEFAULT_REGION", AWS_REGION)
-        mp.setenv("AWS_CONFIG_FILE", "/nonexistent/inboxd-test-aws-config")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/inboxd-test-aws-credentials")
-        for name in (
-            "AWS_PROFILE",
-            "AWS_ENDPOINT_URL",
-            "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT_URL_SQS",
-            "AWS_REGION",
-        ):
-            mp.delenv(name, raising=False)
 
         host, port = "127.0.0.1", _free_port()
         log_path = Path(tmp_path_factory.mktemp("moto")) / "moto_server.log"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import pytest
 from fakes.ses_aws import FakeSesAws
+from helpers.moto_server import isolate_aws_environment
 from helpers.ses_queue import REGION, TEST_DOOR, Aws, make_queue
 
 from inboxd.adapters.base import Unrouted
@@ -129,16 +130,7 @@ class FakeQueue:
 async def fake_aws(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeQueue]:
     """The in-memory SQS/S3 stand-in on a free port, with fake credentials in the
     environment (it checks none; botocore wants some) and no developer's profile."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_CONFIG_FILE": "/nonexistent/inboxd-test-aws-config",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/inboxd-test-aws-credentials",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
+    isolate_aws_environment(monkeypatch, REGION)
     # every request's SigV4 signature checked: the door's own object GETs (aws.py
     # ObjectReader) are signed as the SDK's are
     async with FakeSesAws(secret_key="testing") as fake:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import structlog
+from helpers.moto_server import isolate_aws_environment
 
 from inboxd.adapters.ses import AwsClients, SesSettings
 from inboxd.adapters.ses.errors import SesPermanent, SesTransient
@@ -122,11 +123,7 @@ async def test_the_endpoint_is_the_sdks_own(bucket: str, base: str, monkeypatch)
     unless the bucket's name has dots, as the SDK's GetObject resolves it — learnt
     from a GetObject the SDK builds and signs and that is stopped before it is sent
     (nothing reaches the network here)."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/inboxd-test-aws-config")
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
+    isolate_aws_environment(monkeypatch, "eu-west-1")
     config = SesSettings.from_settings(
         {"queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/in", "region": "eu-west-1"}
     )
