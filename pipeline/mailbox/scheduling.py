@@ -487,17 +487,6 @@ async def record_push(
     return True
 
 
-async def throttled_for_s(conn: Executor, tenant_id: str, mailbox_id: str) -> float | None:
-    """Seconds until the mailbox's throttle ends, None when it is not throttled."""
-    seconds = await conn.fetchval(
-        "SELECT extract(epoch FROM throttle_until - now())::float8 FROM mailboxes"
-        " WHERE tenant_id = $1 AND mailbox_id = $2 AND throttle_until > now()",
-        tenant_id,
-        mailbox_id,
-    )
-    return None if seconds is None else float(seconds)
-
-
 async def record_watch_expiry(
     conn: Executor, tenant_id: str, mailbox_id: str, expires_at: datetime | None
 ) -> None:
